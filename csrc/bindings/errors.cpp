@@ -1,0 +1,44 @@
+// Maps the core's typed C++ errors to the exception classes of pydflash.errors
+// (defined in Python so that they can also derive from ValueError etc.).
+#include <exception>
+#include <new>
+
+#include "bindings.h"
+#include "errors.h"
+
+namespace py = pybind11;
+
+namespace pydflash::bindings {
+namespace {
+
+void raise_as(const char* name, const char* what) {
+    py::object cls = py::module_::import("pydflash.errors").attr(name);
+    PyErr_SetString(cls.ptr(), what);
+}
+
+}  // namespace
+
+void register_errors(py::module_&) {
+    py::register_exception_translator([](std::exception_ptr p) {
+        if (!p) return;
+        try {
+            std::rethrow_exception(p);
+        } catch (const ModelLoadError& e) {
+            raise_as("ModelLoadError", e.what());
+        } catch (const DraftCompatibilityError& e) {
+            raise_as("DraftCompatibilityError", e.what());
+        } catch (const ContextLimitError& e) {
+            raise_as("ContextLimitError", e.what());
+        } catch (const DecodeError& e) {
+            raise_as("DecodeError", e.what());
+        } catch (const Error& e) {
+            raise_as("PyDFlashError", e.what());
+        } catch (const InvalidArgument& e) {
+            PyErr_SetString(PyExc_ValueError, e.what());
+        }
+        // anything else (std::bad_alloc, std::exception) falls through to
+        // pybind11's own translators: MemoryError, RuntimeError
+    });
+}
+
+}  // namespace pydflash::bindings

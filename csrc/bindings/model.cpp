@@ -1,0 +1,88 @@
+#include "model.h"
+
+#include <pybind11/stl.h>
+
+#include "bindings.h"
+#include "drafter.h"
+
+namespace py = pybind11;
+using release = py::call_guard<py::gil_scoped_release>;
+
+namespace pydflash::bindings {
+
+void register_model(py::module_& m) {
+    m.def(
+        "inspect_gguf",
+        [](const std::string& path) {
+            GgufInfo info;
+            {
+                py::gil_scoped_release nogil;
+                info = inspect_gguf(path);
+            }
+            py::dict d;
+            d["architecture"] = info.architecture;
+            d["metadata"] = info.metadata;
+            d["tensor_names"] = info.tensor_names;
+            return d;
+        },
+        py::arg("path"), "Read a GGUF header (no weights): architecture, metadata, tensor names.");
+
+    py::class_<Model, std::shared_ptr<Model>>(m, "Model")
+        .def_static(
+            "load",
+            [](const std::string& path, int n_gpu_layers, bool use_mmap, const std::string& role) {
+                return Model::load(path, ModelParams{n_gpu_layers, use_mmap}, role);
+            },
+            py::arg("path"), py::arg("n_gpu_layers") = 0, py::arg("use_mmap") = true,
+            py::arg("role") = "target", release())
+        .def_static(
+            "load_drafter",
+            [](const std::string& path, int n_gpu_layers, bool use_mmap) {
+                return load_drafter(path, ModelParams{n_gpu_layers, use_mmap});
+            },
+            py::arg("path"), py::arg("n_gpu_layers") = 0, py::arg("use_mmap") = true, release(),
+            "Load a DFlash drafter; its GGUF header is checked before any weights load.")
+        .def_property_readonly("path", &Model::path)
+        .def_property_readonly("architecture", &Model::architecture)
+        .def_property_readonly("n_embd", &Model::n_embd)
+        .def_property_readonly("n_layer", &Model::n_layer)
+        .def_property_readonly("n_vocab", &Model::n_vocab)
+        .def_property_readonly("n_ctx_train", &Model::n_ctx_train)
+        .def_property_readonly("n_params", &Model::n_params)
+        .def_property_readonly("size_bytes", &Model::size_bytes)
+        .def_property_readonly("is_recurrent", &Model::is_recurrent)
+        .def_property_readonly("is_hybrid", &Model::is_hybrid)
+        .def_property_readonly("description", &Model::description)
+        .def_property_readonly("metadata", [](const Model& self) { return self.info().metadata; })
+        .def_property_readonly("bos", &Model::bos)
+        .def_property_readonly("eos", &Model::eos)
+        .def_property_readonly("add_bos", &Model::add_bos)
+        .def("tokenize", &Model::tokenize, py::arg("text"), py::arg("add_special") = true,
+             py::arg("parse_special") = false, release())
+        // bytes: a token boundary may split a UTF-8 character; Python decodes
+        .def("detokenize",
+             [](const Model& self, const std::vector<llama_token>& tokens, bool remove_special,
+                bool unparse_special) {
+                 std::string s;
+                 {
+                     py::gil_scoped_release nogil;
+                     s = self.detokenize(tokens, remove_special, unparse_special);
+                 }
+                 return py::bytes(s);
+             },
+             py::arg("tokens"), py::arg("remove_special") = false, py::arg("unparse_special") = false)
+        .def("token_to_piece",
+             [](const Model& self, llama_token t, bool special) { return py::bytes(self.token_to_piece(t, special)); },
+             py::arg("token"), py::arg("special") = false)
+        .def("is_eog", &Model::is_eog, py::arg("token"))
+        .def("drafter_incompatibility", [](const Model& self, const Model& drafter) {
+                 return drafter_incompatibility(self, drafter);
+             },
+             py::arg("drafter"),
+             "Why `drafter` cannot drive this target model, or '' when it can.")
+        .def("__repr__", [](const Model& self) {
+            return "<pydflash._core.Model " + self.architecture() + " '" + self.path() + "'>";
+        });
+}
+
+}  // namespace pydflash::bindings

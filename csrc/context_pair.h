@@ -1,0 +1,97 @@
+// The target context and the DFlash drafter context, driven together one
+// speculative step at a time: draft a block, verify it in one target pass,
+// accept the agreeing prefix plus the target's own token, roll back the rest,
+// and inject the target features of the kept positions into the drafter.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "drafter.h"
+#include "handles.h"
+#include "model.h"
+#include "sampler.h"
+
+namespace pydflash {
+
+struct PairParams {
+    uint32_t n_ctx = 4096;
+    uint32_t n_batch = 512;   // largest single decode (prefill chunk)
+    uint32_t n_ubatch = 512;  // physical batch; also the drafter's injection chunk
+    int32_t n_threads = 0;    // 0 = number of hardware threads
+    int32_t draft_max = -1;   // default draft length; -1 = block_size - 1
+};
+
+struct StepResult {
+    std::vector<llama_token> tokens;   // new tokens: the accepted drafts, then the target's own
+    std::vector<llama_token> drafted;  // what the drafter proposed
+    int32_t n_drafted = 0;
+    int32_t n_accepted = 0;
+    int32_t n_past = 0;        // tokens in the target cache after the step
+    double t_draft_ms = 0.0;   // drafter block pass
+    double t_verify_ms = 0.0;  // target verification pass
+    double t_inject_ms = 0.0;  // feature injection into the drafter
+    double t_sample_ms = 0.0;  // acceptance / sampling
+};
+
+class ContextPair {
+public:
+    ContextPair(std::shared_ptr<Model> target, std::shared_ptr<Model> drafter, const PairParams& params);
+    ~ContextPair();
+    ContextPair(const ContextPair&) = delete;
+    ContextPair& operator=(const ContextPair&) = delete;
+
+    // Clear both caches and evaluate `tokens` (all but the last, which is kept
+    // pending for the first step). Returns the time spent in ms.
+    double prefill(const std::vector<llama_token>& tokens);
+
+    // One speculative step. draft_max < 0 uses the pair's default; 0 is plain
+    // target decoding. With `external`, those tokens are verified instead of
+    // the drafter's block (any source: prompt lookup, tests).
+    StepResult step(int32_t draft_max, const std::optional<std::vector<llama_token>>& external);
+
+    void set_sampling(const SamplingParams& params);
+    void reset();
+    void close();  // free both contexts now; later calls raise
+
+    bool closed() const { return !ctx_tgt_; }
+    bool has_drafter() const { return drafter_ != nullptr; }
+    int32_t n_past() const { return n_past_; }
+    int32_t n_ctx() const { return static_cast<int32_t>(params_.n_ctx); }
+    int32_t block_size() const { return drafter_ ? spec_.block_size : 0; }
+    int32_t max_draft() const { return drafter_ ? spec_.max_draft() : 0; }
+    int32_t default_draft_max() const { return draft_max_; }
+    bool has_pending() const { return pending_.has_value(); }
+    std::vector<llama_token> tokens() const;  // cached tokens + the pending one
+    const DraftSpec& spec() const { return spec_; }
+    const PairParams& params() const { return params_; }
+
+private:
+    void require_open() const;
+    void clear_memory();
+    void decode_target(const llama_token* tokens, int32_t n, llama_pos pos0, bool all_logits);
+    void inject(int32_t n_rows, llama_pos pos0);
+    std::vector<llama_token> draft_block(int32_t n);
+    [[noreturn]] void fail_decode(const std::string& what, int32_t rc);
+
+    std::shared_ptr<Model> target_;
+    std::shared_ptr<Model> drafter_;
+    PairParams params_;
+    DraftSpec spec_;
+    int32_t draft_max_ = 0;
+    ContextPtr ctx_tgt_;
+    ContextPtr ctx_dft_;
+    BatchPtr batch_tgt_;
+    BatchPtr batch_dft_;
+    std::vector<float> features_;
+    std::unique_ptr<Sampler> sampler_;
+    std::vector<llama_token> history_;  // tokens in the target cache
+    std::optional<llama_token> pending_;
+    int32_t n_past_ = 0;
+    mutable std::mutex mu_;
+};
+
+}  // namespace pydflash

@@ -1,0 +1,219 @@
+#include "model.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "backend.h"
+#include "errors.h"
+
+namespace fs = std::filesystem;
+
+namespace pydflash {
+namespace {
+
+std::string gguf_value_text(const gguf_context* g, int64_t i) {
+    switch (gguf_get_kv_type(g, i)) {
+        case GGUF_TYPE_UINT8: return std::to_string(gguf_get_val_u8(g, i));
+        case GGUF_TYPE_INT8: return std::to_string(gguf_get_val_i8(g, i));
+        case GGUF_TYPE_UINT16: return std::to_string(gguf_get_val_u16(g, i));
+        case GGUF_TYPE_INT16: return std::to_string(gguf_get_val_i16(g, i));
+        case GGUF_TYPE_UINT32: return std::to_string(gguf_get_val_u32(g, i));
+        case GGUF_TYPE_INT32: return std::to_string(gguf_get_val_i32(g, i));
+        case GGUF_TYPE_UINT64: return std::to_string(gguf_get_val_u64(g, i));
+        case GGUF_TYPE_INT64: return std::to_string(gguf_get_val_i64(g, i));
+        case GGUF_TYPE_FLOAT32: {
+            char buf[64];
+            std::snprintf(buf, sizeof(buf), "%g", gguf_get_val_f32(g, i));
+            return buf;
+        }
+        case GGUF_TYPE_FLOAT64: {
+            char buf[64];
+            std::snprintf(buf, sizeof(buf), "%g", gguf_get_val_f64(g, i));
+            return buf;
+        }
+        case GGUF_TYPE_BOOL: return gguf_get_val_bool(g, i) ? "true" : "false";
+        case GGUF_TYPE_STRING: return gguf_get_val_str(g, i);
+        case GGUF_TYPE_ARRAY: {
+            const auto at = gguf_get_arr_type(g, i);
+            const size_t n = gguf_get_arr_n(g, i);
+            if ((at == GGUF_TYPE_INT32 || at == GGUF_TYPE_UINT32) && n <= 64) {
+                const auto* data = static_cast<const int32_t*>(gguf_get_arr_data(g, i));
+                std::string s = "[";
+                for (size_t k = 0; k < n; ++k) {
+                    if (k) s += ", ";
+                    s += at == GGUF_TYPE_INT32 ? std::to_string(data[k])
+                                               : std::to_string(static_cast<uint32_t>(data[k]));
+                }
+                return s + "]";
+            }
+            return "[" + std::string(gguf_type_name(at)) + " x " + std::to_string(n) + "]";
+        }
+        default: return "?";
+    }
+}
+
+std::string load_failure_reason(const std::string& logged) {
+    if (logged.empty()) return "llama.cpp could not load it";
+    // keep the most specific line llama.cpp printed
+    std::string reason = logged;
+    const auto pos = reason.find("error loading model: ");
+    if (pos != std::string::npos) {
+        reason = reason.substr(pos + std::strlen("error loading model: "));
+        const auto nl = reason.find('\n');
+        if (nl != std::string::npos) reason = reason.substr(0, nl);
+    }
+    return reason;
+}
+
+}  // namespace
+
+bool GgufInfo::has_tensor(const std::string& name) const {
+    return std::find(tensor_names.begin(), tensor_names.end(), name) != tensor_names.end();
+}
+
+GgufInfo inspect_gguf(const std::string& path) {
+    std::error_code ec;
+    const fs::path p(path);
+    if (!fs::exists(p, ec)) throw ModelLoadError(path + ": file not found");
+    if (fs::is_directory(p, ec)) throw ModelLoadError(path + ": is a directory, not a GGUF file");
+    if (!fs::is_regular_file(p, ec)) throw ModelLoadError(path + ": not a regular file");
+    {
+        std::ifstream f(p, std::ios::binary);
+        if (!f) throw ModelLoadError(path + ": cannot be opened for reading");
+        char magic[4] = {};
+        f.read(magic, 4);
+        if (f.gcount() < 4 || std::memcmp(magic, "GGUF", 4) != 0) {
+            throw ModelLoadError(path + ": not a GGUF file (bad magic)");
+        }
+    }
+    ensure_backend();
+    take_thread_errors();
+    gguf_init_params gp{};
+    gp.no_alloc = true;
+    gp.ctx = nullptr;
+    GgufPtr g(gguf_init_from_file(path.c_str(), gp));
+    if (!g) {
+        const std::string logged = take_thread_errors();
+        throw ModelLoadError(path + ": corrupt or truncated GGUF header" +
+                             (logged.empty() ? std::string() : " (" + logged + ")"));
+    }
+    GgufInfo info;
+    for (int64_t i = 0; i < gguf_get_n_kv(g.get()); ++i) {
+        info.metadata[gguf_get_key(g.get(), i)] = gguf_value_text(g.get(), i);
+    }
+    for (int64_t i = 0; i < gguf_get_n_tensors(g.get()); ++i) {
+        info.tensor_names.emplace_back(gguf_get_tensor_name(g.get(), i));
+    }
+    const auto it = info.metadata.find("general.architecture");
+    if (it == info.metadata.end()) {
+        throw ModelLoadError(path + ": GGUF file has no general.architecture key");
+    }
+    info.architecture = it->second;
+    return info;
+}
+
+std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& params,
+                                   const std::string& role) {
+    GgufInfo info = inspect_gguf(path);
+    if (info.architecture == "dflash-draft") {
+        throw ModelLoadError(
+            path + ": architecture 'dflash-draft' is the old pre-merge DFlash format, which this "
+            "llama.cpp cannot load; re-convert the drafter with llama.cpp's converter "
+            "(convert_hf_to_gguf.py --target-model-dir ...) to architecture 'dflash'");
+    }
+    llama_model_params mp = llama_model_default_params();
+    mp.n_gpu_layers = params.n_gpu_layers;
+    if (!params.use_mmap) mp.load_mode = LLAMA_LOAD_MODE_NONE;
+    take_thread_errors();
+    llama_model* raw = llama_model_load_from_file(path.c_str(), mp);
+    if (raw == nullptr) {
+        throw ModelLoadError(path + ": failed to load " + role + " model (architecture '" +
+                             info.architecture + "'): " + load_failure_reason(take_thread_errors()));
+    }
+    std::shared_ptr<Model> m(new Model());
+    m->model_.reset(raw);
+    m->vocab_ = llama_model_get_vocab(raw);
+    if (m->vocab_ == nullptr) throw ModelLoadError(path + ": model has no vocabulary");
+    m->path_ = path;
+    m->info_ = std::move(info);
+    return m;
+}
+
+int32_t Model::n_embd() const { return llama_model_n_embd(model_.get()); }
+int32_t Model::n_layer() const { return llama_model_n_layer(model_.get()); }
+int32_t Model::n_vocab() const { return llama_vocab_n_tokens(vocab_); }
+int32_t Model::n_ctx_train() const { return llama_model_n_ctx_train(model_.get()); }
+uint64_t Model::n_params() const { return llama_model_n_params(model_.get()); }
+uint64_t Model::size_bytes() const { return llama_model_size(model_.get()); }
+bool Model::is_recurrent() const { return llama_model_is_recurrent(model_.get()); }
+bool Model::is_hybrid() const { return llama_model_is_hybrid(model_.get()); }
+
+std::string Model::description() const {
+    char buf[256] = {};
+    llama_model_desc(model_.get(), buf, sizeof(buf));
+    return buf;
+}
+
+void Model::check_token(llama_token token) const {
+    if (token < 0 || token >= n_vocab()) {
+        throw InvalidArgument("token id " + std::to_string(token) + " is out of range [0, " +
+                              std::to_string(n_vocab()) + ")");
+    }
+}
+
+std::vector<llama_token> Model::tokenize(const std::string& text, bool add_special,
+                                         bool parse_special) const {
+    if (text.size() > static_cast<size_t>(INT32_MAX / 2)) throw InvalidArgument("text is too long");
+    const auto len = static_cast<int32_t>(text.size());
+    std::vector<llama_token> out(static_cast<size_t>(len) + 8);
+    int32_t n = llama_tokenize(vocab_, text.data(), len, out.data(), static_cast<int32_t>(out.size()),
+                               add_special, parse_special);
+    if (n < 0) {
+        out.resize(static_cast<size_t>(-n));
+        n = llama_tokenize(vocab_, text.data(), len, out.data(), static_cast<int32_t>(out.size()),
+                           add_special, parse_special);
+    }
+    if (n < 0) throw Error("tokenization failed");
+    out.resize(static_cast<size_t>(n));
+    return out;
+}
+
+std::string Model::detokenize(const std::vector<llama_token>& tokens, bool remove_special,
+                              bool unparse_special) const {
+    for (llama_token t : tokens) check_token(t);
+    std::string out(tokens.size() * 8 + 16, '\0');
+    int32_t n = llama_detokenize(vocab_, tokens.data(), static_cast<int32_t>(tokens.size()), out.data(),
+                                 static_cast<int32_t>(out.size()), remove_special, unparse_special);
+    if (n < 0) {
+        out.resize(static_cast<size_t>(-n));
+        n = llama_detokenize(vocab_, tokens.data(), static_cast<int32_t>(tokens.size()), out.data(),
+                             static_cast<int32_t>(out.size()), remove_special, unparse_special);
+    }
+    if (n < 0) throw Error("detokenization failed");
+    out.resize(static_cast<size_t>(n));
+    return out;
+}
+
+std::string Model::token_to_piece(llama_token token, bool special) const {
+    check_token(token);
+    char buf[256];
+    int32_t n = llama_token_to_piece(vocab_, token, buf, sizeof(buf), 0, special);
+    if (n < 0) {
+        std::string big(static_cast<size_t>(-n), '\0');
+        n = llama_token_to_piece(vocab_, token, big.data(), static_cast<int32_t>(big.size()), 0, special);
+        if (n < 0) throw Error("token_to_piece failed");
+        big.resize(static_cast<size_t>(n));
+        return big;
+    }
+    return std::string(buf, static_cast<size_t>(n));
+}
+
+bool Model::is_eog(llama_token token) const { return llama_vocab_is_eog(vocab_, token); }
+llama_token Model::bos() const { return llama_vocab_bos(vocab_); }
+llama_token Model::eos() const { return llama_vocab_eos(vocab_); }
+bool Model::add_bos() const { return llama_vocab_get_add_bos(vocab_); }
+
+}  // namespace pydflash

@@ -1,0 +1,45 @@
+"""pydflash: DFlash speculative decoding of GGUF models, in-process, from Python.
+
+    from pydflash import Llama
+    llm = Llama("target.gguf", draft="drafter.gguf")
+    print(llm.generate("def fib(n):", max_tokens=64).text)
+"""
+
+from __future__ import annotations
+
+from . import _core
+from .errors import ContextLimitError, DecodeError, DraftCompatibilityError, ModelLoadError, PyDFlashError
+from .llama import Llama
+from .pair import ContextPair
+from .results import GenerationResult, GenerationStats, StepResult, StreamStep
+
+__version__: str = _core.__version__
+
+__all__ = [
+    "Llama",
+    "ContextPair",
+    "GenerationResult",
+    "GenerationStats",
+    "StepResult",
+    "StreamStep",
+    "PyDFlashError",
+    "ModelLoadError",
+    "DraftCompatibilityError",
+    "ContextLimitError",
+    "DecodeError",
+    "backends",
+    "inspect",
+    "__version__",
+]
+
+
+def backends() -> list[dict[str, str]]:
+    """The compute devices llama.cpp can use in this build."""
+    return [{"name": n, "description": d} for n, d in _core.devices()]
+
+
+def inspect(path: str) -> dict:
+    """A GGUF file's architecture, metadata and tensor names (no weights load)."""
+    import os
+
+    return _core.inspect_gguf(os.fspath(path))

@@ -1,0 +1,210 @@
+"""The ``pydflash`` command line: generate, demo, info."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+from pathlib import Path
+from typing import Optional, Sequence
+
+from . import _core, backends
+from .errors import PyDFlashError
+from .llama import Llama
+from .results import GenerationResult
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--n-ctx", type=int, default=4096, help="context size in tokens (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--n-gpu-layers", type=int, default=0, help="layers to offload to a GPU (default: 0)")
+    p.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="pydflash",
+        description="DFlash speculative decoding of GGUF models with llama.cpp, in-process.")
+    from . import __version__
+    ap.add_argument("--version", action="version", version=f"pydflash {__version__}")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    g = sub.add_parser("generate", help="generate text from a prompt and print speculative stats",
+                       description="Generate from PROMPT with TARGET (and a DFlash DRAFT), print the "
+                                   "text and the decoding stats.")
+    g.add_argument("-m", "--model", required=True, metavar="TARGET", help="target GGUF file")
+    g.add_argument("-d", "--draft", metavar="DRAFT", help="DFlash drafter GGUF file (omit: target alone)")
+    g.add_argument("-p", "--prompt", required=True, help="prompt text")
+    g.add_argument("-n", "--max-tokens", type=int, default=128, help="tokens to generate (default: %(default)s)")
+    g.add_argument("--draft-max", type=int, default=None, help="draft tokens per step (default: block size - 1)")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-text")
+    g.add_argument("--stream", action="store_true", help="print text as it is generated")
+    g.add_argument("--json", action="store_true", help="print the result as JSON")
+    _add_common(g)
+
+    d = sub.add_parser("demo", help="DFlash vs the target alone on a built-in pair, no arguments needed",
+                       description="Run the embedded demo pair with DFlash and with the target alone; "
+                                   "print text, tokens/s of both, the speed-up, tau and the per-step "
+                                   "acceptance. Until the trained pair ships, the demo writes a tiny "
+                                   "random-weight pair (acceptance is then near zero).")
+    d.add_argument("--prompt", action="append", help="prompt (repeatable; default: built-in prompts)")
+    d.add_argument("--max-tokens", type=int, default=96, help="tokens per prompt (default: %(default)s)")
+    d.add_argument("--draft-max", type=int, default=None, help="draft tokens per step (default: block size - 1)")
+    _add_common(d)
+
+    i = sub.add_parser("info", help="backends, model metadata, and whether a drafter fits a target",
+                       description="Print the compute backends; with -m and/or -d, each file's metadata; "
+                                   "with both, whether the drafter can drive the target. Generates nothing.")
+    i.add_argument("-m", "--model", metavar="TARGET", help="target GGUF file")
+    i.add_argument("-d", "--draft", metavar="DRAFT", help="DFlash drafter GGUF file")
+    i.add_argument("--json", action="store_true", help="print JSON")
+    i.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
+    return ap
+
+
+def _stats_line(res: GenerationResult) -> str:
+    s = res.stats
+    return (f"tokens={s.n_tokens} steps={s.n_steps} drafted={s.n_drafted} accepted={s.n_accepted} "
+            f"acceptance={s.acceptance_rate:.3f} tau={s.mean_accepted_length:.3f} "
+            f"decode={s.decode_tokens_per_second:.1f} tok/s prefill={s.prefill_tokens_per_second:.1f} tok/s "
+            f"finish={res.finish_reason}")
+
+
+def _cmd_generate(a: argparse.Namespace) -> int:
+    with Llama(a.model, draft=a.draft, n_ctx=a.n_ctx, n_threads=a.threads, n_gpu_layers=a.n_gpu_layers,
+               draft_max=a.draft_max, seed=a.seed, verbose=a.verbose) as llm:
+        kw = dict(max_tokens=a.max_tokens, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p,
+                  seed=a.seed, ignore_eos=a.ignore_eos)
+        if a.stream and not a.json:
+            for step in llm.stream(a.prompt, **kw):
+                sys.stdout.write(step.text)
+                sys.stdout.flush()
+            sys.stdout.write("\n")
+            return 0
+        res = llm.generate(a.prompt, **kw)
+        if a.json:
+            s = res.stats
+            print(json.dumps({"text": res.text, "tokens": res.tokens, "finish_reason": res.finish_reason,
+                              "stats": {"n_steps": s.n_steps, "n_drafted": s.n_drafted, "n_accepted": s.n_accepted,
+                                        "acceptance_rate": s.acceptance_rate,
+                                        "mean_accepted_length": s.mean_accepted_length,
+                                        "decode_tokens_per_second": s.decode_tokens_per_second}}))
+        else:
+            print(res.text)
+            print(_stats_line(res), file=sys.stderr)
+    return 0
+
+
+def _model_summary(m: _core.Model) -> dict:
+    keep = ("general.name", "general.architecture")
+    meta = {k: v for k, v in m.metadata.items() if not k.startswith("tokenizer.ggml.") or k in keep}
+    return {"path": m.path, "architecture": m.architecture, "description": m.description,
+            "n_params": m.n_params, "size_bytes": m.size_bytes, "n_embd": m.n_embd, "n_layer": m.n_layer,
+            "n_vocab": m.n_vocab, "n_ctx_train": m.n_ctx_train, "recurrent": m.is_recurrent,
+            "hybrid": m.is_hybrid, "metadata": meta}
+
+
+def _cmd_info(a: argparse.Namespace) -> int:
+    from . import _logging
+    _logging.set_verbose(a.verbose)
+    out: dict = {"backends": backends(), "system_info": _core.system_info().strip()}
+    target = draft = None
+    try:
+        if a.model:
+            target = _core.Model.load(a.model, 0, True, "target")
+            out["target"] = _model_summary(target)
+        if a.draft:
+            draft = _core.Model.load_drafter(a.draft, 0, True)
+            out["drafter"] = _model_summary(draft)
+        if target is not None and draft is not None:
+            why = target.drafter_incompatibility(draft)
+            out["compatible"] = not why
+            if why:
+                out["incompatibility"] = why
+    finally:
+        _logging.flush()
+    if a.json:
+        print(json.dumps(out, indent=2))
+        return 0 if out.get("compatible", True) else 1
+    print("backends: " + ", ".join(f"{b['name']} ({b['description']})" for b in out["backends"]))
+    print("system:   " + out["system_info"])
+    for role in ("target", "drafter"):
+        if role in out:
+            s = out[role]
+            print(f"\n{role}: {s['path']}")
+            for k in ("architecture", "description", "n_params", "size_bytes", "n_embd", "n_layer", "n_vocab",
+                      "n_ctx_train", "recurrent", "hybrid"):
+                print(f"  {k:<12} {s[k]}")
+            for k, v in sorted(s["metadata"].items()):
+                print(f"  {k} = {v}")
+    if "compatible" in out:
+        print("\ndrafter fits target: " + ("yes" if out["compatible"] else "NO - " + out["incompatibility"]))
+        return 0 if out["compatible"] else 1
+    return 0
+
+
+DEMO_PROMPTS = (
+    "def fibonacci(n):",
+    "import os\nimport sys\n\n",
+    "class Stack:\n    def __init__(self):",
+)
+
+
+def _demo_pair(workdir: Path) -> tuple[str, str]:
+    from . import testing  # needs gguf + numpy
+    t, d = testing.write_pair(workdir, prefix="demo")
+    return str(t), str(d)
+
+
+def _cmd_demo(a: argparse.Namespace) -> int:
+    prompts = a.prompt or list(DEMO_PROMPTS)
+    with tempfile.TemporaryDirectory(prefix="pydflash-demo-") as td:
+        target, draft = _demo_pair(Path(td))
+        print("demo pair: tiny random-weight qwen3 target + dflash drafter (until the trained pair ships)")
+        common = dict(n_ctx=a.n_ctx, n_threads=a.threads, n_gpu_layers=a.n_gpu_layers, verbose=a.verbose)
+        with Llama(target, draft=draft, draft_max=a.draft_max, **common) as spec, Llama(target, **common) as base:
+            tot_spec = tot_base = 0.0
+            for prompt in prompts:
+                rb = base.generate(prompt, max_tokens=a.max_tokens, ignore_eos=True)
+                rs = spec.generate(prompt, max_tokens=a.max_tokens, ignore_eos=True)
+                tot_base += rb.stats.decode_seconds
+                tot_spec += rs.stats.decode_seconds
+                print("\n" + "=" * 72)
+                print(f"prompt: {prompt!r}")
+                print(f"text:   {rs.text!r}")
+                print(f"identical to the target alone: {rs.tokens == rb.tokens}")
+                print(f"target alone: {rb.stats.decode_tokens_per_second:8.1f} tok/s")
+                print(f"DFlash:       {rs.stats.decode_tokens_per_second:8.1f} tok/s   "
+                      f"speed-up {rb.stats.decode_seconds / max(rs.stats.decode_seconds, 1e-9):.2f}x   "
+                      f"tau {rs.stats.mean_accepted_length:.2f}   acceptance {rs.stats.acceptance_rate:.3f}")
+                print("steps (drafted tokens; [accepted] ~rejected~ +target's own):")
+                for st in rs.stats.steps[:12]:
+                    acc = st.drafted[: st.n_accepted]
+                    rej = st.drafted[st.n_accepted:]
+                    own = st.tokens[-1]
+                    print(f"  [{' '.join(map(str, acc))}] ~{' '.join(map(str, rej))}~ +{own}")
+                if len(rs.stats.steps) > 12:
+                    print(f"  ... {len(rs.stats.steps) - 12} more steps")
+            print("\n" + "=" * 72)
+            print(f"overall speed-up: {tot_base / max(tot_spec, 1e-9):.2f}x")
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    a = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if getattr(a, "verbose", False) else logging.WARNING,
+                        format="%(name)s: %(message)s")
+    try:
+        return {"generate": _cmd_generate, "demo": _cmd_demo, "info": _cmd_info}[a.command](a)
+    except (PyDFlashError, ValueError, TypeError) as e:
+        print(f"pydflash: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,35 @@
+"""Exception classes. The C++ core raises these through the binding layer."""
+
+from __future__ import annotations
+
+__all__ = [
+    "PyDFlashError",
+    "ModelLoadError",
+    "DraftCompatibilityError",
+    "ContextLimitError",
+    "DecodeError",
+]
+
+
+class PyDFlashError(Exception):
+    """Base class of every pydflash error."""
+
+
+class ModelLoadError(PyDFlashError):
+    """A GGUF file cannot be loaded: missing, not a file, truncated, corrupt,
+    or of an architecture llama.cpp does not know (including the old
+    pre-merge ``dflash-draft`` format)."""
+
+
+class DraftCompatibilityError(PyDFlashError):
+    """The drafter loads but cannot drive this target (not ``dflash``, hidden
+    or vocab size differs, target layer out of range, no mask token, ...)."""
+
+
+class ContextLimitError(PyDFlashError, ValueError):
+    """The prompt (or the generation) does not fit in the context window."""
+
+
+class DecodeError(PyDFlashError):
+    """llama.cpp failed a decode. The context pair was reset; the object is
+    still usable after a new prefill."""

@@ -1,0 +1,320 @@
+"""``Llama``: a GGUF target model, optionally with a DFlash drafter, in this
+process."""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from typing import Iterator, Optional, Sequence, Union
+
+from . import _core, _logging
+from ._text import TextAssembler
+from .config import ModelConfig, SamplingConfig
+from .errors import PyDFlashError
+from .pair import ContextPair
+from .results import FinishReason, GenerationResult, GenerationStats, StreamStep
+
+__all__ = ["Llama"]
+
+Prompt = Union[str, Sequence[int]]
+
+
+class Llama:
+    """A target model and an optional DFlash drafter loaded into one process.
+
+    >>> llm = Llama("target.gguf", draft="drafter.gguf")
+    >>> res = llm.generate("def fib(n):", max_tokens=64)
+    >>> res.text, res.stats.mean_accepted_length
+
+    ``draft=None`` decodes with the target alone (the baseline; same API and
+    stats). At temperature 0 the output with a drafter equals the target's
+    own greedy output, token for token.
+    """
+
+    def __init__(
+        self,
+        model_path: Union[str, os.PathLike],
+        *,
+        draft: Optional[Union[str, os.PathLike]] = None,
+        n_ctx: int = 4096,
+        n_gpu_layers: int = 0,
+        n_threads: Optional[int] = None,
+        draft_max: Optional[int] = None,
+        seed: int = 0,
+        n_batch: int = 512,
+        verbose: bool = False,
+    ):
+        self._pair_core: Optional[_core.ContextPair] = None
+        self.config = ModelConfig(n_ctx=n_ctx, n_batch=n_batch, n_gpu_layers=n_gpu_layers,
+                                  n_threads=n_threads, draft_max=draft_max, seed=seed)
+        _logging.set_verbose(verbose)
+        self._lock = threading.Lock()
+        self._owner: Optional[int] = None
+        cfg = self.config
+        try:
+            self._target = _core.Model.load(os.fspath(model_path), cfg.n_gpu_layers, True, "target")
+            self._draft = (None if draft is None
+                           else _core.Model.load_drafter(os.fspath(draft), cfg.n_gpu_layers, True))
+            self._pair_core = _core.ContextPair(
+                self._target, self._draft, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch,
+                n_ubatch=min(cfg.n_batch, 512), n_threads=cfg.n_threads or 0,
+                draft_max=-1 if cfg.draft_max is None else cfg.draft_max)
+        finally:
+            _logging.flush()
+        self._pair = ContextPair(self._pair_core)
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def close(self) -> None:
+        """Free both contexts and models now. Idempotent."""
+        if self._pair_core is not None:
+            self._pair_core.close()
+        self._pair_core = None
+        self._target = None
+        self._draft = None
+
+    def __enter__(self) -> "Llama":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._pair_core is None
+
+    def _model(self) -> _core.Model:
+        if self._target is None:
+            raise PyDFlashError("this Llama object is closed")
+        return self._target
+
+    # -- model facts ---------------------------------------------------------
+
+    @property
+    def pair(self) -> ContextPair:
+        """The low-level step-by-step API on this model's contexts."""
+        self._model()
+        return self._pair
+
+    @property
+    def n_ctx(self) -> int:
+        return self.config.n_ctx
+
+    @property
+    def n_vocab(self) -> int:
+        return self._model().n_vocab
+
+    @property
+    def has_draft(self) -> bool:
+        return self._draft is not None
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        return dict(self._model().metadata)
+
+    @property
+    def draft_metadata(self) -> dict[str, str]:
+        return dict(self._draft.metadata) if self._draft is not None else {}
+
+    # -- vocabulary ----------------------------------------------------------
+
+    def tokenize(self, text: Union[str, bytes], *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Token ids of ``text``; BOS is added where the vocabulary asks for it."""
+        if isinstance(text, bytes):
+            text = text.decode("utf-8")
+        if not isinstance(text, str):
+            raise TypeError(f"text must be str or bytes, not {type(text).__name__}")
+        return self._model().tokenize(text, add_special, parse_special)
+
+    def detokenize(self, tokens: Sequence[int], *, special: bool = False) -> str:
+        """Text of ``tokens`` (invalid UTF-8 is replaced, never raised)."""
+        ids = _token_list(tokens, self._model().n_vocab)
+        raw: bytes = self._model().detokenize(ids, False, special)
+        return raw.decode("utf-8", errors="replace")
+
+    # -- generation ----------------------------------------------------------
+
+    def generate(
+        self,
+        prompt: Prompt,
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: Optional[int] = None,
+        stop: Union[str, Sequence[str], None] = (),
+        ignore_eos: bool = False,
+        *,
+        draft_max: Optional[int] = None,
+    ) -> GenerationResult:
+        """Generate up to ``max_tokens`` tokens after ``prompt`` (text or ids).
+
+        finish_reason is "eos" (end of generation token, not included), "stop"
+        (a stop string appeared; it and what follows are cut) or "length"
+        (max_tokens reached, or the context is full)."""
+        cfg = SamplingConfig(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                             seed=seed, stop=SamplingConfig.normalise_stop(stop), ignore_eos=ignore_eos,
+                             draft_max=draft_max)
+        run = _Run(self, prompt, cfg)
+        for _ in run:
+            pass
+        return run.result()
+
+    def stream(
+        self,
+        prompt: Prompt,
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: Optional[int] = None,
+        stop: Union[str, Sequence[str], None] = (),
+        ignore_eos: bool = False,
+        *,
+        draft_max: Optional[int] = None,
+    ) -> Iterator[StreamStep]:
+        """Like ``generate``, one ``StreamStep`` per speculative step. The last
+        step carries the finish_reason."""
+        cfg = SamplingConfig(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                             seed=seed, stop=SamplingConfig.normalise_stop(stop), ignore_eos=ignore_eos,
+                             draft_max=draft_max)
+        return iter(_Run(self, prompt, cfg))
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return "<pydflash.Llama closed>"
+        d = f" draft='{self._draft.path}'" if self._draft is not None else ""
+        return f"<pydflash.Llama '{self._model().path}'{d} n_ctx={self.n_ctx}>"
+
+    # -- internals used by _Run ----------------------------------------------
+
+    def _acquire(self) -> None:
+        me = threading.get_ident()
+        if self._owner == me:
+            raise PyDFlashError("this thread is already generating with this Llama object "
+                                "(finish or close the open stream first)")
+        self._lock.acquire()
+        self._owner = me
+
+    def _release(self) -> None:
+        self._owner = None
+        self._lock.release()
+
+    def _prompt_tokens(self, prompt: Prompt) -> list[int]:
+        model = self._model()
+        if isinstance(prompt, (str, bytes)):
+            tokens = self.tokenize(prompt)
+            if not tokens:
+                if model.bos < 0:
+                    raise ValueError("prompt is empty and the vocabulary has no BOS token to start from")
+                tokens = [model.bos]
+            return tokens
+        tokens = _token_list(prompt, model.n_vocab)
+        if not tokens:
+            raise ValueError("prompt token list is empty")
+        return tokens
+
+
+class _Run:
+    """One generation: the loop shared by generate() and stream()."""
+
+    def __init__(self, llm: Llama, prompt: Prompt, cfg: SamplingConfig):
+        self.llm = llm
+        self.cfg = cfg
+        self.prompt = llm._prompt_tokens(prompt)
+        model = llm._model()
+        self.model = model
+        self.text = TextAssembler(lambda t: model.token_to_piece(t, False), cfg.stop)
+        self.tokens: list[int] = []
+        self.n_released = 0  # tokens already handed to a stream consumer
+        self.steps: list[_core.StepResult] = []
+        self.finish: Optional[FinishReason] = None
+        self.prefill_s = 0.0
+        self.decode_s = 0.0
+
+    def __iter__(self) -> Iterator[StreamStep]:
+        llm, cfg = self.llm, self.cfg
+        llm._acquire()
+        try:
+            core = llm._pair_core
+            assert core is not None
+            seed = cfg.seed if cfg.seed is not None else llm.config.seed
+            if seed < 0:
+                seed = random.getrandbits(63)
+            core.set_sampling(cfg.temperature, cfg.top_k, cfg.top_p, seed & 0xFFFFFFFFFFFFFFFF)
+            t0 = time.perf_counter()
+            llm.pair.prefill(self.prompt)
+            self.prefill_s = time.perf_counter() - t0
+            draft_max = cfg.draft_max
+            t0 = time.perf_counter()
+            while self.finish is None:
+                remaining = cfg.max_tokens - len(self.tokens)
+                if remaining <= 0 or core.n_past >= core.n_ctx:
+                    self.finish = "length"
+                    yield self._event(None)
+                    break
+                dm = remaining - 1 if draft_max is None else min(draft_max, remaining - 1)
+                if draft_max is None:
+                    dm = min(dm, core.default_draft_max)
+                step = llm.pair.step(dm)
+                self.steps.append(step)
+                self._take(step.tokens)
+                yield self._event(step)
+            self.decode_s = time.perf_counter() - t0
+        finally:
+            llm._release()
+            _logging.flush()
+
+    def _take(self, new: list[int]) -> None:
+        """Apply EOS, max_tokens and stop strings to one step's tokens."""
+        for t in new:
+            if not self.cfg.ignore_eos and self.model.is_eog(t):
+                self.finish = "eos"
+                break
+            self.tokens.append(t)
+            self.text.add(t)
+            if len(self.tokens) >= self.cfg.max_tokens:
+                self.finish = "length"
+                break
+        if self.text.stop_strings:
+            keep = self.text.find_stop()
+            if keep is not None:
+                del self.tokens[keep:]
+                self.finish = "stop"
+
+    def _event(self, step: Optional[_core.StepResult]) -> StreamStep:
+        text, n_new = self.text.release(final=self.finish is not None)
+        released = self.tokens[self.n_released:self.n_released + n_new]
+        self.n_released += n_new
+        return StreamStep(
+            tokens=released,
+            text=text,
+            n_drafted=step.n_drafted if step else 0,
+            n_accepted=step.n_accepted if step else 0,
+            drafted=list(step.drafted) if step else [],
+            finish_reason=self.finish,
+        )
+
+    def result(self) -> GenerationResult:
+        stats = GenerationStats(
+            prompt_tokens=len(self.prompt), n_tokens=len(self.tokens), n_steps=len(self.steps),
+            n_drafted=sum(s.n_drafted for s in self.steps), n_accepted=sum(s.n_accepted for s in self.steps),
+            prefill_seconds=self.prefill_s, decode_seconds=self.decode_s, steps=tuple(self.steps))
+        assert self.finish is not None
+        return GenerationResult(text=self.text.text(), tokens=list(self.tokens),
+                                finish_reason=self.finish, stats=stats)
+
+
+def _token_list(tokens: Sequence[int], n_vocab: int) -> list[int]:
+    if isinstance(tokens, (str, bytes)):
+        raise TypeError("expected a sequence of token ids")
+    out: list[int] = []
+    for t in tokens:
+        if isinstance(t, bool) or not isinstance(t, int):
+            raise TypeError(f"token ids must be int, got {type(t).__name__}")
+        if not 0 <= t < n_vocab:
+            raise ValueError(f"token id {t} is out of range [0, {n_vocab})")
+        out.append(t)
+    return out

@@ -1,0 +1,97 @@
+"""The low-level, step-by-step API: a target context and a DFlash drafter
+context driven one speculative step at a time.
+
+    pair = llm.pair
+    pair.prefill(llm.tokenize("def fib(n):"))
+    step = pair.step(draft_max=8)
+    step.tokens, step.n_drafted, step.n_accepted, step.t_verify_ms
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from . import _core, _logging
+from .config import _int
+from .results import StepResult
+
+__all__ = ["ContextPair", "StepResult"]
+
+
+class ContextPair:
+    """Target + drafter contexts sharing one token history.
+
+    ``prefill`` clears both caches and evaluates a prompt (its last token is
+    kept pending); each ``step`` drafts a block, verifies it in one target
+    pass, keeps the agreeing prefix plus the target's own next token, rolls
+    both caches back past it and injects the target features of the kept
+    positions into the drafter. Sampling is set with ``set_sampling``
+    (greedy by default)."""
+
+    def __init__(self, core: _core.ContextPair):
+        self._core = core
+
+    def prefill(self, tokens: Sequence[int]) -> float:
+        """Reset and evaluate ``tokens``; returns the time spent in ms."""
+        try:
+            return self._core.prefill(list(tokens))
+        finally:
+            _logging.flush()
+
+    def step(self, draft_max: Optional[int] = None, *, draft: Optional[Sequence[int]] = None) -> StepResult:
+        """One speculative step. ``draft_max`` bounds the drafted block (None:
+        the pair's default; 0: plain target decoding). ``draft`` verifies these
+        tokens instead of the drafter's block (any external draft source)."""
+        dm = -1 if draft_max is None else _int("draft_max", draft_max, 0)
+        try:
+            return self._core.step(dm, None if draft is None else list(draft))
+        finally:
+            _logging.flush()
+
+    def set_sampling(self, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0) -> None:
+        """Sampler for the target's own tokens; temperature 0 is greedy."""
+        self._core.set_sampling(temperature, top_k, top_p, seed & 0xFFFFFFFFFFFFFFFF)
+
+    def reset(self) -> None:
+        """Clear both caches and the token history."""
+        self._core.reset()
+
+    @property
+    def n_past(self) -> int:
+        """Tokens in the target cache (the pending token is not counted)."""
+        return self._core.n_past
+
+    @property
+    def n_ctx(self) -> int:
+        return self._core.n_ctx
+
+    @property
+    def tokens(self) -> list[int]:
+        """The token history: cached tokens plus the pending one."""
+        return self._core.tokens()
+
+    @property
+    def has_drafter(self) -> bool:
+        return self._core.has_drafter
+
+    @property
+    def block_size(self) -> int:
+        """The drafter's trained block size (0 without a drafter)."""
+        return self._core.block_size
+
+    @property
+    def max_draft(self) -> int:
+        """Largest draft a step can propose: block_size - 1."""
+        return self._core.max_draft
+
+    @property
+    def default_draft_max(self) -> int:
+        return self._core.default_draft_max
+
+    @property
+    def target_layer_ids(self) -> list[int]:
+        return self._core.target_layer_ids
+
+    def __repr__(self) -> str:
+        return (f"<pydflash.ContextPair n_past={self.n_past} n_ctx={self.n_ctx} "
+                f"block_size={self.block_size} drafter={self.has_drafter}>")

@@ -1,0 +1,77 @@
+"""Immutable result types of a generation."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal, Optional, Sequence
+
+from ._core import StepResult
+
+FinishReason = Literal["length", "stop", "eos"]
+
+__all__ = ["FinishReason", "GenerationStats", "GenerationResult", "StreamStep", "StepResult"]
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationStats:
+    """What one generation cost and how well the drafter did."""
+
+    prompt_tokens: int
+    n_tokens: int                   # generated tokens returned to the caller
+    n_steps: int                    # target verification passes
+    n_drafted: int
+    n_accepted: int
+    prefill_seconds: float
+    decode_seconds: float
+    steps: Sequence[StepResult] = dataclasses.field(repr=False)
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / drafted tokens (0.0 when nothing was drafted)."""
+        return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """tau: generated tokens per target verification pass."""
+        return self.n_tokens / self.n_steps if self.n_steps else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        return self.n_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    @property
+    def prefill_tokens_per_second(self) -> float:
+        return self.prompt_tokens / self.prefill_seconds if self.prefill_seconds > 0 else 0.0
+
+    @property
+    def draft_seconds(self) -> float:
+        return sum(s.t_draft_ms for s in self.steps) / 1e3
+
+    @property
+    def verify_seconds(self) -> float:
+        return sum(s.t_verify_ms for s in self.steps) / 1e3
+
+    @property
+    def inject_seconds(self) -> float:
+        return sum(s.t_inject_ms for s in self.steps) / 1e3
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationResult:
+    text: str
+    tokens: list[int]
+    finish_reason: FinishReason
+    stats: GenerationStats
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamStep:
+    """One step of ``Llama.stream``: the tokens it produced (after EOS, stop
+    strings and max_tokens are applied) and the text that is now final."""
+
+    tokens: list[int]
+    text: str
+    n_drafted: int
+    n_accepted: int
+    drafted: list[int]
+    finish_reason: Optional[FinishReason] = None

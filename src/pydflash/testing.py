@@ -1,0 +1,266 @@
+"""Tiny random-weight GGUF models for tests and experiments.
+
+``write_pair`` writes a ``qwen3`` target and a matching ``dflash`` drafter
+(architecture names and tensor layout as llama.cpp expects them) with the
+``gguf`` package (``pip install pydflash[test]``). Shapes are controllable,
+and ``broken`` variants produce the malformed drafters the load checks must
+refuse.
+
+Random tiny models have near-tied logits; the output head here gives a small
+set of "hot" tokens large weights, so the greedy argmax is decided by a clear
+margin (never by float noise) and a random drafter agrees with the target
+often enough to exercise partial acceptance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+__all__ = ["TargetSpec", "DrafterSpec", "write_target", "write_drafter", "write_pair", "tokenizer"]
+
+EOS = "<|endoftext|>"
+MASK = "<|mask|>"
+
+_CORPUS = """
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="the quick brown fox jumps over the lazy dog")
+    for index, value in enumerate(values):
+        if value is not None and index % 2 == 0:
+            result.append(self.transform(value))
+    return result
+The target model verifies every drafted token in one pass, and the drafter
+fills the whole block at once. Speculative decoding keeps the output of the
+target exactly when the temperature is zero. import os, sys; print("hello world")
+"""
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    # GPT-2's reversible byte -> printable unicode map (byte-level BPE)
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, (chr(c) for c in cs)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Tokenizer:
+    tokens: list[str]
+    types: list[int]
+    merges: list[str]
+    eos: int
+    mask: int
+
+
+def tokenizer(n_vocab: int = 384) -> Tokenizer:
+    """A deterministic byte-level BPE of exactly ``n_vocab`` tokens: 256 bytes,
+    merges learned on a small built-in text, EOS and MASK control tokens, then
+    unused control tokens as padding."""
+    if n_vocab < 260:
+        raise ValueError("n_vocab must be >= 260 (256 bytes + merges + 2 specials)")
+    b2u = _bytes_to_unicode()
+    tokens = [b2u[b] for b in range(256)]
+    n_merges = min(n_vocab - 258, 200)
+    words = [[b2u[b] for b in w.encode()] for w in re.findall(r" ?\w+| ?[^\w\s]+|\s+", _CORPUS)]
+    merges: list[str] = []
+    vocab = set(tokens)
+    while len(merges) < n_merges:
+        pairs: Counter[tuple[str, str]] = Counter()
+        for w in words:
+            pairs.update(zip(w, w[1:]))
+        if not pairs:
+            break
+        (a, b), _ = max(pairs.items(), key=lambda kv: (kv[1], kv[0]))
+        merges.append(f"{a} {b}")
+        if a + b not in vocab:
+            vocab.add(a + b)
+            tokens.append(a + b)
+        for w in words:
+            i = 0
+            while i < len(w) - 1:
+                if w[i] == a and w[i + 1] == b:
+                    w[i : i + 2] = [a + b]
+                i += 1
+    types = [1] * len(tokens)
+    eos = len(tokens)
+    tokens += [EOS, MASK]
+    types += [3, 3]
+    while len(tokens) < n_vocab:
+        tokens.append(f"<|unused_{len(tokens)}|>")
+        types.append(5)
+    return Tokenizer(tokens[:n_vocab], types[:n_vocab], merges, eos, eos + 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetSpec:
+    n_embd: int = 64
+    n_layer: int = 4
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 16
+    n_ff: int = 128
+    n_vocab: int = 384
+    n_ctx: int = 4096
+    hot_tokens: int = 12
+    head_scale: float = 8.0
+    seed: int = 0
+    eos_hot: bool = False  # give end-of-text a hot head row, so generations can end
+
+
+@dataclasses.dataclass(frozen=True)
+class DrafterSpec:
+    n_layer: int = 1
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 16
+    n_ff: int = 128
+    target_layers: tuple[int, ...] = (1, 3)
+    block_size: int = 8
+    seed: int = 1
+    attn_out_scale: float = 4.0
+    # broken variants, for tests of the load checks
+    architecture: str = "dflash"
+    n_embd: int | None = None      # None = the target's
+    n_vocab: int | None = None     # None = the target's
+    mask_token: bool = True
+    extra_tensors: tuple[str, ...] = ()
+
+
+def _rng_tensor(rng: np.random.Generator, shape: Sequence[int], scale: float) -> np.ndarray:
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def _norm(rng: np.random.Generator, n: int) -> np.ndarray:
+    return (1.0 + 0.05 * rng.standard_normal(n)).astype(np.float32)
+
+
+def _add_tokenizer(w, tok: Tokenizer, *, mask: bool) -> None:
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tok.tokens)
+    w.add_token_types(tok.types)
+    w.add_token_merges(tok.merges)
+    w.add_eos_token_id(tok.eos)
+    w.add_add_bos_token(False)
+    if mask:
+        w.add_mask_token_id(tok.mask)
+
+
+def _add_attention_layer(w, rng, i: int, n_embd: int, n_head: int, n_head_kv: int, head_dim: int, n_ff: int,
+                         out_scale: float = 1.0, qk_norm: bool = True) -> None:
+    s = 1.0 / np.sqrt(n_embd)
+    w.add_tensor(f"blk.{i}.attn_norm.weight", _norm(rng, n_embd))
+    w.add_tensor(f"blk.{i}.attn_q.weight", _rng_tensor(rng, (n_head * head_dim, n_embd), s))
+    w.add_tensor(f"blk.{i}.attn_k.weight", _rng_tensor(rng, (n_head_kv * head_dim, n_embd), s))
+    w.add_tensor(f"blk.{i}.attn_v.weight", _rng_tensor(rng, (n_head_kv * head_dim, n_embd), s))
+    w.add_tensor(f"blk.{i}.attn_output.weight", _rng_tensor(rng, (n_embd, n_head * head_dim), out_scale / np.sqrt(n_head * head_dim)))
+    if qk_norm:
+        w.add_tensor(f"blk.{i}.attn_q_norm.weight", _norm(rng, head_dim))
+        w.add_tensor(f"blk.{i}.attn_k_norm.weight", _norm(rng, head_dim))
+    w.add_tensor(f"blk.{i}.ffn_norm.weight", _norm(rng, n_embd))
+    w.add_tensor(f"blk.{i}.ffn_gate.weight", _rng_tensor(rng, (n_ff, n_embd), s))
+    w.add_tensor(f"blk.{i}.ffn_up.weight", _rng_tensor(rng, (n_ff, n_embd), s))
+    w.add_tensor(f"blk.{i}.ffn_down.weight", _rng_tensor(rng, (n_embd, n_ff), 1.0 / np.sqrt(n_ff)))
+
+
+def _add_common_hparams(w, arch: str, *, n_ctx: int, n_embd: int, n_layer: int, n_head: int,
+                        n_head_kv: int, head_dim: int, n_ff: int) -> None:
+    w.add_uint32(f"{arch}.context_length", n_ctx)
+    w.add_uint32(f"{arch}.embedding_length", n_embd)
+    w.add_uint32(f"{arch}.block_count", n_layer)
+    w.add_uint32(f"{arch}.feed_forward_length", n_ff)
+    w.add_uint32(f"{arch}.attention.head_count", n_head)
+    w.add_uint32(f"{arch}.attention.head_count_kv", n_head_kv)
+    w.add_uint32(f"{arch}.attention.key_length", head_dim)
+    w.add_uint32(f"{arch}.attention.value_length", head_dim)
+    w.add_float32(f"{arch}.rope.freq_base", 10000.0)
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
+
+
+def write_target(path: str | Path, spec: TargetSpec = TargetSpec(), *, architecture: str = "qwen3") -> Path:
+    """Write a tiny random ``qwen3`` target GGUF."""
+    import gguf
+
+    path = Path(path)
+    s = spec
+    rng = np.random.default_rng(s.seed)
+    tok = tokenizer(s.n_vocab)
+    w = gguf.GGUFWriter(str(path), architecture)
+    w.add_name(f"pydflash tiny {architecture} target")
+    _add_common_hparams(w, architecture, n_ctx=s.n_ctx, n_embd=s.n_embd, n_layer=s.n_layer, n_head=s.n_head,
+                        n_head_kv=s.n_head_kv, head_dim=s.head_dim, n_ff=s.n_ff)
+    _add_tokenizer(w, tok, mask=False)
+    w.add_tensor("token_embd.weight", _rng_tensor(rng, (s.n_vocab, s.n_embd), 1.0))
+    for i in range(s.n_layer):
+        # qwen2 (also llama-style) has no per-head q/k norms
+        _add_attention_layer(w, rng, i, s.n_embd, s.n_head, s.n_head_kv, s.head_dim, s.n_ff,
+                             qk_norm=architecture not in ("qwen2", "llama"))
+    w.add_tensor("output_norm.weight", _norm(rng, s.n_embd))
+    # the head: hot rows get large weights (clear argmax margins), the rest small
+    head = _rng_tensor(rng, (s.n_vocab, s.n_embd), 0.01)
+    normal = [i for i, t in enumerate(tok.types) if t == 1]
+    hot = rng.choice(normal, size=min(s.hot_tokens, len(normal)), replace=False)
+    if s.eos_hot:
+        hot = np.append(hot, tok.eos)
+    head[hot] = _rng_tensor(rng, (len(hot), s.n_embd), s.head_scale)
+    w.add_tensor("output.weight", head)
+    _write(w)
+    return path
+
+
+def write_drafter(path: str | Path, target: TargetSpec = TargetSpec(), spec: DrafterSpec = DrafterSpec()) -> Path:
+    """Write a tiny random ``dflash`` drafter for ``target`` (or a broken one)."""
+    import gguf
+
+    path = Path(path)
+    s = spec
+    arch = s.architecture
+    n_embd = s.n_embd or target.n_embd
+    n_vocab = s.n_vocab or target.n_vocab
+    rng = np.random.default_rng(s.seed)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name("pydflash tiny dflash drafter")
+    _add_common_hparams(w, arch, n_ctx=target.n_ctx, n_embd=n_embd, n_layer=s.n_layer, n_head=s.n_head,
+                        n_head_kv=s.n_head_kv, head_dim=s.head_dim, n_ff=s.n_ff)
+    w.add_uint32(f"{arch}.block_size", s.block_size)
+    w.add_bool(f"{arch}.attention.causal", False)
+    w.add_array(f"{arch}.target_layers", list(s.target_layers))
+    _add_tokenizer(w, tokenizer(n_vocab), mask=s.mask_token)
+    n_in = len(s.target_layers) * n_embd
+    w.add_tensor("fc.weight", _rng_tensor(rng, (n_embd, n_in), 1.0 / np.sqrt(n_in)))
+    w.add_tensor("enc.output_norm.weight", _norm(rng, n_embd))
+    for i in range(s.n_layer):
+        # a strong attention output makes the block depend on the injected context
+        _add_attention_layer(w, rng, i, n_embd, s.n_head, s.n_head_kv, s.head_dim, s.n_ff, out_scale=s.attn_out_scale)
+    w.add_tensor("output_norm.weight", _norm(rng, n_embd))
+    for name in s.extra_tensors:
+        w.add_tensor(name, _rng_tensor(rng, (4, n_embd), 0.1))
+    _write(w)
+    return path
+
+
+def write_pair(directory: str | Path, target: TargetSpec = TargetSpec(),
+               drafter: DrafterSpec = DrafterSpec(), *, prefix: str = "tiny") -> tuple[Path, Path]:
+    """Write a matching target + drafter into ``directory``; returns both paths."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    t = write_target(directory / f"{prefix}-target.gguf", target)
+    d = write_drafter(directory / f"{prefix}-drafter.gguf", target, drafter)
+    return t, d
+
+
+def _write(w) -> None:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()

@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from pydflash import Llama, testing
+
+# Two drafter shapes over one target: block 8 / 1 layer / 2 target layers, and
+# block 16 / 2 layers / 3 target layers with other head counts.
+TARGET = testing.TargetSpec()
+DRAFTERS = {
+    "b8": testing.DrafterSpec(),
+    "b16": testing.DrafterSpec(n_layer=2, n_head=2, n_head_kv=1, head_dim=32, n_ff=96,
+                               target_layers=(0, 2, 3), block_size=16, seed=7),
+}
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("models")
+    testing.write_target(d / "target.gguf", TARGET)
+    for name, spec in DRAFTERS.items():
+        testing.write_drafter(d / f"drafter-{name}.gguf", TARGET, spec)
+    testing.write_target(d / "target-eos.gguf", dataclasses.replace(TARGET, eos_hot=True))
+    testing.write_drafter(d / "drafter-eos.gguf", TARGET, DRAFTERS["b8"])
+    return d
+
+
+@pytest.fixture(scope="session")
+def target_path(model_dir: Path) -> Path:
+    return model_dir / "target.gguf"
+
+
+@pytest.fixture(scope="session")
+def baseline(target_path: Path):
+    with Llama(target_path, n_ctx=1024) as llm:
+        yield llm
+
+
+@pytest.fixture(scope="session", params=sorted(DRAFTERS))
+def dflash(request: pytest.FixtureRequest, model_dir: Path, target_path: Path):
+    with Llama(target_path, draft=model_dir / f"drafter-{request.param}.gguf", n_ctx=1024) as llm:
+        yield llm
+
+
+@pytest.fixture(scope="session")
+def dflash_b8(model_dir: Path, target_path: Path):
+    with Llama(target_path, draft=model_dir / "drafter-b8.gguf", n_ctx=1024) as llm:
+        yield llm

@@ -1,0 +1,85 @@
+"""The pydflash command line and the step-by-step example, run as users would."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "pydflash", *args], capture_output=True, text=True, timeout=300)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc
+
+
+@pytest.mark.parametrize("sub", ["generate", "demo", "info"])
+def test_help(sub):
+    out = run(sub, "--help").stdout
+    assert "usage: pydflash " + sub in out
+
+
+def test_top_level_help_lists_commands():
+    out = run("--help").stdout
+    for sub in ("generate", "demo", "info"):
+        assert sub in out
+
+
+def test_generate_prints_text_and_stats(target_path, model_dir, baseline):
+    proc = run("generate", "-m", str(target_path), "-d", str(model_dir / "drafter-b8.gguf"),
+               "-p", "def f():", "-n", "24", "--draft-max", "4", "--ignore-eos", "--n-ctx", "256")
+    assert "tau=" in proc.stderr and "acceptance=" in proc.stderr and "tokens=24" in proc.stderr
+    want = baseline.generate("def f():", max_tokens=24, ignore_eos=True).text
+    assert proc.stdout == want + "\n"
+
+
+def test_generate_json(target_path, model_dir, baseline):
+    proc = run("generate", "-m", str(target_path), "-d", str(model_dir / "drafter-b16.gguf"),
+               "-p", "x = 1", "-n", "16", "--ignore-eos", "--json", "--n-ctx", "256")
+    data = json.loads(proc.stdout)
+    assert data["tokens"] == baseline.generate("x = 1", max_tokens=16, ignore_eos=True).tokens
+    assert data["stats"]["n_steps"] >= 1
+
+
+def test_generate_bad_file_is_a_clean_error(tmp_path):
+    proc = run("generate", "-m", str(tmp_path / "missing.gguf"), "-p", "x", check=False)
+    assert proc.returncode == 2
+    assert "file not found" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_info_compatible(target_path, model_dir):
+    proc = run("info", "-m", str(target_path), "-d", str(model_dir / "drafter-b8.gguf"))
+    assert "drafter fits target: yes" in proc.stdout
+    assert "CPU" in proc.stdout
+    assert "dflash.block_size = 8" in proc.stdout
+
+
+def test_info_incompatible_json(target_path, tmp_path):
+    from pydflash import testing
+    from conftest import TARGET
+
+    bad = testing.write_drafter(tmp_path / "bad.gguf", TARGET, testing.DrafterSpec(target_layers=(7,)))
+    proc = run("info", "-m", str(target_path), "-d", str(bad), "--json", check=False)
+    assert proc.returncode == 1
+    data = json.loads(proc.stdout)
+    assert data["compatible"] is False and "out of range" in data["incompatibility"]
+    assert data["target"]["architecture"] == "qwen3" and data["drafter"]["architecture"] == "dflash"
+
+
+def test_demo_runs():
+    proc = run("demo", "--max-tokens", "16", "--prompt", "def f():")
+    assert "identical to the target alone: True" in proc.stdout
+    assert "speed-up" in proc.stdout and "tau" in proc.stdout
+
+
+def test_step_by_step_example():
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "step_by_step.py"), "--steps", "6"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("step ") >= 6 and "target passes" in proc.stdout

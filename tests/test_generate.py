@@ -1,0 +1,191 @@
+"""generate()/stream(): state reset between calls, streaming equivalence, stop
+strings, EOS, context limits, sampling options, closing, threads."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from pydflash import ContextLimitError, Llama, PyDFlashError, StreamStep
+
+
+def test_repeated_generate_is_identical(dflash):
+    runs = [dflash.generate("def f(x):", max_tokens=64, ignore_eos=True).tokens for _ in range(3)]
+    assert runs[0] == runs[1] == runs[2]
+    # a different prompt in between does not leak state
+    dflash.generate("something else entirely", max_tokens=30, ignore_eos=True)
+    assert dflash.generate("def f(x):", max_tokens=64, ignore_eos=True).tokens == runs[0]
+
+
+def test_stream_equals_generate(dflash):
+    res = dflash.generate("import sys", max_tokens=70, ignore_eos=True)
+    steps = list(dflash.stream("import sys", max_tokens=70, ignore_eos=True))
+    assert all(isinstance(s, StreamStep) for s in steps)
+    assert sum((s.tokens for s in steps), []) == res.tokens
+    assert "".join(s.text for s in steps) == res.text
+    assert steps[-1].finish_reason == "length"
+    assert all(s.finish_reason is None for s in steps[:-1])
+    assert [s.n_accepted for s in steps] == [s.n_accepted for s in res.stats.steps]
+
+
+def test_text_matches_detokenize(dflash):
+    res = dflash.generate("The quick", max_tokens=50, ignore_eos=True)
+    assert res.text == dflash.detokenize(res.tokens)
+
+
+def test_tokenize_roundtrip(dflash):
+    for text in ["def main():\n    return 0\n", "hello world", "ünïcödé ✓", ""]:
+        assert dflash.detokenize(dflash.tokenize(text)) == text
+    with pytest.raises(TypeError):
+        dflash.tokenize(123)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="out of range"):
+        dflash.detokenize([1, 99999])
+
+
+def test_stop_strings(dflash, baseline):
+    full = baseline.generate("for i in", max_tokens=80, ignore_eos=True)
+    stop = full.text[20:23]
+    first = full.text.find(stop)
+    res = dflash.generate("for i in", max_tokens=80, ignore_eos=True, stop=[stop, "never-appears"])
+    assert res.finish_reason == "stop"
+    assert res.text == full.text[:first]
+    assert stop not in res.text
+    assert res.tokens == full.tokens[: len(res.tokens)]
+    streamed = list(dflash.stream("for i in", max_tokens=80, ignore_eos=True, stop=stop))
+    assert "".join(s.text for s in streamed) == res.text
+    assert sum((s.tokens for s in streamed), []) == res.tokens
+    assert streamed[-1].finish_reason == "stop"
+
+
+def test_eos_ends_generation(model_dir):
+    t, d = model_dir / "target-eos.gguf", model_dir / "drafter-eos.gguf"
+    with Llama(t, n_ctx=1024) as base, Llama(t, draft=d, n_ctx=1024) as spec:
+        eos_id = base.tokenize("<|endoftext|>", add_special=False)
+        assert len(eos_id) == 1
+        hits = 0
+        for prompt in ["a", "def", "import os", "x = 1", "class A:", "hello", "1 + 2", "return"]:
+            full = base.generate(prompt, max_tokens=128, ignore_eos=True).tokens
+            if eos_id[0] not in full:
+                continue
+            hits += 1
+            cut = full.index(eos_id[0])
+            for llm in (base, spec):
+                res = llm.generate(prompt, max_tokens=128)
+                assert res.finish_reason == "eos"
+                assert res.tokens == full[:cut]
+        assert hits > 0, "no prompt reached EOS: pick others"
+
+
+def test_prompt_longer_than_context(target_path, model_dir):
+    with Llama(target_path, draft=model_dir / "drafter-b8.gguf", n_ctx=64) as llm:
+        with pytest.raises(ContextLimitError, match="prompt has 100 tokens"):
+            llm.generate(list(range(1, 101)), max_tokens=5)
+        with pytest.raises(ValueError):  # ContextLimitError is a ValueError too
+            llm.generate(list(range(1, 65)), max_tokens=5)
+        # still usable afterwards
+        assert len(llm.generate("ok", max_tokens=5, ignore_eos=True).tokens) == 5
+
+
+def test_generation_running_past_context(target_path, model_dir):
+    with Llama(target_path, n_ctx=64) as base, \
+            Llama(target_path, draft=model_dir / "drafter-b8.gguf", n_ctx=64) as spec:
+        prompt = list(range(1, 41))
+        want = base.generate(prompt, max_tokens=500, ignore_eos=True)
+        got = spec.generate(prompt, max_tokens=500, ignore_eos=True)
+        assert want.finish_reason == got.finish_reason == "length"
+        assert len(want.tokens) == 64 - 40 + 1  # fills the context, plus the last sampled token
+        assert got.tokens == want.tokens
+        # the longest prompt that fits still generates
+        assert len(spec.generate(list(range(1, 64)), max_tokens=10, ignore_eos=True).tokens) >= 1
+
+
+def test_empty_and_bad_prompts(dflash):
+    with pytest.raises(ValueError, match="empty"):
+        dflash.generate([], max_tokens=3)
+    with pytest.raises(TypeError):
+        dflash.generate([1, "a"], max_tokens=3)  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="out of range"):
+        dflash.generate([1, 10**7], max_tokens=3)
+    # an empty text prompt starts from the vocabulary's BOS token
+    assert len(dflash.generate("", max_tokens=3, ignore_eos=True).tokens) == 3
+    assert dflash.generate("fine", max_tokens=0).tokens == []
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"max_tokens": -1}, "max_tokens"),
+    ({"temperature": -0.5}, "temperature"),
+    ({"temperature": float("nan")}, "temperature"),
+    ({"top_p": 0.0}, "top_p"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"top_k": -2}, "top_k"),
+    ({"draft_max": -1}, "draft_max"),
+])
+def test_bad_sampling_arguments(dflash, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        dflash.generate("x", **kwargs)
+    assert len(dflash.generate("x", max_tokens=3, ignore_eos=True).tokens) == 3
+
+
+def test_bad_argument_types(dflash):
+    with pytest.raises(TypeError, match="max_tokens"):
+        dflash.generate("x", max_tokens=3.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="stop"):
+        dflash.generate("x", stop=[1])  # type: ignore[list-item]
+
+
+def test_temperature_sampling_is_seeded(dflash, baseline):
+    a = dflash.generate("def", max_tokens=60, temperature=0.8, seed=42, ignore_eos=True)
+    b = dflash.generate("def", max_tokens=60, temperature=0.8, seed=42, ignore_eos=True)
+    c = dflash.generate("def", max_tokens=60, temperature=5.0, seed=43, ignore_eos=True)
+    assert a.tokens == b.tokens
+    assert c.tokens != a.tokens
+    # top_k=1 is greedy at any temperature
+    g = baseline.generate("def", max_tokens=30, ignore_eos=True)
+    k1 = dflash.generate("def", max_tokens=30, temperature=1.0, top_k=1, ignore_eos=True)
+    assert k1.tokens == g.tokens
+
+
+def test_close_and_context_manager(target_path, model_dir):
+    llm = Llama(target_path, draft=model_dir / "drafter-b8.gguf", n_ctx=128)
+    pair = llm.pair
+    with llm:
+        assert not llm.closed
+    assert llm.closed
+    llm.close()  # idempotent
+    with pytest.raises(PyDFlashError, match="closed"):
+        llm.generate("x")
+    with pytest.raises(PyDFlashError, match="closed"):
+        pair.prefill([1, 2])
+    assert "closed" in repr(llm)
+
+
+def test_threads_share_one_object(dflash_b8):
+    want = dflash_b8.generate("thread", max_tokens=40, ignore_eos=True).tokens
+    results: list[list[int]] = []
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for _ in range(3):
+                results.append(dflash_b8.generate("thread", max_tokens=40, ignore_eos=True).tokens)
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors
+    assert len(results) == 9 and all(r == want for r in results)
+
+
+def test_nested_generation_on_one_thread_is_refused(dflash_b8):
+    it = dflash_b8.stream("a", max_tokens=20, ignore_eos=True)
+    next(it)
+    with pytest.raises(PyDFlashError, match="already generating"):
+        dflash_b8.generate("b", max_tokens=3)
+    rest = list(it)
+    assert rest[-1].finish_reason == "length"
+    assert len(dflash_b8.generate("b", max_tokens=3, ignore_eos=True).tokens) == 3

@@ -1,0 +1,169 @@
+"""Every bad file gets its own exception class and a message naming the file
+and the reason; the process stays alive and the next valid load works."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+
+from pydflash import DraftCompatibilityError, Llama, ModelLoadError, PyDFlashError, testing
+from conftest import TARGET
+
+D = testing.DrafterSpec()
+
+
+def drafter(tmp_path: Path, name: str, target=TARGET, **changes) -> Path:
+    return testing.write_drafter(tmp_path / f"{name}.gguf", target, dataclasses.replace(D, **changes))
+
+
+def assert_recovers(target_path: Path, drafter_path: Path) -> None:
+    with Llama(target_path, draft=drafter_path, n_ctx=256) as llm:
+        assert len(llm.generate("ok", max_tokens=4, ignore_eos=True).tokens) == 4
+
+
+def load_error(exc_type, match, target, draft=None):
+    with pytest.raises(exc_type, match=match) as info:
+        Llama(target, draft=draft, n_ctx=256)
+    assert isinstance(info.value, PyDFlashError)
+    return str(info.value)
+
+
+# -- files that cannot be loaded at all -------------------------------------------
+
+def test_missing_file(tmp_path, target_path, model_dir):
+    missing = tmp_path / "nope.gguf"
+    msg = load_error(ModelLoadError, "file not found", missing)
+    assert str(missing) in msg
+    msg = load_error(ModelLoadError, "file not found", target_path, missing)
+    assert str(missing) in msg
+    assert_recovers(target_path, model_dir / "drafter-b8.gguf")
+
+
+def test_directory(tmp_path, target_path):
+    msg = load_error(ModelLoadError, "is a directory", tmp_path)
+    assert str(tmp_path) in msg
+    load_error(ModelLoadError, "is a directory", target_path, tmp_path)
+
+
+def test_not_gguf(tmp_path, target_path):
+    p = tmp_path / "text.gguf"
+    p.write_text("hello, I am not a model")
+    assert str(p) in load_error(ModelLoadError, "not a GGUF file", p)
+    empty = tmp_path / "empty.gguf"
+    empty.write_bytes(b"")
+    load_error(ModelLoadError, "not a GGUF file", target_path, empty)
+
+
+@pytest.mark.parametrize("keep", [0.02, 0.5, 0.97])
+def test_truncated_target(tmp_path, target_path, model_dir, keep):
+    data = target_path.read_bytes()
+    p = tmp_path / "truncated.gguf"
+    p.write_bytes(data[: int(len(data) * keep)])
+    msg = load_error(ModelLoadError, "truncated|corrupt|failed to load", p)
+    assert str(p) in msg
+    assert_recovers(target_path, model_dir / "drafter-b8.gguf")
+
+
+def test_truncated_drafter(tmp_path, target_path, model_dir):
+    data = (model_dir / "drafter-b8.gguf").read_bytes()
+    p = tmp_path / "truncated-drafter.gguf"
+    p.write_bytes(data[: len(data) // 2])
+    assert str(p) in load_error(ModelLoadError, "truncated|corrupt|failed to load", target_path, p)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_bytes_behind_magic(tmp_path, target_path, model_dir, seed):
+    rnd = __import__("random").Random(seed)
+    p = tmp_path / f"garbage{seed}.gguf"
+    p.write_bytes(b"GGUF" + bytes(rnd.getrandbits(8) for _ in range(4096)))
+    assert str(p) in load_error(ModelLoadError, "corrupt|truncated|failed", p)
+    assert_recovers(target_path, model_dir / "drafter-b8.gguf")
+
+
+def test_unknown_architecture(tmp_path):
+    p = testing.write_target(tmp_path / "alien.gguf", architecture="alien9000")
+    msg = load_error(ModelLoadError, "alien9000", p)
+    assert "unknown model architecture" in msg
+
+
+def test_pre_merge_dflash_draft_format(tmp_path, target_path, model_dir):
+    p = drafter(tmp_path, "old", architecture="dflash-draft")
+    msg = load_error(ModelLoadError, "dflash-draft", target_path, p)
+    assert str(p) in msg
+    assert "re-convert" in msg and "'dflash'" in msg
+    assert_recovers(target_path, model_dir / "drafter-b8.gguf")
+
+
+# -- drafters that load but do not fit -----------------------------------------------
+
+def test_target_passed_as_drafter(target_path, model_dir):
+    msg = load_error(DraftCompatibilityError, "architecture is 'qwen3', expected 'dflash'", target_path, target_path)
+    assert str(target_path) in msg
+    assert_recovers(target_path, model_dir / "drafter-b8.gguf")
+
+
+def test_hidden_size_mismatch(tmp_path, target_path):
+    p = drafter(tmp_path, "wide", n_embd=96)
+    msg = load_error(DraftCompatibilityError, "hidden size 96 differs from the target's 64", target_path, p)
+    assert str(p) in msg
+
+
+def test_vocab_size_mismatch(tmp_path, target_path):
+    p = drafter(tmp_path, "vocab", n_vocab=400)
+    load_error(DraftCompatibilityError, "vocabulary size 400 differs from the target's 384", target_path, p)
+
+
+@pytest.mark.parametrize("layers", [(1, 4), (9,), (0, 1, 2, 3, 17)])
+def test_target_layer_out_of_range(tmp_path, target_path, model_dir, layers):
+    p = drafter(tmp_path, "layers", target_layers=layers)
+    msg = load_error(DraftCompatibilityError, r"target layer id \d+ is out of range: the target has 4 layers",
+                     target_path, p)
+    assert str(p) in msg
+    assert_recovers(target_path, model_dir / "drafter-b8.gguf")
+
+
+def test_no_mask_token(tmp_path, target_path):
+    p = drafter(tmp_path, "nomask", mask_token=False)
+    load_error(DraftCompatibilityError, "no mask token", target_path, p)
+
+
+def test_dspark_refused(tmp_path, target_path):
+    p = drafter(tmp_path, "dspark", extra_tensors=("markov_w1.weight",))
+    load_error(DraftCompatibilityError, "DSpark", target_path, p)
+
+
+def test_dflash2_refused(tmp_path, target_path):
+    p = drafter(tmp_path, "dflash2", extra_tensors=("selector_hidden.weight",))
+    load_error(DraftCompatibilityError, "DFlash2", target_path, p)
+
+
+def test_target_without_layer_inputs(tmp_path, model_dir):
+    # a llama.cpp architecture whose graph exposes no layer inputs cannot feed a drafter
+    t = testing.write_target(tmp_path / "qwen2.gguf", TARGET, architecture="qwen2")
+    with Llama(t, n_ctx=256) as plain:  # the target alone decodes fine
+        assert len(plain.generate("hi", max_tokens=3, ignore_eos=True).tokens) == 3
+    load_error(DraftCompatibilityError, "does not expose layer inputs", t, model_dir / "drafter-b8.gguf")
+
+
+def test_bad_constructor_arguments(target_path):
+    with pytest.raises(ValueError, match="n_ctx"):
+        Llama(target_path, n_ctx=2)
+    with pytest.raises(TypeError, match="n_ctx"):
+        Llama(target_path, n_ctx="big")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="draft_max"):
+        Llama(target_path, draft_max=-1)
+    with pytest.raises(TypeError):
+        Llama(target_path, 1024)  # type: ignore[misc]
+
+
+def test_loading_failures_leak_no_handles(tmp_path, target_path, model_dir):
+    # many refused loads in a row: the process stays alive and memory bounded
+    bad = drafter(tmp_path, "bad", n_embd=96)
+    for _ in range(20):
+        with pytest.raises(DraftCompatibilityError):
+            Llama(target_path, draft=bad, n_ctx=256)
+    assert_recovers(target_path, model_dir / "drafter-b8.gguf")
+    assert os.getpid() > 0

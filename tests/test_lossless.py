@@ -1,0 +1,130 @@
+"""The invariant that matters most: at temperature 0, DFlash output equals the
+target's own greedy output, token for token, for every draft length."""
+
+from __future__ import annotations
+
+import pytest
+
+from pydflash import testing
+
+TEXT_PROMPTS = [
+    "def fibonacci(n):",
+    "import os\nimport sys\n",
+    "class Stack:\n    def __init__(self):",
+    "The quick brown fox",
+    "for i in range(10):\n    print(i)",
+    "x",
+    "Speculative decoding keeps the output of the target",
+    "return result",
+    "    if value is not None and index % 2 == 0:",
+    "hello world " * 12,
+    "{\"key\": [1, 2, 3], \"other\": null}",
+    "über naïve café — ünïcödé",
+]
+# raw token-id prompts, spread over the vocabulary (ids < 256 are byte tokens)
+ID_PROMPTS = [
+    [7],
+    [1, 2, 3, 4, 5],
+    [300, 12, 99, 250, 17, 45],
+    list(range(40, 120)),
+    [381, 380, 379],
+    [200] * 30,
+    [65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76],
+    [270, 11, 270, 11, 270, 11],
+]
+PROMPTS = [pytest.param(p, id=f"text{i}") for i, p in enumerate(TEXT_PROMPTS)] + \
+          [pytest.param(p, id=f"ids{i}") for i, p in enumerate(ID_PROMPTS)]
+N_TOKENS = 128
+
+
+@pytest.fixture(scope="module")
+def greedy_reference(baseline):
+    cache: dict[str, list[int]] = {}
+
+    def ref(prompt) -> list[int]:
+        key = repr(prompt)
+        if key not in cache:
+            res = baseline.generate(prompt, max_tokens=N_TOKENS, ignore_eos=True)
+            assert len(res.tokens) == N_TOKENS
+            cache[key] = res.tokens
+        return cache[key]
+
+    return ref
+
+
+def check_stats(res, draft_max: int) -> None:
+    steps = res.stats.steps
+    assert res.stats.n_steps == len(steps) > 0
+    for s in steps:
+        assert 0 <= s.n_accepted <= s.n_drafted <= draft_max
+        assert len(s.tokens) == s.n_accepted + 1
+        assert list(s.tokens[:-1]) == list(s.drafted[: s.n_accepted])
+    produced = sum(s.n_accepted + 1 for s in steps)
+    # the last step may be cut by max_tokens
+    assert produced - len(steps[-1].tokens) < len(res.tokens) <= produced
+    assert res.stats.n_drafted == sum(s.n_drafted for s in steps)
+    assert res.stats.n_accepted == sum(s.n_accepted for s in steps)
+    assert res.stats.mean_accepted_length == pytest.approx(len(res.tokens) / res.stats.n_steps)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_dflash_greedy_equals_target_greedy(dflash, greedy_reference, prompt):
+    expected = greedy_reference(prompt)
+    block = dflash.pair.block_size
+    for draft_max in sorted({1, 2, 4, 8, block - 1}):
+        res = dflash.generate(prompt, max_tokens=N_TOKENS, ignore_eos=True, draft_max=draft_max)
+        assert res.tokens == expected, f"draft_max={draft_max} diverged"
+        assert res.finish_reason == "length"
+        check_stats(res, min(draft_max, block - 1))
+
+
+def test_default_draft_length_is_block_minus_one(dflash, greedy_reference):
+    res = dflash.generate(TEXT_PROMPTS[0], max_tokens=N_TOKENS, ignore_eos=True)
+    assert res.tokens == greedy_reference(TEXT_PROMPTS[0])
+    assert max(s.n_drafted for s in res.stats.steps) == dflash.pair.block_size - 1
+    check_stats(res, dflash.pair.block_size - 1)
+
+
+def test_some_drafts_are_accepted(dflash, greedy_reference):
+    # the random drafter agrees with the target now and then: accepted paths run too
+    total = 0
+    for prompt in TEXT_PROMPTS:
+        res = dflash.generate(prompt, max_tokens=N_TOKENS, ignore_eos=True)
+        total += res.stats.n_accepted
+    assert total > 0
+
+
+def test_plain_target_has_same_stats_shape(baseline):
+    res = baseline.generate("def f():", max_tokens=20, ignore_eos=True)
+    assert res.stats.n_steps == 20
+    assert res.stats.n_drafted == 0 and res.stats.acceptance_rate == 0.0
+    assert res.stats.mean_accepted_length == 1.0
+    check_stats(res, 0)
+
+
+def test_draft_max_zero_is_plain_decoding(dflash, greedy_reference):
+    res = dflash.generate(TEXT_PROMPTS[1], max_tokens=40, ignore_eos=True, draft_max=0)
+    assert res.tokens == greedy_reference(TEXT_PROMPTS[1])[:40]
+    assert res.stats.n_drafted == 0 and res.stats.n_steps == 40
+
+
+def test_max_tokens_cuts_last_step(dflash, greedy_reference):
+    for n in (1, 2, 3, 5, 17):
+        res = dflash.generate(TEXT_PROMPTS[2], max_tokens=n, ignore_eos=True)
+        assert res.tokens == greedy_reference(TEXT_PROMPTS[2])[:n]
+        assert res.finish_reason == "length"
+
+
+def test_second_target_shape(tmp_path):
+    # another target shape (more layers, wider) with its own drafter
+    from pydflash import Llama
+
+    spec = testing.TargetSpec(n_embd=96, n_layer=6, n_head=6, n_head_kv=3, head_dim=16, n_ff=192, seed=3)
+    t = testing.write_target(tmp_path / "t.gguf", spec)
+    d = testing.write_drafter(tmp_path / "d.gguf", spec,
+                              testing.DrafterSpec(target_layers=(1, 3, 5), block_size=4, n_head=6, n_head_kv=3))
+    with Llama(t, n_ctx=512) as base, Llama(t, draft=d, n_ctx=512) as spec_llm:
+        for prompt in TEXT_PROMPTS[:6]:
+            want = base.generate(prompt, max_tokens=64, ignore_eos=True).tokens
+            for dm in (1, 2, 3):
+                assert spec_llm.generate(prompt, max_tokens=64, ignore_eos=True, draft_max=dm).tokens == want

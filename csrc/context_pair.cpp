@@ -90,6 +90,8 @@ ContextPair::ContextPair(std::shared_ptr<Model> target, std::shared_ptr<Model> d
         batch_dft_.reset(llama_batch_ext_init(ctx_dft_.get()));
         if (!batch_dft_) throw Error("llama_batch_ext_init failed for the drafter");
     }
+    llama_set_abort_callback(ctx_tgt_.get(), &ContextPair::abort_callback, this);
+    if (ctx_dft_) llama_set_abort_callback(ctx_dft_.get(), &ContextPair::abort_callback, this);
     batch_tgt_.reset(llama_batch_ext_init(ctx_tgt_.get()));
     if (!batch_tgt_) throw Error("llama_batch_ext_init failed for the target");
     sampler_ = std::make_unique<Sampler>(SamplingParams{}, target_->n_vocab());
@@ -142,9 +144,28 @@ std::vector<llama_token> ContextPair::tokens() const {
     return out;
 }
 
+bool ContextPair::abort_callback(void* data) {
+    auto* self = static_cast<ContextPair*>(data);
+    if (self->interrupt_.load(std::memory_order_relaxed)) return true;
+    if (!self->interrupt_check_) return false;
+    // called between graph nodes: poll the (GIL-taking) check only every 20 ms
+    const auto now = Clock::now();
+    if (now - self->last_check_ < std::chrono::milliseconds(20)) return false;
+    self->last_check_ = now;
+    if (self->interrupt_check_()) {
+        self->interrupt_.store(true);
+        return true;
+    }
+    return false;
+}
+
 void ContextPair::fail_decode(const std::string& what, int32_t rc) {
     // a failed decode leaves the caches in an unknown state: start clean
     clear_memory();
+    if (interrupt_.exchange(false)) {
+        take_thread_errors();
+        throw Interrupted(what + " was interrupted; the context was reset");
+    }
     std::string msg = what + " failed (llama.cpp returned " + std::to_string(rc) + ")";
     const std::string logged = take_thread_errors();
     if (!logged.empty()) msg += ": " + logged;
@@ -195,23 +216,130 @@ void ContextPair::inject(int32_t n_rows, llama_pos pos0) {
     }
 }
 
-std::vector<llama_token> ContextPair::draft_block(int32_t n) {
+std::vector<llama_token> ContextPair::recent_tokens() const {
+    const SamplingParams& sp = sampler_->params();
+    if (!sp.has_penalties() || sp.penalty_last_n == 0) return {};
+    std::vector<llama_token> all = history_;
+    all.push_back(*pending_);
+    const size_t n = std::min(all.size(), static_cast<size_t>(sp.penalty_last_n));
+    return std::vector<llama_token>(all.end() - static_cast<std::ptrdiff_t>(n), all.end());
+}
+
+namespace {
+
+void push_recent(std::vector<llama_token>& win, llama_token t, int32_t last_n) {
+    if (last_n <= 0) return;
+    win.push_back(t);
+    if (win.size() > static_cast<size_t>(last_n)) win.erase(win.begin());
+}
+
+}  // namespace
+
+std::vector<llama_token> ContextPair::draft_block(int32_t n, const DraftControl& control,
+                                                  std::vector<Distribution>& q) {
     llama_batch_ext* b = batch_dft_.get();
     llama_batch_ext_clear(b);
-    add_token(b, *pending_, n_past_, false);
+    // every row outputs: the dflash graph does not select output rows, so a
+    // row without output would shift the logits of the rows after it
+    add_token(b, *pending_, n_past_, true);
     for (int32_t i = 1; i <= n; ++i) add_token(b, spec_.mask_token, n_past_ + i, true);
     const int32_t rc = llama_process(ctx_dft_.get(), LLAMA_PROCESS_TYPE_DECODE, b);
     if (rc != 0) fail_decode("drafter block decode", rc);
-    std::vector<llama_token> out;
-    out.reserve(static_cast<size_t>(n));
+
+    const SamplingParams& sp = sampler_->params();
+    const bool rejection = !sp.greedy() && sp.verify == VerifyMode::Rejection;
     const int32_t n_vocab = target_->n_vocab();
+    const bool plain = !sp.has_penalties() && sp.logit_bias.empty();
+    std::vector<llama_token> out;
+    std::vector<llama_token> win = plain ? std::vector<llama_token>() : recent_tokens();
     for (int32_t i = 1; i <= n; ++i) {
         const float* logits = llama_get_logits_ith(ctx_dft_.get(), i);
         if (logits == nullptr) fail_decode("reading drafter logits", -1);
-        out.push_back(argmax(logits, n_vocab));
+        llama_token t;
+        float conf;
+        if (plain && sp.greedy()) {
+            t = argmax(logits, n_vocab);
+            conf = control.draft_p_min > 0.0f ? softmax_prob(logits, n_vocab, t) : 1.0f;
+        } else {
+            // q: the drafter's row under the target's transform
+            sampler_->distribution(logits, win, dist_);
+            if (rejection) {
+                t = sampler_->sample(dist_);
+                conf = dist_.prob_of(t);
+            } else {
+                t = dist_.ids[0];  // the transformed argmax: greedy drafts
+                conf = sp.greedy() ? (control.draft_p_min > 0.0f ? softmax_prob(logits, n_vocab, t) : 1.0f)
+                                   : dist_.probs[0];
+            }
+        }
+        if (conf < control.draft_p_min) break;
+        if (rejection) q.push_back(dist_);
+        out.push_back(t);
+        push_recent(win, t, sp.penalty_last_n);
     }
     // the block's K/V are noise: the drafter cache must hold only injected features
     llama_memory_seq_rm(llama_get_memory(ctx_dft_.get()), 0, n_past_, -1);
+    if (static_cast<int32_t>(out.size()) < control.draft_min) {
+        out.clear();
+        q.clear();
+    }
+    return out;
+}
+
+std::vector<llama_token> ContextPair::accept(const std::vector<llama_token>& draft,
+                                             const std::vector<Distribution>& q, bool external,
+                                             int32_t& n_acc) {
+    const SamplingParams& sp = sampler_->params();
+    const auto k = static_cast<int32_t>(draft.size());
+    const int32_t n_vocab = target_->n_vocab();
+    const bool plain = !sp.has_penalties() && sp.logit_bias.empty();
+    const bool rejection = !sp.greedy() && sp.verify == VerifyMode::Rejection;
+    std::vector<llama_token> win = plain ? std::vector<llama_token>() : recent_tokens();
+    std::vector<llama_token> out;
+    n_acc = 0;
+    Distribution one_hot;
+    for (int32_t i = 0; i <= k; ++i) {
+        const float* logits = llama_get_logits_ith(ctx_tgt_.get(), i);
+        if (logits == nullptr) fail_decode("reading target logits", -1);
+        if (plain && sp.greedy()) {
+            const llama_token t = argmax(logits, n_vocab);
+            out.push_back(t);
+            if (i == k || t != draft[static_cast<size_t>(i)]) break;
+            ++n_acc;
+            continue;
+        }
+        sampler_->distribution(logits, win, dist_);  // p_i
+        if (i == k) {  // every draft accepted: one more token of the target's own
+            out.push_back(sampler_->sample(dist_));
+            break;
+        }
+        const llama_token x = draft[static_cast<size_t>(i)];
+        if (!rejection) {  // match: the target's own sample must equal the draft
+            const llama_token t = sampler_->sample(dist_);
+            out.push_back(t);
+            if (t != x) break;
+        } else {
+            // speculative sampling: accept x with probability min(1, p(x)/q(x)),
+            // else draw from the residual max(0, p - q); exact for the target's p
+            const Distribution* qi = &one_hot;
+            if (!external && static_cast<size_t>(i) < q.size()) {
+                qi = &q[static_cast<size_t>(i)];
+            } else {  // an external draft is deterministic: q is one-hot at x
+                one_hot.ids.assign(1, x);
+                one_hot.probs.assign(1, 1.0f);
+            }
+            const double px = dist_.prob_of(x);
+            const double qx = qi->prob_of(x);
+            if (qx > 0.0 && sampler_->uniform() < std::min(1.0, px / qx)) {
+                out.push_back(x);
+            } else {
+                out.push_back(sampler_->sample_residual(dist_, *qi));
+                break;
+            }
+        }
+        ++n_acc;
+        push_recent(win, x, sp.penalty_last_n);
+    }
     return out;
 }
 
@@ -228,6 +356,7 @@ double ContextPair::prefill(const std::vector<llama_token>& tokens) {
     }
     const auto t0 = Clock::now();
     clear_memory();
+    last_check_ = t0;
     const auto n = static_cast<int32_t>(tokens.size()) - 1;
     const auto chunk = static_cast<int32_t>(params_.n_batch);
     for (int32_t off = 0; off < n; off += chunk) {
@@ -241,16 +370,49 @@ double ContextPair::prefill(const std::vector<llama_token>& tokens) {
     return ms_since(t0);
 }
 
-StepResult ContextPair::step(int32_t draft_max, const std::optional<std::vector<llama_token>>& external) {
+std::vector<float> ContextPair::score(const std::vector<llama_token>& tokens) {
+    std::lock_guard<std::mutex> lock(mu_);
+    require_open();
+    if (tokens.empty()) throw InvalidArgument("score needs at least one token");
+    for (llama_token t : tokens) target_->check_token(t);
+    if (tokens.size() > params_.n_ctx) {
+        throw ContextLimitError("score: " + std::to_string(tokens.size()) + " tokens do not fit in n_ctx " +
+                                std::to_string(params_.n_ctx));
+    }
+    clear_memory();
+    const auto n = static_cast<int32_t>(tokens.size());
+    const auto n_vocab = static_cast<size_t>(target_->n_vocab());
+    std::vector<float> out(static_cast<size_t>(n) * n_vocab);
+    const auto chunk = static_cast<int32_t>(params_.n_batch);
+    for (int32_t off = 0; off < n; off += chunk) {
+        const int32_t m = std::min(chunk, n - off);
+        decode_target(tokens.data() + off, m, off, true);
+        for (int32_t i = 0; i < m; ++i) {
+            const float* row = llama_get_logits_ith(ctx_tgt_.get(), i);
+            if (row == nullptr) fail_decode("reading target logits", -1);
+            std::memcpy(out.data() + static_cast<size_t>(off + i) * n_vocab, row, n_vocab * sizeof(float));
+        }
+    }
+    clear_memory();
+    return out;
+}
+
+StepResult ContextPair::step(const DraftControl& control,
+                              const std::optional<std::vector<llama_token>>& external) {
     std::lock_guard<std::mutex> lock(mu_);
     require_open();
     if (!pending_) throw InvalidArgument("nothing to continue from: call prefill() first");
+    if (control.draft_min < 0) throw InvalidArgument("draft_min must be >= 0");
+    if (!(control.draft_p_min >= 0.0f && control.draft_p_min <= 1.0f)) {
+        throw InvalidArgument("draft_p_min must be in [0, 1]");
+    }
     const int32_t room = static_cast<int32_t>(params_.n_ctx) - n_past_ - 1;
     if (room < 0) {
         throw ContextLimitError("the context is full (" + std::to_string(params_.n_ctx) + " tokens)");
     }
     StepResult r;
     std::vector<llama_token> draft;
+    std::vector<Distribution> q;
     if (external) {
         for (llama_token t : *external) target_->check_token(t);
         if (external->size() + 1 > params_.n_batch) {
@@ -259,11 +421,11 @@ StepResult ContextPair::step(int32_t draft_max, const std::optional<std::vector<
         }
         draft.assign(external->begin(), external->begin() + std::min<size_t>(external->size(), static_cast<size_t>(room)));
     } else {
-        int32_t k = draft_max < 0 ? draft_max_ : draft_max;
+        int32_t k = control.draft_max < 0 ? draft_max_ : control.draft_max;
         k = std::min({k, max_draft(), room});
-        if (drafter_ && k > 0) {
+        if (drafter_ && k > 0 && k >= control.draft_min) {
             const auto t0 = Clock::now();
-            draft = draft_block(k);
+            draft = draft_block(k, control, q);
             r.t_draft_ms = ms_since(t0);
         }
     }
@@ -278,17 +440,9 @@ StepResult ContextPair::step(int32_t draft_max, const std::optional<std::vector<
     decode_target(batch.data(), k + 1, n_past_, true);
     r.t_verify_ms = ms_since(t0);
 
-    // accept while the target's own choice equals the draft
     t0 = Clock::now();
     int32_t n_acc = 0;
-    for (int32_t i = 0; i <= k; ++i) {
-        const float* logits = llama_get_logits_ith(ctx_tgt_.get(), i);
-        if (logits == nullptr) fail_decode("reading target logits", -1);
-        const llama_token t = sampler_->sample(logits);
-        r.tokens.push_back(t);
-        if (i == k || t != draft[static_cast<size_t>(i)]) break;
-        ++n_acc;
-    }
+    r.tokens = accept(draft, q, external.has_value(), n_acc);
     r.t_sample_ms = ms_since(t0);
 
     // roll back the rejected tail; inject only the kept rows (features are

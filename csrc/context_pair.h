@@ -4,7 +4,10 @@
 // and inject the target features of the kept positions into the drafter.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -23,6 +26,13 @@ struct PairParams {
     uint32_t n_ubatch = 512;  // physical batch; also the drafter's injection chunk
     int32_t n_threads = 0;    // 0 = number of hardware threads
     int32_t draft_max = -1;   // default draft length; -1 = block_size - 1
+};
+
+// Draft-length controls of one step.
+struct DraftControl {
+    int32_t draft_max = -1;     // < 0: the pair's default; 0: plain target decoding
+    int32_t draft_min = 0;      // a shorter draft is dropped (plain decoding this step)
+    float draft_p_min = 0.0f;   // cut the block where the drafter's confidence falls below this
 };
 
 struct StepResult {
@@ -51,10 +61,21 @@ public:
     // One speculative step. draft_max < 0 uses the pair's default; 0 is plain
     // target decoding. With `external`, those tokens are verified instead of
     // the drafter's block (any source: prompt lookup, tests).
-    StepResult step(int32_t draft_max, const std::optional<std::vector<llama_token>>& external);
+    StepResult step(const DraftControl& control, const std::optional<std::vector<llama_token>>& external);
+
+    // Target logits for every position of `tokens` (row-major n x n_vocab),
+    // evaluated from an empty cache; the pair is left reset.
+    std::vector<float> score(const std::vector<llama_token>& tokens);
 
     void set_sampling(const SamplingParams& params);
     void reset();
+
+    // Stop the running (or next) decode at the next graph node; the call in
+    // progress throws Interrupted and the pair is reset. Any thread may call it.
+    void interrupt() { interrupt_.store(true); }
+    // Polled (at most every few ms) during decodes; true stops the decode.
+    // The binding layer uses it to notice Ctrl-C while the GIL is released.
+    void set_interrupt_check(std::function<bool()> fn) { interrupt_check_ = std::move(fn); }
     void close();  // free both contexts now; later calls raise
 
     bool closed() const { return !ctx_tgt_; }
@@ -74,8 +95,15 @@ private:
     void clear_memory();
     void decode_target(const llama_token* tokens, int32_t n, llama_pos pos0, bool all_logits);
     void inject(int32_t n_rows, llama_pos pos0);
-    std::vector<llama_token> draft_block(int32_t n);
+    // Drafts up to n tokens; fills q with the drafter's distributions when the
+    // sampler verifies by rejection.
+    std::vector<llama_token> draft_block(int32_t n, const DraftControl& control, std::vector<Distribution>& q);
+    // Accept/reject `draft` against the target rows of the last decode.
+    std::vector<llama_token> accept(const std::vector<llama_token>& draft, const std::vector<Distribution>& q,
+                                    bool external, int32_t& n_accepted);
+    std::vector<llama_token> recent_tokens() const;  // the penalty window before this step
     [[noreturn]] void fail_decode(const std::string& what, int32_t rc);
+    static bool abort_callback(void* self);
 
     std::shared_ptr<Model> target_;
     std::shared_ptr<Model> drafter_;
@@ -87,11 +115,15 @@ private:
     BatchPtr batch_tgt_;
     BatchPtr batch_dft_;
     std::vector<float> features_;
+    Distribution dist_;
     std::unique_ptr<Sampler> sampler_;
     std::vector<llama_token> history_;  // tokens in the target cache
     std::optional<llama_token> pending_;
     int32_t n_past_ = 0;
     mutable std::mutex mu_;
+    std::atomic<bool> interrupt_{false};
+    std::function<bool()> interrupt_check_;
+    std::chrono::steady_clock::time_point last_check_{};
 };
 
 }  // namespace pydflash

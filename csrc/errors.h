@@ -32,6 +32,11 @@ struct DecodeError : Error {
     using Error::Error;
 };
 
+// A decode was stopped by request (interrupt() or a signal); the pair was reset.
+struct Interrupted : Error {
+    using Error::Error;
+};
+
 // A bad argument (maps to ValueError).
 struct InvalidArgument : std::invalid_argument {
     using std::invalid_argument::invalid_argument;

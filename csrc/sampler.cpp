@@ -3,19 +3,41 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <unordered_map>
 
 #include "errors.h"
 
 namespace pydflash {
 
-void SamplingParams::validate() const {
-    if (!std::isfinite(temperature) || temperature < 0.0f) {
+void SamplingParams::validate(int32_t n_vocab) const {
+    auto finite = [](float v) { return std::isfinite(v); };
+    if (!finite(temperature) || temperature < 0.0f) {
         throw InvalidArgument("temperature must be a finite number >= 0, got " + std::to_string(temperature));
     }
     if (top_k < 0) throw InvalidArgument("top_k must be >= 0, got " + std::to_string(top_k));
-    if (!(top_p > 0.0f && top_p <= 1.0f)) {
-        throw InvalidArgument("top_p must be in (0, 1], got " + std::to_string(top_p));
+    if (!(top_p > 0.0f && top_p <= 1.0f)) throw InvalidArgument("top_p must be in (0, 1], got " + std::to_string(top_p));
+    if (!(min_p >= 0.0f && min_p < 1.0f)) throw InvalidArgument("min_p must be in [0, 1), got " + std::to_string(min_p));
+    if (!finite(repeat_penalty) || repeat_penalty <= 0.0f) {
+        throw InvalidArgument("repeat_penalty must be > 0, got " + std::to_string(repeat_penalty));
     }
+    if (!finite(frequency_penalty) || !finite(presence_penalty)) {
+        throw InvalidArgument("frequency_penalty and presence_penalty must be finite");
+    }
+    if (penalty_last_n < 0) throw InvalidArgument("penalty_last_n must be >= 0");
+    for (const auto& [tok, bias] : logit_bias) {
+        if (tok < 0 || tok >= n_vocab) {
+            throw InvalidArgument("logit_bias token " + std::to_string(tok) + " is out of range [0, " +
+                                  std::to_string(n_vocab) + ")");
+        }
+        if (std::isnan(bias)) throw InvalidArgument("logit_bias values must not be NaN");
+    }
+}
+
+float Distribution::prob_of(llama_token t) const {
+    for (size_t i = 0; i < ids.size(); ++i) {
+        if (ids[i] == t) return probs[i];
+    }
+    return 0.0f;
 }
 
 llama_token argmax(const float* logits, int32_t n_vocab) {
@@ -30,56 +52,118 @@ llama_token argmax(const float* logits, int32_t n_vocab) {
     return best;
 }
 
-Sampler::Sampler(const SamplingParams& params, int32_t n_vocab)
-    : params_(params), n_vocab_(n_vocab), rng_(params.seed) {
-    params_.validate();
+float softmax_prob(const float* logits, int32_t n_vocab, llama_token token) {
+    const float mx = logits[argmax(logits, n_vocab)];
+    double sum = 0.0;
+    for (int32_t i = 0; i < n_vocab; ++i) sum += std::exp(static_cast<double>(logits[i] - mx));
+    return static_cast<float>(std::exp(static_cast<double>(logits[token] - mx)) / sum);
 }
 
-llama_token Sampler::sample(const float* logits) {
-    if (params_.greedy()) return argmax(logits, n_vocab_);
+Sampler::Sampler(const SamplingParams& params, int32_t n_vocab)
+    : params_(params), n_vocab_(n_vocab), rng_(params.seed) {
+    params_.validate(n_vocab);
+}
 
+double Sampler::uniform() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }
+
+void Sampler::distribution(const float* logits, const std::vector<llama_token>& recent, Distribution& out) {
+    out.ids.clear();
+    out.probs.clear();
+    const float* row = logits;
+    if (params_.has_penalties() || !params_.logit_bias.empty()) {
+        work_.assign(logits, logits + n_vocab_);
+        if (params_.has_penalties() && !recent.empty()) {
+            std::unordered_map<llama_token, int> count;
+            for (llama_token t : recent) ++count[t];
+            for (const auto& [t, c] : count) {
+                if (t < 0 || t >= n_vocab_) continue;
+                float& v = work_[static_cast<size_t>(t)];
+                v = v > 0.0f ? v / params_.repeat_penalty : v * params_.repeat_penalty;  // llama.cpp's rule
+                v -= static_cast<float>(c) * params_.frequency_penalty + params_.presence_penalty;
+            }
+        }
+        for (const auto& [t, b] : params_.logit_bias) work_[static_cast<size_t>(t)] += b;
+        row = work_.data();
+    }
+    if (params_.greedy()) {
+        out.ids.push_back(argmax(row, n_vocab_));
+        out.probs.push_back(1.0f);
+        return;
+    }
+    // candidates sorted by logit (ties: lower id first), cut to top-k
     cand_.resize(static_cast<size_t>(n_vocab_));
-    for (int32_t i = 0; i < n_vocab_; ++i) cand_[static_cast<size_t>(i)] = {logits[i], i};
-    size_t n = cand_.size();
+    for (int32_t i = 0; i < n_vocab_; ++i) cand_[static_cast<size_t>(i)] = {row[i], i};
     const auto by_logit = [](const auto& a, const auto& b) {
         return a.first > b.first || (a.first == b.first && a.second < b.second);
     };
+    size_t n = cand_.size();
     if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < n) {
         n = static_cast<size_t>(params_.top_k);
         std::partial_sort(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(n), cand_.end(), by_logit);
     } else {
         std::sort(cand_.begin(), cand_.end(), by_logit);
     }
-    // softmax over the kept candidates at this temperature
-    const float max_l = cand_[0].first;
+    // drop -inf (banned by bias) candidates
+    while (n > 1 && !std::isfinite(cand_[n - 1].first)) --n;
+    const double mx = cand_[0].first;
+    std::vector<double> p(n);
     double sum = 0.0;
     for (size_t i = 0; i < n; ++i) {
-        const double p = std::exp(static_cast<double>(cand_[i].first - max_l) / params_.temperature);
-        cand_[i].first = static_cast<float>(p);
-        sum += p;
+        p[i] = std::exp((static_cast<double>(cand_[i].first) - mx) / params_.temperature);
+        sum += p[i];
     }
+    size_t keep = n;
     if (params_.top_p < 1.0f) {
         double acc = 0.0;
-        size_t keep = n;
         for (size_t i = 0; i < n; ++i) {
-            acc += cand_[i].first / sum;
+            acc += p[i] / sum;
             if (acc >= params_.top_p) {
                 keep = i + 1;
                 break;
             }
         }
-        n = keep;
-        sum = 0.0;
-        for (size_t i = 0; i < n; ++i) sum += cand_[i].first;
     }
-    std::uniform_real_distribution<double> uni(0.0, sum);
-    const double r = uni(rng_);
+    if (params_.min_p > 0.0f) {
+        const double floor = params_.min_p * p[0];
+        size_t m = 1;
+        while (m < keep && p[m] >= floor) ++m;
+        keep = m;
+    }
+    double kept = 0.0;
+    for (size_t i = 0; i < keep; ++i) kept += p[i];
+    out.ids.reserve(keep);
+    out.probs.reserve(keep);
+    for (size_t i = 0; i < keep; ++i) {
+        out.ids.push_back(cand_[i].second);
+        out.probs.push_back(static_cast<float>(p[i] / kept));
+    }
+}
+
+llama_token Sampler::sample(const Distribution& d) {
+    if (d.ids.size() == 1) return d.ids[0];
+    const double r = uniform();
     double acc = 0.0;
-    for (size_t i = 0; i < n; ++i) {
-        acc += cand_[i].first;
-        if (r < acc) return cand_[i].second;
+    for (size_t i = 0; i < d.ids.size(); ++i) {
+        acc += d.probs[i];
+        if (r < acc) return d.ids[i];
     }
-    return cand_[n - 1].second;
+    return d.ids.back();
+}
+
+llama_token Sampler::sample_residual(const Distribution& p, const Distribution& q) {
+    dense_.assign(static_cast<size_t>(n_vocab_), 0.0f);
+    for (size_t i = 0; i < p.ids.size(); ++i) dense_[static_cast<size_t>(p.ids[i])] = p.probs[i];
+    for (size_t i = 0; i < q.ids.size(); ++i) dense_[static_cast<size_t>(q.ids[i])] -= q.probs[i];
+    double sum = 0.0;
+    for (llama_token t : p.ids) sum += std::max(0.0f, dense_[static_cast<size_t>(t)]);
+    if (!(sum > 0.0)) return sample(p);  // p == q up to rounding: any p-sample is exact
+    const double r = uniform() * sum;
+    double acc = 0.0;
+    for (llama_token t : p.ids) {
+        acc += std::max(0.0f, dense_[static_cast<size_t>(t)]);
+        if (r < acc) return t;
+    }
+    return p.ids.back();
 }
 
 }  // namespace pydflash

@@ -1,6 +1,7 @@
-// Token selection from one row of logits. Greedy at temperature <= 0, else
-// temperature / top-k / top-p sampling from a seeded generator, so a run is
-// reproducible for a given seed.
+// Token distributions and sampling. One transform (penalties, logit bias,
+// temperature, top-k, top-p, min-p) turns a row of logits into a sparse
+// distribution; the target's p and the drafter's q go through the same
+// transform, which keeps speculative rejection sampling exact.
 #pragma once
 
 #include <cstdint>
@@ -12,30 +13,65 @@
 
 namespace pydflash {
 
+enum class VerifyMode { Match, Rejection };
+
 struct SamplingParams {
     float temperature = 0.0f;
-    int32_t top_k = 0;    // 0 = whole vocabulary
-    float top_p = 1.0f;   // 1 = no nucleus cut
+    int32_t top_k = 0;       // 0 = whole vocabulary
+    float top_p = 1.0f;      // 1 = no nucleus cut
+    float min_p = 0.0f;      // drop tokens below min_p * p(best)
+    float repeat_penalty = 1.0f;
+    float frequency_penalty = 0.0f;
+    float presence_penalty = 0.0f;
+    int32_t penalty_last_n = 64;  // window of recent tokens the penalties look at
+    std::vector<std::pair<llama_token, float>> logit_bias;
     uint64_t seed = 0;
+    VerifyMode verify = VerifyMode::Rejection;  // used at temperature > 0
 
     bool greedy() const { return temperature <= 0.0f || top_k == 1; }
-    void validate() const;  // InvalidArgument on nonsense values
+    bool has_penalties() const {
+        return repeat_penalty != 1.0f || frequency_penalty != 0.0f || presence_penalty != 0.0f;
+    }
+    void validate(int32_t n_vocab) const;  // InvalidArgument on nonsense values
+};
+
+// A distribution over a few tokens; probabilities sum to 1.
+struct Distribution {
+    std::vector<llama_token> ids;
+    std::vector<float> probs;
+    float prob_of(llama_token t) const;
 };
 
 class Sampler {
 public:
     Sampler(const SamplingParams& params, int32_t n_vocab);
-    llama_token sample(const float* logits);
     const SamplingParams& params() const { return params_; }
+
+    // The transformed distribution of one logits row; `recent` are the tokens
+    // the penalties count (oldest first, already cut to penalty_last_n).
+    // Greedy settings give a one-hot distribution at the transformed argmax.
+    void distribution(const float* logits, const std::vector<llama_token>& recent, Distribution& out);
+
+    llama_token sample(const Distribution& d);
+    double uniform();  // in [0, 1)
+
+    // Residual max(0, p - q), normalised, sampled: the correction after a
+    // rejected draft token.
+    llama_token sample_residual(const Distribution& p, const Distribution& q);
 
 private:
     SamplingParams params_;
     int32_t n_vocab_;
     std::mt19937_64 rng_;
+    std::vector<float> work_;
     std::vector<std::pair<float, llama_token>> cand_;
+    std::vector<float> dense_;
 };
 
 // Index of the largest logit; ties go to the lowest id.
 llama_token argmax(const float* logits, int32_t n_vocab);
+
+// Softmax probability of `token` in the raw logits row (confidence cut-off).
+float softmax_prob(const float* logits, int32_t n_vocab, llama_token token);
 
 }  // namespace pydflash

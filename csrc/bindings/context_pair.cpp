@@ -1,16 +1,32 @@
 #include "context_pair.h"
 
+#include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <cstring>
 #include <sstream>
+#include <thread>
 
 #include "bindings.h"
+#include "errors.h"
 
 namespace py = pybind11;
 using release = py::call_guard<py::gil_scoped_release>;
 
 namespace pydflash::bindings {
 namespace {
+
+// The thread that imported the module; Python runs signal handlers there only.
+std::thread::id g_main_thread = std::this_thread::get_id();
+
+// Polled by the core during decodes (GIL released): lets Ctrl-C stop a long
+// prefill or verification. PyErr_CheckSignals leaves KeyboardInterrupt set.
+bool python_signal_pending() {
+    if (std::this_thread::get_id() != g_main_thread) return false;
+    py::gil_scoped_acquire gil;
+    return PyErr_CheckSignals() != 0;
+}
 
 std::string repr(const StepResult& r) {
     std::ostringstream os;
@@ -40,21 +56,68 @@ void register_context_pair(py::module_& m) {
     py::class_<ContextPair>(m, "ContextPair")
         .def(py::init([](std::shared_ptr<Model> target, std::shared_ptr<Model> drafter, uint32_t n_ctx,
                          uint32_t n_batch, uint32_t n_ubatch, int32_t n_threads, int32_t draft_max) {
-                 return std::make_unique<ContextPair>(std::move(target), std::move(drafter),
-                                                      PairParams{n_ctx, n_batch, n_ubatch, n_threads, draft_max});
+                 auto pair = std::make_unique<ContextPair>(std::move(target), std::move(drafter),
+                                                           PairParams{n_ctx, n_batch, n_ubatch, n_threads, draft_max});
+                 pair->set_interrupt_check(&python_signal_pending);
+                 return pair;
              }),
              py::arg("target"), py::arg("drafter").none(true), py::arg("n_ctx") = 4096,
              py::arg("n_batch") = 512, py::arg("n_ubatch") = 512, py::arg("n_threads") = 0,
              py::arg("draft_max") = -1, release())
         .def("prefill", &ContextPair::prefill, py::arg("tokens"), release())
-        .def("step", &ContextPair::step, py::arg("draft_max") = -1, py::arg("draft") = py::none(), release())
+        .def("step",
+             [](ContextPair& self, int32_t draft_max, int32_t draft_min, float draft_p_min,
+                const std::optional<std::vector<llama_token>>& draft) {
+                 return self.step(DraftControl{draft_max, draft_min, draft_p_min}, draft);
+             },
+             py::arg("draft_max") = -1, py::arg("draft_min") = 0, py::arg("draft_p_min") = 0.0f,
+             py::arg("draft") = py::none(), release())
+        .def("score",
+             [](ContextPair& self, const std::vector<llama_token>& tokens) {
+                 std::vector<float> v;
+                 {
+                     py::gil_scoped_release nogil;
+                     v = self.score(tokens);
+                 }
+                 const auto n = static_cast<py::ssize_t>(tokens.size());
+                 const auto n_vocab = static_cast<py::ssize_t>(v.size()) / std::max<py::ssize_t>(n, 1);
+                 py::array_t<float> arr({n, n_vocab});
+                 std::memcpy(arr.mutable_data(), v.data(), v.size() * sizeof(float));
+                 return arr;
+             },
+             py::arg("tokens"), "Target logits (n, n_vocab) for every position; leaves the pair reset.")
         .def("set_sampling",
-             [](ContextPair& self, float temperature, int32_t top_k, float top_p, uint64_t seed) {
-                 self.set_sampling(SamplingParams{temperature, top_k, top_p, seed});
+             [](ContextPair& self, float temperature, int32_t top_k, float top_p, float min_p,
+                float repeat_penalty, float frequency_penalty, float presence_penalty, int32_t penalty_last_n,
+                std::vector<std::pair<llama_token, float>> logit_bias, uint64_t seed, const std::string& verify) {
+                 SamplingParams p;
+                 p.temperature = temperature;
+                 p.top_k = top_k;
+                 p.top_p = top_p;
+                 p.min_p = min_p;
+                 p.repeat_penalty = repeat_penalty;
+                 p.frequency_penalty = frequency_penalty;
+                 p.presence_penalty = presence_penalty;
+                 p.penalty_last_n = penalty_last_n;
+                 p.logit_bias = std::move(logit_bias);
+                 p.seed = seed;
+                 if (verify == "rejection") {
+                     p.verify = VerifyMode::Rejection;
+                 } else if (verify == "match") {
+                     p.verify = VerifyMode::Match;
+                 } else {
+                     throw InvalidArgument("verify must be 'rejection' or 'match', got '" + verify + "'");
+                 }
+                 self.set_sampling(p);
              },
              py::arg("temperature") = 0.0f, py::arg("top_k") = 0, py::arg("top_p") = 1.0f,
-             py::arg("seed") = 0, release())
+             py::arg("min_p") = 0.0f, py::arg("repeat_penalty") = 1.0f, py::arg("frequency_penalty") = 0.0f,
+             py::arg("presence_penalty") = 0.0f, py::arg("penalty_last_n") = 64,
+             py::arg("logit_bias") = std::vector<std::pair<llama_token, float>>{}, py::arg("seed") = 0,
+             py::arg("verify") = "rejection", release())
         .def("reset", &ContextPair::reset, release())
+        .def("interrupt", &ContextPair::interrupt,
+             "Stop the running (or the next) decode; that call raises GenerationInterrupted.")
         .def("close", &ContextPair::close, release())
         .def("tokens", &ContextPair::tokens)
         .def_property_readonly("closed", &ContextPair::closed)

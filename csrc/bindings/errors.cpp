@@ -29,6 +29,9 @@ void register_errors(py::module_&) {
             raise_as("DraftCompatibilityError", e.what());
         } catch (const ContextLimitError& e) {
             raise_as("ContextLimitError", e.what());
+        } catch (const Interrupted& e) {
+            // a signal handler (Ctrl-C) already set KeyboardInterrupt: keep it
+            if (!PyErr_Occurred()) raise_as("GenerationInterrupted", e.what());
         } catch (const DecodeError& e) {
             raise_as("DecodeError", e.what());
         } catch (const Error& e) {

@@ -8,7 +8,9 @@
 from __future__ import annotations
 
 from . import _core
-from .errors import ContextLimitError, DecodeError, DraftCompatibilityError, ModelLoadError, PyDFlashError
+from .embedded import embedded_pair
+from .errors import (ContextLimitError, DecodeError, DraftCompatibilityError, GenerationInterrupted, ModelLoadError,
+                     PyDFlashError)
 from .llama import Llama
 from .pair import ContextPair
 from .results import GenerationResult, GenerationStats, StepResult, StreamStep
@@ -27,7 +29,9 @@ __all__ = [
     "DraftCompatibilityError",
     "ContextLimitError",
     "DecodeError",
+    "GenerationInterrupted",
     "backends",
+    "embedded_pair",
     "inspect",
     "__version__",
 ]

@@ -151,49 +151,69 @@ def _cmd_info(a: argparse.Namespace) -> int:
 
 
 DEMO_PROMPTS = (
-    "def fibonacci(n):",
-    "import os\nimport sys\n\n",
-    "class Stack:\n    def __init__(self):",
+    "def fibonacci(n):\n",
+    "import os\nimport sys\n\n\ndef main(argv=None):\n",
+    "class Stack:\n    def __init__(self):\n",
+    "    for i in range(len(items)):\n",
 )
 
 
-def _demo_pair(workdir: Path) -> tuple[str, str]:
-    from . import testing  # needs gguf + numpy
-    t, d = testing.write_pair(workdir, prefix="demo")
-    return str(t), str(d)
+def _demo_pair(workdir: Path) -> tuple[str, str, str]:
+    from .embedded import embedded_pair
+
+    try:
+        t, d = embedded_pair()
+        return t, d, "embedded pair: trained Python-code qwen3 target + DFlash drafter (models/MODEL_CARD.md)"
+    except PyDFlashError:
+        from . import testing  # the tiny random pair needs gguf + numpy
+        t, d = testing.write_pair(workdir, prefix="demo")
+        return str(t), str(d), "embedded pair missing: tiny random-weight pair (acceptance near zero)"
+
+
+def _piece(llm: Llama, tokens) -> str:
+    return repr(llm.detokenize(list(tokens)))[1:-1]
 
 
 def _cmd_demo(a: argparse.Namespace) -> int:
     prompts = a.prompt or list(DEMO_PROMPTS)
     with tempfile.TemporaryDirectory(prefix="pydflash-demo-") as td:
-        target, draft = _demo_pair(Path(td))
-        print("demo pair: tiny random-weight qwen3 target + dflash drafter (until the trained pair ships)")
+        target, draft, what = _demo_pair(Path(td))
+        print(what)
         common = dict(n_ctx=a.n_ctx, n_threads=a.threads, n_gpu_layers=a.n_gpu_layers, verbose=a.verbose)
         with Llama(target, draft=draft, draft_max=a.draft_max, **common) as spec, Llama(target, **common) as base:
+            # warm both up once so the first timing is not a cold start
+            base.generate(prompts[0], max_tokens=8, ignore_eos=True)
+            spec.generate(prompts[0], max_tokens=8, ignore_eos=True)
             tot_spec = tot_base = 0.0
+            n_tok = n_steps = n_drafted = n_accepted = 0
             for prompt in prompts:
                 rb = base.generate(prompt, max_tokens=a.max_tokens, ignore_eos=True)
                 rs = spec.generate(prompt, max_tokens=a.max_tokens, ignore_eos=True)
                 tot_base += rb.stats.decode_seconds
                 tot_spec += rs.stats.decode_seconds
+                n_tok += len(rs.tokens)
+                n_steps += rs.stats.n_steps
+                n_drafted += rs.stats.n_drafted
+                n_accepted += rs.stats.n_accepted
                 print("\n" + "=" * 72)
-                print(f"prompt: {prompt!r}")
-                print(f"text:   {rs.text!r}")
+                print(prompt + rs.text)
+                print("-" * 72)
                 print(f"identical to the target alone: {rs.tokens == rb.tokens}")
                 print(f"target alone: {rb.stats.decode_tokens_per_second:8.1f} tok/s")
                 print(f"DFlash:       {rs.stats.decode_tokens_per_second:8.1f} tok/s   "
                       f"speed-up {rb.stats.decode_seconds / max(rs.stats.decode_seconds, 1e-9):.2f}x   "
                       f"tau {rs.stats.mean_accepted_length:.2f}   acceptance {rs.stats.acceptance_rate:.3f}")
-                print("steps (drafted tokens; [accepted] ~rejected~ +target's own):")
-                for st in rs.stats.steps[:12]:
-                    acc = st.drafted[: st.n_accepted]
-                    rej = st.drafted[st.n_accepted:]
-                    own = st.tokens[-1]
-                    print(f"  [{' '.join(map(str, acc))}] ~{' '.join(map(str, rej))}~ +{own}")
-                if len(rs.stats.steps) > 12:
-                    print(f"  ... {len(rs.stats.steps) - 12} more steps")
+                print("steps: [accepted drafts] ~first rejected draft~ +the target's own token")
+                for st in rs.stats.steps[:10]:
+                    rej = st.drafted[st.n_accepted:st.n_accepted + 1]
+                    print(f"  {st.n_accepted}/{st.n_drafted}  [{_piece(spec, st.drafted[:st.n_accepted])}]"
+                          + (f" ~{_piece(spec, rej)}~" if rej else "") + f" +{_piece(spec, st.tokens[-1:])}")
+                if len(rs.stats.steps) > 10:
+                    print(f"  ... {len(rs.stats.steps) - 10} more steps")
             print("\n" + "=" * 72)
-            print(f"overall speed-up: {tot_base / max(tot_spec, 1e-9):.2f}x")
+            print(f"overall: speed-up {tot_base / max(tot_spec, 1e-9):.2f}x, "
+                  f"tau {n_tok / max(n_steps, 1):.2f} tokens per target pass, "
+                  f"acceptance {n_accepted / max(n_drafted, 1):.3f}")
     return 0
 
 

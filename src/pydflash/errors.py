@@ -8,6 +8,7 @@ __all__ = [
     "DraftCompatibilityError",
     "ContextLimitError",
     "DecodeError",
+    "GenerationInterrupted",
 ]
 
 
@@ -33,3 +34,8 @@ class ContextLimitError(PyDFlashError, ValueError):
 class DecodeError(PyDFlashError):
     """llama.cpp failed a decode. The context pair was reset; the object is
     still usable after a new prefill."""
+
+
+class GenerationInterrupted(PyDFlashError):
+    """``interrupt()`` stopped a decode. The context pair was reset; the
+    object is usable (Ctrl-C raises KeyboardInterrupt instead)."""

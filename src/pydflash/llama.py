@@ -7,7 +7,7 @@ import os
 import random
 import threading
 import time
-from typing import Iterator, Optional, Sequence, Union
+from typing import Iterator, Mapping, Optional, Sequence, Union
 
 from . import _core, _logging
 from ._text import TextAssembler
@@ -74,6 +74,12 @@ class Llama:
         self._pair_core = None
         self._target = None
         self._draft = None
+
+    def interrupt(self) -> None:
+        """Stop a generation running in another thread: its generate()/stream()
+        raises GenerationInterrupted within one graph node. The object stays usable."""
+        if self._pair_core is not None:
+            self._pair_core.interrupt()
 
     def __enter__(self) -> "Llama":
         return self
@@ -147,16 +153,35 @@ class Llama:
         stop: Union[str, Sequence[str], None] = (),
         ignore_eos: bool = False,
         *,
+        min_p: float = 0.0,
+        repeat_penalty: float = 1.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        penalty_last_n: int = 64,
+        logit_bias: Optional[Mapping[int, float]] = None,
+        verify: Optional[str] = None,
         draft_max: Optional[int] = None,
+        draft_min: int = 0,
+        draft_p_min: float = 0.0,
     ) -> GenerationResult:
         """Generate up to ``max_tokens`` tokens after ``prompt`` (text or ids).
+
+        Temperature 0 is greedy: the output equals the target's own greedy
+        output. At temperature > 0, ``verify="rejection"`` (default) samples
+        the draft from the drafter's distribution q and accepts a token with
+        probability min(1, p/q), resampling from max(0, p - q) on rejection;
+        ``verify="match"`` accepts a greedy draft token only when the target's
+        own sample equals it. Both keep the target's distribution p exactly;
+        the same penalties, bias, temperature, top-k/top-p/min-p shape p and q.
 
         finish_reason is "eos" (end of generation token, not included), "stop"
         (a stop string appeared; it and what follows are cut) or "length"
         (max_tokens reached, or the context is full)."""
-        cfg = SamplingConfig(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                             seed=seed, stop=SamplingConfig.normalise_stop(stop), ignore_eos=ignore_eos,
-                             draft_max=draft_max)
+        cfg = SamplingConfig.build(
+            max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+            repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+            penalty_last_n=penalty_last_n, logit_bias=logit_bias, seed=seed, stop=stop, ignore_eos=ignore_eos,
+            verify=verify, draft_max=draft_max, draft_min=draft_min, draft_p_min=draft_p_min)
         run = _Run(self, prompt, cfg)
         for _ in run:
             pass
@@ -173,13 +198,24 @@ class Llama:
         stop: Union[str, Sequence[str], None] = (),
         ignore_eos: bool = False,
         *,
+        min_p: float = 0.0,
+        repeat_penalty: float = 1.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        penalty_last_n: int = 64,
+        logit_bias: Optional[Mapping[int, float]] = None,
+        verify: Optional[str] = None,
         draft_max: Optional[int] = None,
+        draft_min: int = 0,
+        draft_p_min: float = 0.0,
     ) -> Iterator[StreamStep]:
-        """Like ``generate``, one ``StreamStep`` per speculative step. The last
-        step carries the finish_reason."""
-        cfg = SamplingConfig(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                             seed=seed, stop=SamplingConfig.normalise_stop(stop), ignore_eos=ignore_eos,
-                             draft_max=draft_max)
+        """Like ``generate`` (same options), one ``StreamStep`` per speculative
+        step. The last step carries the finish_reason."""
+        cfg = SamplingConfig.build(
+            max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+            repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+            penalty_last_n=penalty_last_n, logit_bias=logit_bias, seed=seed, stop=stop, ignore_eos=ignore_eos,
+            verify=verify, draft_max=draft_max, draft_min=draft_min, draft_p_min=draft_p_min)
         return iter(_Run(self, prompt, cfg))
 
     def __repr__(self) -> str:
@@ -243,7 +279,7 @@ class _Run:
             seed = cfg.seed if cfg.seed is not None else llm.config.seed
             if seed < 0:
                 seed = random.getrandbits(63)
-            core.set_sampling(cfg.temperature, cfg.top_k, cfg.top_p, seed & 0xFFFFFFFFFFFFFFFF)
+            core.set_sampling(**cfg.sampling_args(seed))
             t0 = time.perf_counter()
             llm.pair.prefill(self.prompt)
             self.prefill_s = time.perf_counter() - t0
@@ -258,7 +294,7 @@ class _Run:
                 dm = remaining - 1 if draft_max is None else min(draft_max, remaining - 1)
                 if draft_max is None:
                     dm = min(dm, core.default_draft_max)
-                step = llm.pair.step(dm)
+                step = llm.pair.step(dm, draft_min=cfg.draft_min, draft_p_min=cfg.draft_p_min)
                 self.steps.append(step)
                 self._take(step.tokens)
                 yield self._event(step)

@@ -9,10 +9,10 @@ context driven one speculative step at a time.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 from . import _core, _logging
-from .config import _int
+from .config import SamplingConfig, _int
 from .results import StepResult
 
 __all__ = ["ContextPair", "StepResult"]
@@ -38,19 +38,46 @@ class ContextPair:
         finally:
             _logging.flush()
 
-    def step(self, draft_max: Optional[int] = None, *, draft: Optional[Sequence[int]] = None) -> StepResult:
+    def step(self, draft_max: Optional[int] = None, *, draft_min: int = 0, draft_p_min: float = 0.0,
+             draft: Optional[Sequence[int]] = None) -> StepResult:
         """One speculative step. ``draft_max`` bounds the drafted block (None:
-        the pair's default; 0: plain target decoding). ``draft`` verifies these
-        tokens instead of the drafter's block (any external draft source)."""
+        the pair's default; 0: plain target decoding); a block shorter than
+        ``draft_min`` is dropped; the block is cut where the drafter's
+        confidence falls below ``draft_p_min``. ``draft`` verifies these tokens
+        instead of the drafter's block (any external draft source)."""
         dm = -1 if draft_max is None else _int("draft_max", draft_max, 0)
         try:
-            return self._core.step(dm, None if draft is None else list(draft))
+            return self._core.step(dm, _int("draft_min", draft_min, 0), float(draft_p_min),
+                                   None if draft is None else list(draft))
         finally:
             _logging.flush()
 
-    def set_sampling(self, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0) -> None:
-        """Sampler for the target's own tokens; temperature 0 is greedy."""
-        self._core.set_sampling(temperature, top_k, top_p, seed & 0xFFFFFFFFFFFFFFFF)
+    def score(self, tokens: Sequence[int]):
+        """The target's logits for every position of ``tokens`` as a numpy array
+        (len(tokens), n_vocab), evaluated from an empty cache. Resets the pair."""
+        try:
+            return self._core.score(list(tokens))
+        finally:
+            _logging.flush()
+
+    def set_sampling(self, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, *, min_p: float = 0.0,
+                     repeat_penalty: float = 1.0, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+                     penalty_last_n: int = 64, logit_bias: Optional[Mapping[int, float]] = None, seed: int = 0,
+                     verify: str = "rejection") -> None:
+        """How the target's tokens are chosen (temperature 0: greedy) and how
+        drafts are verified at temperature > 0: "rejection" (speculative
+        sampling, exact for the target's distribution) or "match" (accept a
+        draft only when the target's own sample equals it)."""
+        cfg = SamplingConfig.build(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                   repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
+                                   presence_penalty=presence_penalty, penalty_last_n=penalty_last_n,
+                                   logit_bias=logit_bias, verify=verify)
+        self._core.set_sampling(**cfg.sampling_args(seed))
+
+    def interrupt(self) -> None:
+        """Stop the running (or the next) decode from any thread; that call
+        raises GenerationInterrupted and the pair is reset."""
+        self._core.interrupt()
 
     def reset(self) -> None:
         """Clear both caches and the token history."""

@@ -22,7 +22,8 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["TargetSpec", "DrafterSpec", "write_target", "write_drafter", "write_pair", "tokenizer"]
+__all__ = ["TargetSpec", "DrafterSpec", "Hparams", "Tokenizer", "tokenizer", "write_target", "write_drafter",
+           "write_pair", "write_qwen3_gguf", "write_dflash_gguf"]
 
 EOS = "<|endoftext|>"
 MASK = "<|mask|>"
@@ -55,11 +56,14 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 @dataclasses.dataclass(frozen=True)
 class Tokenizer:
+    """A byte-level BPE as llama.cpp's ``gpt2`` tokenizer model reads it."""
+
     tokens: list[str]
     types: list[int]
     merges: list[str]
     eos: int
     mask: int
+    pre: str = "qwen2"  # llama.cpp pre-tokenizer name
 
 
 def tokenizer(n_vocab: int = 384) -> Tokenizer:
@@ -136,17 +140,81 @@ class DrafterSpec:
     extra_tensors: tuple[str, ...] = ()
 
 
-def _rng_tensor(rng: np.random.Generator, shape: Sequence[int], scale: float) -> np.ndarray:
-    return (rng.standard_normal(shape) * scale).astype(np.float32)
+@dataclasses.dataclass(frozen=True)
+class Hparams:
+    """Shape hyper-parameters shared by the qwen3 and dflash GGUF layouts."""
+
+    n_ctx: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ff: int
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-6
 
 
-def _norm(rng: np.random.Generator, n: int) -> np.ndarray:
-    return (1.0 + 0.05 * rng.standard_normal(n)).astype(np.float32)
+def write_qwen3_gguf(path: str | Path, hp: Hparams, tok: Tokenizer, tensors: dict[str, np.ndarray], *,
+                     name: str, architecture: str = "qwen3", extra_kv: dict[str, str] | None = None) -> Path:
+    """Write a target GGUF. ``tensors`` uses llama.cpp names (token_embd.weight,
+    blk.N.attn_q.weight, ..., output.weight) with numpy shapes (rows, cols) =
+    (out_features, in_features), as torch stores nn.Linear weights."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), architecture)
+    w.add_name(name)
+    _add_hparams(w, architecture, hp)
+    _add_tokenizer(w, tok, mask=False)
+    for k, v in (extra_kv or {}).items():
+        w.add_string(k, v)
+    _add_tensors(w, tensors)
+    _write(w)
+    return Path(path)
+
+
+def write_dflash_gguf(path: str | Path, hp: Hparams, tok: Tokenizer, tensors: dict[str, np.ndarray], *,
+                      block_size: int, target_layers: Sequence[int], name: str, mask_token: bool = True,
+                      architecture: str = "dflash", extra_kv: dict[str, str] | None = None) -> Path:
+    """Write a DFlash drafter GGUF (embeddings and head are the target's).
+    ``target_layers`` are llama.cpp ids: the INPUT of those target layers."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), architecture)
+    w.add_name(name)
+    _add_hparams(w, architecture, hp)
+    w.add_uint32(f"{architecture}.block_size", block_size)
+    w.add_bool(f"{architecture}.attention.causal", False)
+    w.add_array(f"{architecture}.target_layers", [int(x) for x in target_layers])
+    _add_tokenizer(w, tok, mask=mask_token)
+    for k, v in (extra_kv or {}).items():
+        w.add_string(k, v)
+    _add_tensors(w, tensors)
+    _write(w)
+    return Path(path)
+
+
+def _add_hparams(w, arch: str, hp: Hparams) -> None:
+    w.add_uint32(f"{arch}.context_length", hp.n_ctx)
+    w.add_uint32(f"{arch}.embedding_length", hp.n_embd)
+    w.add_uint32(f"{arch}.block_count", hp.n_layer)
+    w.add_uint32(f"{arch}.feed_forward_length", hp.n_ff)
+    w.add_uint32(f"{arch}.attention.head_count", hp.n_head)
+    w.add_uint32(f"{arch}.attention.head_count_kv", hp.n_head_kv)
+    w.add_uint32(f"{arch}.attention.key_length", hp.head_dim)
+    w.add_uint32(f"{arch}.attention.value_length", hp.head_dim)
+    w.add_float32(f"{arch}.rope.freq_base", hp.rope_theta)
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", hp.rms_eps)
+
+
+def _add_tensors(w, tensors: dict[str, np.ndarray]) -> None:
+    for name, arr in tensors.items():
+        w.add_tensor(name, np.ascontiguousarray(arr))
 
 
 def _add_tokenizer(w, tok: Tokenizer, *, mask: bool) -> None:
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
+    w.add_tokenizer_pre(tok.pre)
     w.add_token_list(tok.tokens)
     w.add_token_types(tok.types)
     w.add_token_merges(tok.merges)
@@ -156,56 +224,47 @@ def _add_tokenizer(w, tok: Tokenizer, *, mask: bool) -> None:
         w.add_mask_token_id(tok.mask)
 
 
-def _add_attention_layer(w, rng, i: int, n_embd: int, n_head: int, n_head_kv: int, head_dim: int, n_ff: int,
-                         out_scale: float = 1.0, qk_norm: bool = True) -> None:
+def _rng_tensor(rng: np.random.Generator, shape: Sequence[int], scale: float) -> np.ndarray:
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def _norm(rng: np.random.Generator, n: int) -> np.ndarray:
+    return (1.0 + 0.05 * rng.standard_normal(n)).astype(np.float32)
+
+
+def _attention_layer(rng, i: int, n_embd: int, n_head: int, n_head_kv: int, head_dim: int, n_ff: int,
+                     out_scale: float = 1.0, qk_norm: bool = True) -> dict[str, np.ndarray]:
     s = 1.0 / np.sqrt(n_embd)
-    w.add_tensor(f"blk.{i}.attn_norm.weight", _norm(rng, n_embd))
-    w.add_tensor(f"blk.{i}.attn_q.weight", _rng_tensor(rng, (n_head * head_dim, n_embd), s))
-    w.add_tensor(f"blk.{i}.attn_k.weight", _rng_tensor(rng, (n_head_kv * head_dim, n_embd), s))
-    w.add_tensor(f"blk.{i}.attn_v.weight", _rng_tensor(rng, (n_head_kv * head_dim, n_embd), s))
-    w.add_tensor(f"blk.{i}.attn_output.weight", _rng_tensor(rng, (n_embd, n_head * head_dim), out_scale / np.sqrt(n_head * head_dim)))
+    t = {
+        f"blk.{i}.attn_norm.weight": _norm(rng, n_embd),
+        f"blk.{i}.attn_q.weight": _rng_tensor(rng, (n_head * head_dim, n_embd), s),
+        f"blk.{i}.attn_k.weight": _rng_tensor(rng, (n_head_kv * head_dim, n_embd), s),
+        f"blk.{i}.attn_v.weight": _rng_tensor(rng, (n_head_kv * head_dim, n_embd), s),
+        f"blk.{i}.attn_output.weight": _rng_tensor(rng, (n_embd, n_head * head_dim),
+                                                   out_scale / np.sqrt(n_head * head_dim)),
+    }
     if qk_norm:
-        w.add_tensor(f"blk.{i}.attn_q_norm.weight", _norm(rng, head_dim))
-        w.add_tensor(f"blk.{i}.attn_k_norm.weight", _norm(rng, head_dim))
-    w.add_tensor(f"blk.{i}.ffn_norm.weight", _norm(rng, n_embd))
-    w.add_tensor(f"blk.{i}.ffn_gate.weight", _rng_tensor(rng, (n_ff, n_embd), s))
-    w.add_tensor(f"blk.{i}.ffn_up.weight", _rng_tensor(rng, (n_ff, n_embd), s))
-    w.add_tensor(f"blk.{i}.ffn_down.weight", _rng_tensor(rng, (n_embd, n_ff), 1.0 / np.sqrt(n_ff)))
-
-
-def _add_common_hparams(w, arch: str, *, n_ctx: int, n_embd: int, n_layer: int, n_head: int,
-                        n_head_kv: int, head_dim: int, n_ff: int) -> None:
-    w.add_uint32(f"{arch}.context_length", n_ctx)
-    w.add_uint32(f"{arch}.embedding_length", n_embd)
-    w.add_uint32(f"{arch}.block_count", n_layer)
-    w.add_uint32(f"{arch}.feed_forward_length", n_ff)
-    w.add_uint32(f"{arch}.attention.head_count", n_head)
-    w.add_uint32(f"{arch}.attention.head_count_kv", n_head_kv)
-    w.add_uint32(f"{arch}.attention.key_length", head_dim)
-    w.add_uint32(f"{arch}.attention.value_length", head_dim)
-    w.add_float32(f"{arch}.rope.freq_base", 10000.0)
-    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
+        t[f"blk.{i}.attn_q_norm.weight"] = _norm(rng, head_dim)
+        t[f"blk.{i}.attn_k_norm.weight"] = _norm(rng, head_dim)
+    t[f"blk.{i}.ffn_norm.weight"] = _norm(rng, n_embd)
+    t[f"blk.{i}.ffn_gate.weight"] = _rng_tensor(rng, (n_ff, n_embd), s)
+    t[f"blk.{i}.ffn_up.weight"] = _rng_tensor(rng, (n_ff, n_embd), s)
+    t[f"blk.{i}.ffn_down.weight"] = _rng_tensor(rng, (n_embd, n_ff), 1.0 / np.sqrt(n_ff))
+    return t
 
 
 def write_target(path: str | Path, spec: TargetSpec = TargetSpec(), *, architecture: str = "qwen3") -> Path:
     """Write a tiny random ``qwen3`` target GGUF."""
-    import gguf
-
-    path = Path(path)
     s = spec
     rng = np.random.default_rng(s.seed)
     tok = tokenizer(s.n_vocab)
-    w = gguf.GGUFWriter(str(path), architecture)
-    w.add_name(f"pydflash tiny {architecture} target")
-    _add_common_hparams(w, architecture, n_ctx=s.n_ctx, n_embd=s.n_embd, n_layer=s.n_layer, n_head=s.n_head,
-                        n_head_kv=s.n_head_kv, head_dim=s.head_dim, n_ff=s.n_ff)
-    _add_tokenizer(w, tok, mask=False)
-    w.add_tensor("token_embd.weight", _rng_tensor(rng, (s.n_vocab, s.n_embd), 1.0))
+    hp = Hparams(s.n_ctx, s.n_embd, s.n_layer, s.n_head, s.n_head_kv, s.head_dim, s.n_ff)
+    tensors = {"token_embd.weight": _rng_tensor(rng, (s.n_vocab, s.n_embd), 1.0)}
     for i in range(s.n_layer):
         # qwen2 (also llama-style) has no per-head q/k norms
-        _add_attention_layer(w, rng, i, s.n_embd, s.n_head, s.n_head_kv, s.head_dim, s.n_ff,
-                             qk_norm=architecture not in ("qwen2", "llama"))
-    w.add_tensor("output_norm.weight", _norm(rng, s.n_embd))
+        tensors.update(_attention_layer(rng, i, s.n_embd, s.n_head, s.n_head_kv, s.head_dim, s.n_ff,
+                                        qk_norm=architecture not in ("qwen2", "llama")))
+    tensors["output_norm.weight"] = _norm(rng, s.n_embd)
     # the head: hot rows get large weights (clear argmax margins), the rest small
     head = _rng_tensor(rng, (s.n_vocab, s.n_embd), 0.01)
     normal = [i for i, t in enumerate(tok.types) if t == 1]
@@ -213,40 +272,33 @@ def write_target(path: str | Path, spec: TargetSpec = TargetSpec(), *, architect
     if s.eos_hot:
         hot = np.append(hot, tok.eos)
     head[hot] = _rng_tensor(rng, (len(hot), s.n_embd), s.head_scale)
-    w.add_tensor("output.weight", head)
-    _write(w)
-    return path
+    tensors["output.weight"] = head
+    return write_qwen3_gguf(path, hp, tok, tensors, name=f"pydflash tiny {architecture} target",
+                            architecture=architecture)
 
 
 def write_drafter(path: str | Path, target: TargetSpec = TargetSpec(), spec: DrafterSpec = DrafterSpec()) -> Path:
     """Write a tiny random ``dflash`` drafter for ``target`` (or a broken one)."""
-    import gguf
-
-    path = Path(path)
     s = spec
-    arch = s.architecture
     n_embd = s.n_embd or target.n_embd
-    n_vocab = s.n_vocab or target.n_vocab
     rng = np.random.default_rng(s.seed)
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_name("pydflash tiny dflash drafter")
-    _add_common_hparams(w, arch, n_ctx=target.n_ctx, n_embd=n_embd, n_layer=s.n_layer, n_head=s.n_head,
-                        n_head_kv=s.n_head_kv, head_dim=s.head_dim, n_ff=s.n_ff)
-    w.add_uint32(f"{arch}.block_size", s.block_size)
-    w.add_bool(f"{arch}.attention.causal", False)
-    w.add_array(f"{arch}.target_layers", list(s.target_layers))
-    _add_tokenizer(w, tokenizer(n_vocab), mask=s.mask_token)
+    hp = Hparams(target.n_ctx, n_embd, s.n_layer, s.n_head, s.n_head_kv, s.head_dim, s.n_ff)
     n_in = len(s.target_layers) * n_embd
-    w.add_tensor("fc.weight", _rng_tensor(rng, (n_embd, n_in), 1.0 / np.sqrt(n_in)))
-    w.add_tensor("enc.output_norm.weight", _norm(rng, n_embd))
+    tensors = {
+        "fc.weight": _rng_tensor(rng, (n_embd, n_in), 1.0 / np.sqrt(n_in)),
+        "enc.output_norm.weight": _norm(rng, n_embd),
+    }
     for i in range(s.n_layer):
         # a strong attention output makes the block depend on the injected context
-        _add_attention_layer(w, rng, i, n_embd, s.n_head, s.n_head_kv, s.head_dim, s.n_ff, out_scale=s.attn_out_scale)
-    w.add_tensor("output_norm.weight", _norm(rng, n_embd))
+        tensors.update(_attention_layer(rng, i, n_embd, s.n_head, s.n_head_kv, s.head_dim, s.n_ff,
+                                        out_scale=s.attn_out_scale))
+    tensors["output_norm.weight"] = _norm(rng, n_embd)
     for name in s.extra_tensors:
-        w.add_tensor(name, _rng_tensor(rng, (4, n_embd), 0.1))
-    _write(w)
-    return path
+        tensors[name] = _rng_tensor(rng, (4, n_embd), 0.1)
+    return write_dflash_gguf(path, hp, tokenizer(s.n_vocab or target.n_vocab), tensors,
+                             block_size=s.block_size, target_layers=s.target_layers,
+                             name="pydflash tiny dflash drafter", mask_token=s.mask_token,
+                             architecture=s.architecture)
 
 
 def write_pair(directory: str | Path, target: TargetSpec = TargetSpec(),

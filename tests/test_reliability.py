@@ -1,0 +1,141 @@
+"""Interrupts, concurrency, lifetimes and leaks: nothing crashes, nothing leaks,
+the object stays usable."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from pydflash import GenerationInterrupted, Llama
+
+LONG = 30000  # prompt tokens: a prefill long enough to interrupt
+
+
+@pytest.fixture(scope="module")
+def big(target_path, model_dir):
+    with Llama(target_path, draft=model_dir / "drafter-b8.gguf", n_ctx=LONG + 64, n_batch=2048) as llm:
+        yield llm
+
+
+def long_prompt() -> list[int]:
+    return [(i * 7919) % 380 for i in range(LONG)]
+
+
+def test_ctrl_c_stops_a_long_prefill(big):
+    t0 = time.perf_counter()
+    big.pair.prefill(long_prompt())
+    full = time.perf_counter() - t0
+    timer = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT))
+    t0 = time.perf_counter()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        big.generate(long_prompt(), max_tokens=4)
+    took = time.perf_counter() - t0
+    timer.join()
+    assert took < 0.05 + max(0.5 * full, 0.2), f"interrupt took {took:.2f}s, full prefill {full:.2f}s"
+    # usable, and correct, afterwards
+    ref = big.generate("def f():", max_tokens=20, ignore_eos=True, draft_max=0).tokens
+    assert big.generate("def f():", max_tokens=20, ignore_eos=True).tokens == ref
+
+
+def test_interrupt_from_another_thread(big):
+    timer = threading.Timer(0.05, big.interrupt)
+    t0 = time.perf_counter()
+    timer.start()
+    with pytest.raises(GenerationInterrupted, match="interrupted"):
+        big.generate(long_prompt(), max_tokens=4)
+    timer.join()
+    assert time.perf_counter() - t0 < 5
+    assert len(big.generate("ok", max_tokens=5, ignore_eos=True).tokens) == 5
+
+
+def test_two_objects_decode_concurrently(target_path, model_dir):
+    # one long C++ call per thread: with the GIL held they could not overlap
+    with Llama(target_path, n_ctx=8192, n_batch=2048, n_threads=1) as a, \
+            Llama(target_path, draft=model_dir / "drafter-b8.gguf", n_ctx=8192, n_batch=2048, n_threads=1) as b:
+        tokens = long_prompt()[:8000]
+        spans: dict[str, tuple[float, float]] = {}
+
+        def work(name: str, llm: Llama) -> None:
+            t0 = time.perf_counter()
+            llm.pair.score(tokens)
+            spans[name] = (t0, time.perf_counter())
+
+        threads = [threading.Thread(target=work, args=(n, m)) for n, m in (("a", a), ("b", b))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        (a0, a1), (b0, b1) = spans["a"], spans["b"]
+        overlap = min(a1, b1) - max(a0, b0)
+        assert overlap > 0.5 * min(a1 - a0, b1 - b0), spans
+
+
+def test_abandoned_stream_leaves_object_usable(dflash_b8):
+    want = dflash_b8.generate("abc", max_tokens=30, ignore_eos=True).tokens
+    it = dflash_b8.stream("zzz", max_tokens=50, ignore_eos=True)
+    next(it)
+    del it
+    gc.collect()
+    assert dflash_b8.generate("abc", max_tokens=30, ignore_eos=True).tokens == want
+    it = dflash_b8.stream("zzz", max_tokens=50, ignore_eos=True)
+    next(it)
+    it.close()
+    assert dflash_b8.generate("abc", max_tokens=30, ignore_eos=True).tokens == want
+
+
+def test_objects_can_be_freed_in_any_order(target_path, model_dir):
+    llm = Llama(target_path, draft=model_dir / "drafter-b8.gguf", n_ctx=128)
+    pair = llm.pair
+    pair.prefill([1, 2, 3])
+    del llm  # the pair keeps its contexts and models alive
+    gc.collect()
+    assert len(pair.step().tokens) >= 1
+    del pair
+    gc.collect()
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def test_create_generate_close_cycles_do_not_leak(target_path, model_dir):
+    def cycle() -> None:
+        with Llama(target_path, draft=model_dir / "drafter-b8.gguf", n_ctx=256) as llm:
+            llm.generate("leak?", max_tokens=8, ignore_eos=True)
+
+    for _ in range(20):  # warm-up: allocator pools, lazy init
+        cycle()
+    gc.collect()
+    before = rss_mb()
+    for _ in range(200):
+        cycle()
+    gc.collect()
+    growth = rss_mb() - before
+    assert growth < 20, f"RSS grew by {growth:.1f} MiB over 200 cycles"
+
+
+def test_utf8_split_across_tokens_is_held_back():
+    # the byte tokens of a 4-byte character arrive one by one: nothing is
+    # released until the character is complete
+    from pydflash._text import TextAssembler
+
+    asm = TextAssembler(lambda t: bytes([t]), ())
+    pieces = []
+    for b in list("🙂".encode()) + [ord("!")]:
+        asm.add(b)
+        pieces.append(asm.release(final=False))
+    assert pieces == [("", 0), ("", 0), ("", 0), ("🙂", 4), ("!", 1)]
+
+
+def test_stream_text_equals_generate_text_with_multibyte_output(dflash_b8):
+    prompt = "naïve café 🙂 — ünïcödé"
+    res = dflash_b8.generate(prompt, max_tokens=60, ignore_eos=True)
+    streamed = list(dflash_b8.stream(prompt, max_tokens=60, ignore_eos=True))
+    assert "".join(s.text for s in streamed) == res.text

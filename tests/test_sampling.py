@@ -1,0 +1,238 @@
+"""Sampling at temperature > 0 keeps the target's distribution exactly, in both
+verification modes.
+
+Each test draws N short generations with DFlash and compares the empirical
+distribution of the first two generated tokens (the joint distribution and
+both marginals) with the EXACT distribution of the target, computed from its
+logits with pydflash's transform re-implemented here in numpy, by chi-square
+goodness-of-fit tests. Each of the three checks fails by chance with
+probability ALPHA = 1e-4 when the sampler is exact, so a test's false-alarm
+rate is at most 3e-4; a bias of a few percent of probability mass is detected
+(test_a_biased_sampler_is_detected shows the power).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numpy as np
+import pytest
+
+from pydflash import Llama, testing
+from conftest import TARGET
+
+scipy_stats = pytest.importorskip("scipy.stats")
+
+ALPHA = 1e-4
+N = 2000
+PROMPT = [17, 42, 99, 250, 5]
+
+
+@pytest.fixture(scope="module")
+def spread_pair(tmp_path_factory):
+    # small head weights: flat distributions at temperature 1, so drafts are often
+    # accepted AND often rejected
+    d = tmp_path_factory.mktemp("spread")
+    spec = dataclasses.replace(TARGET, head_scale=0.2, hot_tokens=10, seed=5)
+    t = testing.write_target(d / "t.gguf", spec)
+    dr = testing.write_drafter(d / "d.gguf", spec, testing.DrafterSpec(seed=9, attn_out_scale=1.0))
+    with Llama(t, draft=dr, n_ctx=256) as llm, Llama(t, n_ctx=256) as base:
+        yield llm, base
+
+
+def transform(logits: np.ndarray, recent: list[int], *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
+              repeat_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0) -> np.ndarray:
+    """Reference for the C++ transform: penalties, temperature, top-k, top-p, min-p."""
+    x = logits.astype(np.float64).copy()
+    for t in set(recent):
+        c = recent.count(t)
+        x[t] = x[t] / repeat_penalty if x[t] > 0 else x[t] * repeat_penalty
+        x[t] -= c * frequency_penalty + presence_penalty
+    order = np.lexsort((np.arange(len(x)), -x))  # by logit, ties to the lower id
+    if top_k:
+        order = order[:top_k]
+    p = np.exp((x[order] - x[order[0]]) / temperature)
+    p /= p.sum()
+    keep = len(order)
+    if top_p < 1.0:
+        keep = int(np.searchsorted(np.cumsum(p), top_p) + 1)
+    if min_p > 0:
+        keep = min(keep, int(np.sum(p[:keep] >= min_p * p[0])))
+    out = np.zeros(len(x))
+    out[order[:keep]] = p[:keep] / p[:keep].sum()
+    return out
+
+
+def exact_joint(base: Llama, prompt: list[int], window: int, **kw) -> dict[tuple[int, int], float]:
+    """P(t1, t2) of the target alone."""
+    p1 = transform(base.pair.score(prompt)[-1], prompt[-window:], **kw)
+    joint = {}
+    for t1 in np.flatnonzero(p1 > 1e-9):
+        ctx = prompt + [int(t1)]
+        p2 = transform(base.pair.score(ctx)[-1], ctx[-window:], **kw)
+        for t2 in np.flatnonzero(p2 > 1e-9):
+            joint[(int(t1), int(t2))] = p1[t1] * p2[t2]
+    return joint
+
+
+def chi_square_pvalue(counts: dict, probs: dict, n: int) -> float:
+    """Goodness of fit; categories with expected count < 5 are pooled."""
+    obs, exp = [], []
+    pool_o = pool_e = 0.0
+    for k, p in probs.items():
+        e = p * n
+        if e < 5:
+            pool_o += counts.get(k, 0)
+            pool_e += e
+        else:
+            obs.append(counts.get(k, 0))
+            exp.append(e)
+    unexpected = sum(c for k, c in counts.items() if k not in probs)
+    assert unexpected == 0, f"{unexpected} samples outside the target's support"
+    if pool_e > 0:
+        obs.append(pool_o)
+        exp.append(pool_e)
+    exp_arr = np.array(exp) * (n / sum(exp))
+    return float(scipy_stats.chisquare(obs, exp_arr).pvalue)
+
+
+def fit_pvalue(counts: dict, exact: dict, n: int) -> float:
+    """The smallest p-value of the joint and the two marginal checks."""
+    pvals = [chi_square_pvalue(counts, exact, n)]
+    for axis in (0, 1):
+        mc: dict[int, int] = {}
+        me: dict[int, float] = {}
+        for k, c in counts.items():
+            mc[k[axis]] = mc.get(k[axis], 0) + c
+        for k, p in exact.items():
+            me[k[axis]] = me.get(k[axis], 0.0) + p
+        pvals.append(chi_square_pvalue(mc, me, n))
+    return min(pvals)
+
+
+def sample_pairs(llm: Llama, n: int, **kw) -> tuple[dict, float]:
+    counts: dict[tuple[int, int], int] = {}
+    drafted = accepted = 0
+    for seed in range(n):
+        res = llm.generate(PROMPT, max_tokens=2, seed=seed, ignore_eos=True, **kw)
+        key = (res.tokens[0], res.tokens[1])
+        counts[key] = counts.get(key, 0) + 1
+        drafted += res.stats.n_drafted
+        accepted += res.stats.n_accepted
+    return counts, accepted / max(drafted, 1)
+
+
+SETTINGS = {
+    "T1-topk6": dict(temperature=1.0, top_k=6),
+    "T0.7-topp0.8": dict(temperature=0.7, top_p=0.8),
+    "T1.3-minp-penalties": dict(temperature=1.3, top_k=12, min_p=0.05, repeat_penalty=1.5,
+                                presence_penalty=0.5, frequency_penalty=0.3),
+}
+
+
+@pytest.mark.parametrize("verify", ["rejection", "match"])
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+def test_dflash_sampling_matches_target_distribution(spread_pair, verify, setting):
+    llm, base = spread_pair
+    kw = SETTINGS[setting]
+    exact = exact_joint(base, PROMPT, 64, **kw)
+    counts, acc = sample_pairs(llm, N, verify=verify, **kw)
+    p = fit_pvalue(counts, exact, N)
+    assert p > ALPHA, f"{verify}/{setting}: chi-square p={p:.2e}, acceptance {acc:.3f}"
+    if verify == "rejection":
+        # the drafter's samples must actually be exercised: accepted and rejected
+        assert 0.02 < acc < 0.98, acc
+
+
+@pytest.mark.parametrize("verify", ["rejection", "match"])
+def test_external_drafts_keep_the_distribution(spread_pair, verify):
+    # drafts from another source (here: the target's own greedy tokens, so that
+    # they are often accepted) are verified exactly too; q is one-hot for them
+    llm, base = spread_pair
+    kw = SETTINGS["T1-topk6"]
+    greedy = base.generate(PROMPT, max_tokens=3, ignore_eos=True).tokens
+    exact = exact_joint(base, PROMPT, 64, **kw)
+    counts: dict[tuple[int, int], int] = {}
+    accepted = 0
+    pair = llm.pair
+    for seed in range(N):
+        pair.set_sampling(seed=seed, verify=verify, **kw)
+        pair.prefill(PROMPT)
+        step = pair.step(draft=greedy[:2])
+        toks = list(step.tokens)
+        while len(toks) < 2:
+            toks += pair.step(0).tokens
+        counts[(toks[0], toks[1])] = counts.get((toks[0], toks[1]), 0) + 1
+        accepted += step.n_accepted
+    assert fit_pvalue(counts, exact, N) > ALPHA
+    assert 0.05 < accepted / (2 * N) < 0.95
+
+
+def test_plain_sampling_matches_target_distribution(spread_pair):
+    # the same check on the target alone validates the reference transform itself
+    llm, base = spread_pair
+    kw = SETTINGS["T1-topk6"]
+    counts, _ = sample_pairs(base, N, **kw)
+    assert fit_pvalue(counts, exact_joint(base, PROMPT, 64, **kw), N) > ALPHA
+
+
+def test_a_biased_sampler_is_detected(spread_pair):
+    # power check: sampling at a slightly different temperature must fail the test
+    llm, base = spread_pair
+    counts, _ = sample_pairs(llm, N, temperature=1.25, top_k=6)
+    assert fit_pvalue(counts, exact_joint(base, PROMPT, 64, temperature=1.0, top_k=6), N) < ALPHA
+
+
+@pytest.mark.parametrize("verify", ["rejection", "match"])
+def test_temperature_zero_is_greedy_in_both_modes(dflash, baseline, verify):
+    want = baseline.generate("def f(x):", max_tokens=64, ignore_eos=True).tokens
+    got = dflash.generate("def f(x):", max_tokens=64, ignore_eos=True, verify=verify)
+    assert got.tokens == want
+
+
+def test_greedy_with_penalties_and_bias_is_lossless(dflash, baseline):
+    kw = dict(repeat_penalty=1.3, frequency_penalty=0.2, presence_penalty=0.1, logit_bias={7: 5.0, 8: -100.0})
+    want = baseline.generate("import os", max_tokens=80, ignore_eos=True, **kw).tokens
+    for dm in (1, 3, 7):
+        assert dflash.generate("import os", max_tokens=80, ignore_eos=True, draft_max=dm, **kw).tokens == want
+    assert 8 not in want
+
+
+def test_seeded_sampling_is_reproducible(spread_pair):
+    llm, _ = spread_pair
+    for verify in ("rejection", "match"):
+        a = llm.generate(PROMPT, max_tokens=40, temperature=0.9, seed=7, verify=verify, ignore_eos=True)
+        b = llm.generate(PROMPT, max_tokens=40, temperature=0.9, seed=7, verify=verify, ignore_eos=True)
+        assert a.tokens == b.tokens
+
+
+def test_draft_controls(dflash, baseline):
+    want = baseline.generate("x = [", max_tokens=60, ignore_eos=True).tokens
+    res = dflash.generate("x = [", max_tokens=60, ignore_eos=True, draft_min=100)
+    assert res.tokens == want and res.stats.n_drafted == 0  # every block shorter than draft_min
+    res = dflash.generate("x = [", max_tokens=60, ignore_eos=True, draft_min=3, draft_max=5)
+    assert res.tokens == want and all(s.n_drafted in (0, 3, 4, 5) for s in res.stats.steps)
+
+
+def test_draft_p_min_cuts_unconfident_blocks(spread_pair):
+    # the spread drafter is never 90% sure of a token: every block is cut to nothing
+    llm, base = spread_pair
+    want = base.generate(PROMPT, max_tokens=40, ignore_eos=True).tokens
+    full = llm.generate(PROMPT, max_tokens=40, ignore_eos=True)
+    cut = llm.generate(PROMPT, max_tokens=40, ignore_eos=True, draft_p_min=0.9)
+    assert full.tokens == cut.tokens == want
+    assert full.stats.n_drafted > 0 and cut.stats.n_drafted == 0
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"verify": "maybe"}, "verify"),
+    ({"min_p": 1.0}, "min_p"),
+    ({"repeat_penalty": 0.0}, "repeat_penalty"),
+    ({"draft_p_min": 1.5}, "draft_p_min"),
+    ({"draft_min": -1}, "draft_min"),
+    ({"logit_bias": {10**6: 1.0}}, "out of range"),
+    ({"penalty_last_n": -1}, "penalty_last_n"),
+])
+def test_bad_sampling_options(dflash, kw, match):
+    with pytest.raises(ValueError, match=match):
+        dflash.generate("x", max_tokens=3, **kw)
+    assert len(dflash.generate("x", max_tokens=3, ignore_eos=True).tokens) == 3

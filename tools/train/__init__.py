@@ -1,0 +1,1 @@
+"""Training pipeline for the embedded target + DFlash drafter pair (dev only)."""

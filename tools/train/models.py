@@ -1,0 +1,186 @@
+"""Torch modules that compute exactly what llama.cpp's `qwen3` and `dflash`
+graphs compute (NeoX RoPE, q/k RMS norms, SwiGLU, pre-norm residuals), plus
+their export to llama.cpp tensor names."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    n_vocab: int = 4096
+    n_embd: int = 256
+    n_layer: int = 4
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 64
+    n_ff: int = 768
+    n_ctx: int = 4096
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-6
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, n: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(n))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
+    """NeoX-style rotary embedding (HF rotate_half). x: (..., T, D), pos: (..., T)."""
+    d = x.shape[-1]
+    inv = theta ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
+    ang = pos.to(torch.float32).unsqueeze(-1) * inv  # (..., T, D/2)
+    cos, sin = torch.cat([ang.cos(), ang.cos()], -1), torch.cat([ang.sin(), ang.sin()], -1)
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+class Block(nn.Module):
+    def __init__(self, c: Config):
+        super().__init__()
+        self.c = c
+        self.attn_norm = RMSNorm(c.n_embd, c.rms_eps)
+        self.wq = nn.Linear(c.n_embd, c.n_head * c.head_dim, bias=False)
+        self.wk = nn.Linear(c.n_embd, c.n_head_kv * c.head_dim, bias=False)
+        self.wv = nn.Linear(c.n_embd, c.n_head_kv * c.head_dim, bias=False)
+        self.wo = nn.Linear(c.n_head * c.head_dim, c.n_embd, bias=False)
+        self.q_norm = RMSNorm(c.head_dim, c.rms_eps)
+        self.k_norm = RMSNorm(c.head_dim, c.rms_eps)
+        self.ffn_norm = RMSNorm(c.n_embd, c.rms_eps)
+        self.gate = nn.Linear(c.n_embd, c.n_ff, bias=False)
+        self.up = nn.Linear(c.n_embd, c.n_ff, bias=False)
+        self.down = nn.Linear(c.n_ff, c.n_embd, bias=False)
+
+    def heads(self, t: torch.Tensor, n: int) -> torch.Tensor:  # (B,T,n*D) -> (B,n,T,D)
+        b, s, _ = t.shape
+        return t.view(b, s, n, self.c.head_dim).transpose(1, 2)
+
+    def kv(self, h: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        c = self.c
+        k = rope(self.k_norm(self.heads(self.wk(h), c.n_head_kv)), pos.unsqueeze(1), c.rope_theta)
+        v = self.heads(self.wv(h), c.n_head_kv)
+        return k, v
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, *, ctx_kv=None, mask=None, causal=False) -> torch.Tensor:
+        c = self.c
+        h = self.attn_norm(x)
+        q = rope(self.q_norm(self.heads(self.wq(h), c.n_head)), pos.unsqueeze(1), c.rope_theta)
+        k, v = self.kv(h, pos)
+        if ctx_kv is not None:  # DFlash: injected context K/V in front of the block's own
+            k = torch.cat([ctx_kv[0], k], 2)
+            v = torch.cat([ctx_kv[1], v], 2)
+        rep = c.n_head // c.n_head_kv
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None)
+        b, _, s, _ = a.shape
+        x = x + self.wo(a.transpose(1, 2).reshape(b, s, c.n_head * c.head_dim))
+        h = self.ffn_norm(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class Target(nn.Module):
+    """Qwen3 decoder, untied head."""
+
+    def __init__(self, c: Config):
+        super().__init__()
+        self.c = c
+        self.embed = nn.Embedding(c.n_vocab, c.n_embd)
+        self.layers = nn.ModuleList(Block(c) for _ in range(c.n_layer))
+        self.norm = RMSNorm(c.n_embd, c.rms_eps)
+        self.head = nn.Linear(c.n_embd, c.n_vocab, bias=False)
+        nn.init.normal_(self.embed.weight, std=0.02)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, std=0.02)
+        for blk in self.layers:  # scaled residual projections
+            nn.init.normal_(blk.wo.weight, std=0.02 / math.sqrt(2 * c.n_layer))
+            nn.init.normal_(blk.down.weight, std=0.02 / math.sqrt(2 * c.n_layer))
+
+    def forward(self, tokens: torch.Tensor, taps: tuple[int, ...] = ()):
+        """Logits, and the INPUTS of the layers in `taps` (llama.cpp's layer ids)."""
+        pos = torch.arange(tokens.shape[1]).expand(tokens.shape[0], -1)
+        x = self.embed(tokens)
+        feats = []
+        for i, blk in enumerate(self.layers):
+            if i in taps:
+                feats.append(x)
+            x = blk(x, pos, causal=True)
+        logits = self.head(self.norm(x))
+        return logits, (torch.cat(feats, -1) if taps else None)
+
+    def gguf_tensors(self, dtype=np.float16) -> dict[str, np.ndarray]:
+        t = {"token_embd.weight": _np(self.embed.weight, dtype)}
+        for i, blk in enumerate(self.layers):
+            t.update(_block_tensors(i, blk, dtype))
+        t["output_norm.weight"] = _np(self.norm.weight, np.float32)
+        t["output.weight"] = _np(self.head.weight, dtype)
+        return t
+
+
+class Drafter(nn.Module):
+    """DFlash drafter: target features -> fc -> hidden_norm -> K/V injected in
+    every layer; the block [anchor, MASK x (B-1)] attends to them and to itself
+    (non-causal). Embeddings and head are the (frozen) target's."""
+
+    def __init__(self, c: Config, n_taps: int, n_layer: int):
+        super().__init__()
+        self.c = c
+        self.fc = nn.Linear(n_taps * c.n_embd, c.n_embd, bias=False)
+        self.hidden_norm = RMSNorm(c.n_embd, c.rms_eps)
+        self.layers = nn.ModuleList(Block(c) for _ in range(n_layer))
+        self.norm = RMSNorm(c.n_embd, c.rms_eps)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, std=0.02)
+
+    def forward(self, target: Target, feats: torch.Tensor, block_tokens: torch.Tensor,
+                block_pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """feats (B,S,T*E) at positions 0..S-1; block_tokens/pos (B,N); mask
+        (B,1,N,S+N) True = may attend. Returns final hidden states (B,N,E)."""
+        g = self.hidden_norm(self.fc(feats))
+        ctx_pos = torch.arange(feats.shape[1]).expand(feats.shape[0], -1)
+        x = target.embed(block_tokens)
+        for blk in self.layers:
+            x = blk(x, block_pos, ctx_kv=blk.kv(g, ctx_pos), mask=mask)
+        return self.norm(x)
+
+    def gguf_tensors(self, dtype=np.float16) -> dict[str, np.ndarray]:
+        t = {"fc.weight": _np(self.fc.weight, dtype),
+             "enc.output_norm.weight": _np(self.hidden_norm.weight, np.float32)}
+        for i, blk in enumerate(self.layers):
+            t.update(_block_tensors(i, blk, dtype))
+        t["output_norm.weight"] = _np(self.norm.weight, np.float32)
+        return t
+
+
+def _np(p: torch.Tensor, dtype) -> np.ndarray:
+    return p.detach().cpu().numpy().astype(dtype)
+
+
+def _block_tensors(i: int, b: Block, dtype) -> dict[str, np.ndarray]:
+    f32 = np.float32
+    return {
+        f"blk.{i}.attn_norm.weight": _np(b.attn_norm.weight, f32),
+        f"blk.{i}.attn_q.weight": _np(b.wq.weight, dtype),
+        f"blk.{i}.attn_k.weight": _np(b.wk.weight, dtype),
+        f"blk.{i}.attn_v.weight": _np(b.wv.weight, dtype),
+        f"blk.{i}.attn_output.weight": _np(b.wo.weight, dtype),
+        f"blk.{i}.attn_q_norm.weight": _np(b.q_norm.weight, f32),
+        f"blk.{i}.attn_k_norm.weight": _np(b.k_norm.weight, f32),
+        f"blk.{i}.ffn_norm.weight": _np(b.ffn_norm.weight, f32),
+        f"blk.{i}.ffn_gate.weight": _np(b.gate.weight, dtype),
+        f"blk.{i}.ffn_up.weight": _np(b.up.weight, dtype),
+        f"blk.{i}.ffn_down.weight": _np(b.down.weight, dtype),
+    }

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <string_view>
+#include <unordered_set>
 
 #include "backend.h"
 #include "errors.h"
@@ -68,6 +70,36 @@ std::string load_failure_reason(const std::string& logged) {
     return reason;
 }
 
+// Checks for values on which llama.cpp's loader asserts (aborting the process)
+// instead of failing: found by the crafted corpus in tests/data/bad_gguf.
+void validate_header(const gguf_context* g, const GgufInfo& info, const std::string& path) {
+    const std::string key = info.architecture + ".block_count";
+    const int64_t kid = gguf_find_key(g, key.c_str());
+    if (kid >= 0) {
+        const auto t = gguf_get_kv_type(g, kid);
+        int64_t n = -1;
+        if (t == GGUF_TYPE_UINT32) n = gguf_get_val_u32(g, kid);
+        else if (t == GGUF_TYPE_INT32) n = gguf_get_val_i32(g, kid);
+        else if (t == GGUF_TYPE_UINT64) n = static_cast<int64_t>(std::min<uint64_t>(gguf_get_val_u64(g, kid), INT64_MAX));
+        if (n < 1 || n > 512) {
+            throw ModelLoadError(path + ": " + key + " must be an integer in [1, 512] (llama.cpp's layer limit), got " +
+                                 info.metadata.at(key));
+        }
+    }
+    const int64_t tid = gguf_find_key(g, "tokenizer.ggml.tokens");
+    if (tid >= 0 && gguf_get_kv_type(g, tid) == GGUF_TYPE_ARRAY && gguf_get_arr_type(g, tid) == GGUF_TYPE_STRING) {
+        const size_t n = gguf_get_arr_n(g, tid);
+        std::unordered_set<std::string_view> seen;
+        seen.reserve(n);
+        for (size_t i = 0; i < n; ++i) {
+            if (!seen.insert(gguf_get_arr_str(g, tid, i)).second) {
+                throw ModelLoadError(path + ": tokenizer.ggml.tokens has a duplicate token at index " +
+                                     std::to_string(i));
+            }
+        }
+    }
+}
+
 }  // namespace
 
 bool GgufInfo::has_tensor(const std::string& name) const {
@@ -112,6 +144,7 @@ GgufInfo inspect_gguf(const std::string& path) {
         throw ModelLoadError(path + ": GGUF file has no general.architecture key");
     }
     info.architecture = it->second;
+    validate_header(g.get(), info, path);
     return info;
 }
 

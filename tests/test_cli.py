@@ -73,9 +73,10 @@ def test_info_incompatible_json(target_path, tmp_path):
 
 
 def test_demo_runs():
-    proc = run("demo", "--max-tokens", "16", "--prompt", "def f():")
+    proc = run("demo", "--max-tokens", "48", "--prompt", "def f():\n", "--pad-ffn", "2048")
+    assert "embedded pair: trained" in proc.stdout
     assert "identical to the target alone: True" in proc.stdout
-    assert "speed-up" in proc.stdout and "tau" in proc.stdout
+    assert "speed-up" in proc.stdout and "tau" in proc.stdout and "overall" in proc.stdout
 
 
 def test_step_by_step_example():

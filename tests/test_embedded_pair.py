@@ -80,3 +80,16 @@ def test_tokenizer_roundtrip_on_heldout_text(pair):
     base, _ = pair
     text = "def main(argv=None):\n    parser = argparse.ArgumentParser()\n    return 0  # über ✓\n"
     assert base.detokenize(base.tokenize(text)) == text
+
+
+def test_padded_target_is_identical(tmp_path, pair):
+    # the memory-bound copy the demo and benchmarks use gives the same tokens
+    from pydflash.padding import pad_ffn
+
+    base, _ = pair
+    t, d = embedded_pair()
+    padded = pad_ffn(t, tmp_path / "padded.gguf", 2048)
+    with Llama(padded, draft=d, n_ctx=1024) as llm:
+        for p in REF["heldout_prompts"][:4]:
+            want = base.generate(p, max_tokens=96, ignore_eos=True).tokens
+            assert llm.generate(p, max_tokens=96, ignore_eos=True).tokens == want

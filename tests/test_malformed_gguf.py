@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 DATA = Path(__file__).parent / "data"
 CASES = sorted((DATA / "bad_gguf").glob("*.gguf"))

@@ -13,7 +13,7 @@ import pytest
 
 from pydflash import GenerationInterrupted, Llama
 
-LONG = 30000  # prompt tokens: a prefill long enough to interrupt
+LONG = 8000  # prompt tokens: a prefill long enough (seconds) to interrupt
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +56,9 @@ def test_interrupt_from_another_thread(big):
 
 def test_two_objects_decode_concurrently(target_path, model_dir):
     # one long C++ call per thread: with the GIL held they could not overlap
-    with Llama(target_path, n_ctx=8192, n_batch=2048, n_threads=1) as a, \
-            Llama(target_path, draft=model_dir / "drafter-b8.gguf", n_ctx=8192, n_batch=2048, n_threads=1) as b:
-        tokens = long_prompt()[:8000]
+    with Llama(target_path, n_ctx=LONG + 64, n_batch=2048, n_threads=1) as a, \
+            Llama(target_path, draft=model_dir / "drafter-b8.gguf", n_ctx=LONG + 64, n_batch=2048, n_threads=1) as b:
+        tokens = long_prompt()
         spans: dict[str, tuple[float, float]] = {}
 
         def work(name: str, llm: Llama) -> None:

@@ -12,7 +12,6 @@ import argparse
 import json
 import math
 import random
-import shutil
 import time
 from pathlib import Path
 
@@ -107,7 +106,7 @@ def stage_target(out: Path, cfg: Config, minutes: float, seed: int) -> None:
     log(f"target: train loss {np.mean(losses[-100:]):.3f}, held-out loss {held_loss:.3f}")
     # round to the exported precision so torch and GGUF compute the same model
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for _name, p in model.named_parameters():
             if p.dim() >= 2:
                 p.copy_(p.half().float())
     torch.save({"state": model.state_dict(), "cfg": cfg.__dict__, "steps": step,

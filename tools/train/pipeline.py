@@ -70,7 +70,7 @@ def cosine_lr(step: int, total: int, peak: float, warm: int) -> float:
     return peak * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warm) / max(1, total - warm))))
 
 
-def stage_target(out: Path, cfg: Config, minutes: float, seed: int) -> None:
+def stage_target(out: Path, cfg: Config, minutes: float, seed: int, steps: int | None = None) -> None:
     if (out / "target.pt").exists():
         return
     torch.manual_seed(seed)
@@ -81,7 +81,7 @@ def stage_target(out: Path, cfg: Config, minutes: float, seed: int) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3, betas=(0.9, 0.95), weight_decay=0.1)
     seq, bs = 256, 16
     # time-boxed: estimate the step budget from the first steps
-    t0, step, total = time.time(), 0, 10**9
+    t0, step, total = time.time(), 0, steps or 10**9
     losses = []
     for x, y in batches(data, bs, seq, rng):
         for g in opt.param_groups:
@@ -94,7 +94,7 @@ def stage_target(out: Path, cfg: Config, minutes: float, seed: int) -> None:
         opt.step()
         losses.append(loss.item())
         step += 1
-        if step == 20:
+        if step == 20 and steps is None:  # time-boxed unless the step count is given
             total = int(minutes * 60 / ((time.time() - t0) / 20))
             log(f"target: {total} steps fit in {minutes} min ({seq * bs} tokens/step)")
         if step % 100 == 0:
@@ -194,7 +194,8 @@ def block_batch(seqs: torch.Tensor, n_anchor: int, rng: np.random.Generator):
     return tokens, pos, labels, mask
 
 
-def stage_drafter(out: Path, n_layer: int, minutes: float, seed: int, mask_id: int, resume: bool = False) -> None:
+def stage_drafter(out: Path, n_layer: int, minutes: float, seed: int, mask_id: int, resume: bool = False,
+                  steps: int | None = None) -> None:
     """Train (or with `resume`, continue training) the drafter for `minutes`."""
     prev = None
     if (out / "drafter.pt").exists():
@@ -221,7 +222,7 @@ def stage_drafter(out: Path, n_layer: int, minutes: float, seed: int, mask_id: i
     w = torch.exp(-(torch.arange(1, BLOCK) - 1) / GAMMA)
     rng = np.random.default_rng(seed)
     bs, n_anchor = 16, 16
-    t0, step, total = time.time(), 0, 10**9
+    t0, step, total = time.time(), 0, steps or 10**9
     losses = []
     while step < total:
         idx = rng.integers(0, len(train), bs)
@@ -234,7 +235,7 @@ def stage_drafter(out: Path, n_layer: int, minutes: float, seed: int, mask_id: i
         opt.step()
         losses.append(loss.item())
         step += 1
-        if step == 20:
+        if step == 20 and steps is None:
             total = int(minutes * 60 / ((time.time() - t0) / 20))
             log(f"drafter: {total} steps fit in {minutes} min")
         if step % 100 == 0:
@@ -300,6 +301,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", type=int, default=3000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--target-steps", type=int, help="exact step count instead of --target-minutes")
+    ap.add_argument("--drafter-steps", type=int, help="exact step count instead of --drafter-minutes")
     ap.add_argument("--drafter-resume", action="store_true",
                     help="continue training an existing drafter.pt for --drafter-minutes more")
     ap.add_argument("--install", type=Path, help="copy the pair + model card into this folder")
@@ -310,13 +313,14 @@ def main(argv=None) -> int:
     cfg = Config(n_vocab=a.vocab)
     t0 = time.time()
     stage_tokenizer(a.out, a.vocab)
-    stage_target(a.out, cfg, a.target_minutes, a.seed)
+    stage_target(a.out, cfg, a.target_minutes, a.seed, a.target_steps)
     stage_export_target(a.out)
     stage_continuations(a.out, a.prompts, a.seed)
     mask_id = bpe.load(a.out / "tokenizer.json").token_to_id(bpe.MASK)
     if a.drafter_resume and (a.out / "drafter.gguf").exists():
         (a.out / "drafter.gguf").unlink()  # re-export after the continued run
-    stage_drafter(a.out, a.drafter_layers, a.drafter_minutes, a.seed, mask_id, resume=a.drafter_resume)
+    stage_drafter(a.out, a.drafter_layers, a.drafter_minutes, a.seed, mask_id, resume=a.drafter_resume,
+                  steps=a.drafter_steps)
     stage_export_drafter(a.out)
     log(f"pipeline done in {(time.time() - t0) / 60:.1f} min")
     if a.install:

@@ -70,6 +70,30 @@ def cosine_lr(step: int, total: int, peak: float, warm: int) -> float:
     return peak * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warm) / max(1, total - warm))))
 
 
+def optimize(model, opt, loss_fn, peak_lr: float, warm: int, minutes: float, steps: int | None,
+             what: str) -> tuple[int, list[float]]:
+    """AdamW steps with warmup + cosine and gradient clipping. Time-boxed
+    (the step budget is measured on the first 20 steps) unless `steps` is given."""
+    t0, step, total = time.time(), 0, steps or 10**9
+    losses: list[float] = []
+    while step < total:
+        for g in opt.param_groups:
+            g["lr"] = cosine_lr(step, total, peak_lr, warm)
+        loss = loss_fn()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+        step += 1
+        if step == 20 and steps is None:
+            total = int(minutes * 60 / ((time.time() - t0) / 20))
+            log(f"{what}: {total} steps fit in {minutes} min")
+        if step % 100 == 0:
+            log(f"{what} step {step}/{total} loss {np.mean(losses[-100:]):.3f}")
+    return step, losses
+
+
 def stage_target(out: Path, cfg: Config, minutes: float, seed: int, steps: int | None = None) -> None:
     if (out / "target.pt").exists():
         return
@@ -80,27 +104,15 @@ def stage_target(out: Path, cfg: Config, minutes: float, seed: int, steps: int |
     rng = np.random.default_rng(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3, betas=(0.9, 0.95), weight_decay=0.1)
     seq, bs = 256, 16
-    # time-boxed: estimate the step budget from the first steps
-    t0, step, total = time.time(), 0, steps or 10**9
-    losses = []
-    for x, y in batches(data, bs, seq, rng):
-        for g in opt.param_groups:
-            g["lr"] = cosine_lr(step, total, 2e-3, 100)
+    data_iter = batches(data, bs, seq, rng)
+
+    def loss_fn() -> torch.Tensor:
+        x, y = next(data_iter)
         logits, _ = model(x)
-        loss = F.cross_entropy(logits.reshape(-1, cfg.n_vocab), y.reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(loss.item())
-        step += 1
-        if step == 20 and steps is None:  # time-boxed unless the step count is given
-            total = int(minutes * 60 / ((time.time() - t0) / 20))
-            log(f"target: {total} steps fit in {minutes} min ({seq * bs} tokens/step)")
-        if step % 100 == 0:
-            log(f"target step {step}/{total} loss {np.mean(losses[-100:]):.3f}")
-        if step >= total:
-            break
+        return F.cross_entropy(logits.reshape(-1, cfg.n_vocab), y.reshape(-1))
+
+    t0 = time.time()
+    step, losses = optimize(model, opt, loss_fn, 2e-3, 100, minutes, steps, f"target ({seq * bs} tokens/step)")
     model.eval()
     held_loss = eval_loss(model, held, cfg)
     log(f"target: train loss {np.mean(losses[-100:]):.3f}, held-out loss {held_loss:.3f}")
@@ -222,24 +234,13 @@ def stage_drafter(out: Path, n_layer: int, minutes: float, seed: int, mask_id: i
     w = torch.exp(-(torch.arange(1, BLOCK) - 1) / GAMMA)
     rng = np.random.default_rng(seed)
     bs, n_anchor = 16, 16
-    t0, step, total = time.time(), 0, steps or 10**9
-    losses = []
-    while step < total:
+
+    def loss_fn() -> torch.Tensor:
         idx = rng.integers(0, len(train), bs)
-        loss = drafter_loss(model, target, feats[idx], train[idx], n_anchor, w, rng, mask_id)[0]
-        for g in opt.param_groups:
-            g["lr"] = cosine_lr(step, total, 1e-3, 50)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(loss.item())
-        step += 1
-        if step == 20 and steps is None:
-            total = int(minutes * 60 / ((time.time() - t0) / 20))
-            log(f"drafter: {total} steps fit in {minutes} min")
-        if step % 100 == 0:
-            log(f"drafter step {step}/{total} loss {np.mean(losses[-100:]):.3f}")
+        return drafter_loss(model, target, feats[idx], train[idx], n_anchor, w, rng, mask_id)[0]
+
+    t0 = time.time()
+    step, losses = optimize(model, opt, loss_fn, 1e-3, 50, minutes, steps, "drafter")
     model.eval()
     with torch.no_grad():
         _, acc = drafter_loss(model, target, vfeats, val, 16, w, np.random.default_rng(7), mask_id)

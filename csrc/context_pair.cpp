@@ -219,10 +219,11 @@ void ContextPair::inject(int32_t n_rows, llama_pos pos0) {
 std::vector<llama_token> ContextPair::recent_tokens() const {
     const SamplingParams& sp = sampler_->params();
     if (!sp.has_penalties() || sp.penalty_last_n == 0) return {};
-    std::vector<llama_token> all = history_;
-    all.push_back(*pending_);
-    const size_t n = std::min(all.size(), static_cast<size_t>(sp.penalty_last_n));
-    return std::vector<llama_token>(all.end() - static_cast<std::ptrdiff_t>(n), all.end());
+    // the last penalty_last_n tokens of history + pending, without copying the whole history
+    const size_t n_hist = std::min(history_.size(), static_cast<size_t>(sp.penalty_last_n) - 1);
+    std::vector<llama_token> out(history_.end() - static_cast<std::ptrdiff_t>(n_hist), history_.end());
+    out.push_back(*pending_);
+    return out;
 }
 
 namespace {

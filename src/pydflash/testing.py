@@ -160,17 +160,7 @@ def write_qwen3_gguf(path: str | Path, hp: Hparams, tok: Tokenizer, tensors: dic
     """Write a target GGUF. ``tensors`` uses llama.cpp names (token_embd.weight,
     blk.N.attn_q.weight, ..., output.weight) with numpy shapes (rows, cols) =
     (out_features, in_features), as torch stores nn.Linear weights."""
-    import gguf
-
-    w = gguf.GGUFWriter(str(path), architecture)
-    w.add_name(name)
-    _add_hparams(w, architecture, hp)
-    _add_tokenizer(w, tok, mask=False)
-    for k, v in (extra_kv or {}).items():
-        w.add_string(k, v)
-    _add_tensors(w, tensors)
-    _write(w)
-    return Path(path)
+    return _write_gguf(path, architecture, name, hp, tok, tensors, mask_token=False, extra_kv=extra_kv)
 
 
 def write_dflash_gguf(path: str | Path, hp: Hparams, tok: Tokenizer, tensors: dict[str, np.ndarray], *,
@@ -178,19 +168,34 @@ def write_dflash_gguf(path: str | Path, hp: Hparams, tok: Tokenizer, tensors: di
                       architecture: str = "dflash", extra_kv: dict[str, str] | None = None) -> Path:
     """Write a DFlash drafter GGUF (embeddings and head are the target's).
     ``target_layers`` are llama.cpp ids: the INPUT of those target layers."""
+
+    def dflash_keys(w) -> None:
+        w.add_uint32(f"{architecture}.block_size", block_size)
+        w.add_bool(f"{architecture}.attention.causal", False)
+        w.add_array(f"{architecture}.target_layers", [int(x) for x in target_layers])
+
+    return _write_gguf(path, architecture, name, hp, tok, tensors, mask_token=mask_token, extra_kv=extra_kv,
+                       arch_keys=dflash_keys)
+
+
+def _write_gguf(path, architecture: str, name: str, hp: Hparams, tok: Tokenizer, tensors: dict[str, np.ndarray],
+                *, mask_token: bool, extra_kv: dict[str, str] | None, arch_keys=None) -> Path:
     import gguf
 
     w = gguf.GGUFWriter(str(path), architecture)
     w.add_name(name)
     _add_hparams(w, architecture, hp)
-    w.add_uint32(f"{architecture}.block_size", block_size)
-    w.add_bool(f"{architecture}.attention.causal", False)
-    w.add_array(f"{architecture}.target_layers", [int(x) for x in target_layers])
+    if arch_keys is not None:
+        arch_keys(w)
     _add_tokenizer(w, tok, mask=mask_token)
     for k, v in (extra_kv or {}).items():
         w.add_string(k, v)
-    _add_tensors(w, tensors)
-    _write(w)
+    for tname, arr in tensors.items():
+        w.add_tensor(tname, np.ascontiguousarray(arr))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
     return Path(path)
 
 
@@ -205,11 +210,6 @@ def _add_hparams(w, arch: str, hp: Hparams) -> None:
     w.add_uint32(f"{arch}.attention.value_length", hp.head_dim)
     w.add_float32(f"{arch}.rope.freq_base", hp.rope_theta)
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", hp.rms_eps)
-
-
-def _add_tensors(w, tensors: dict[str, np.ndarray]) -> None:
-    for name, arr in tensors.items():
-        w.add_tensor(name, np.ascontiguousarray(arr))
 
 
 def _add_tokenizer(w, tok: Tokenizer, *, mask: bool) -> None:
@@ -310,9 +310,3 @@ def write_pair(directory: str | Path, target: TargetSpec = TargetSpec(),
     d = write_drafter(directory / f"{prefix}-drafter.gguf", target, drafter)
     return t, d
 
-
-def _write(w) -> None:
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()

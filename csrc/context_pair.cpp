@@ -34,6 +34,15 @@ llama_context_params context_params(const PairParams& p) {
     return cp;
 }
 
+// a block holds the anchor plus at most block_size - 1 drafted tokens; asking
+// for more is a caller error (llama.cpp clamps silently, which hides typos)
+void check_draft_max(int32_t draft_max, const DraftSpec& spec) {
+    if (draft_max > spec.max_draft()) {
+        throw InvalidArgument("draft_max=" + std::to_string(draft_max) + " exceeds this drafter's block size " +
+                              std::to_string(spec.block_size) + " minus 1 = " + std::to_string(spec.max_draft()));
+    }
+}
+
 void add_token(llama_batch_ext* b, llama_token id, llama_pos pos, bool output) {
     const int32_t idx = llama_batch_ext_add_token(b, 0, id);
     if (idx < 0) throw Error("batch is full (llama_batch_ext_add_token returned " + std::to_string(idx) + ")");
@@ -61,7 +70,8 @@ ContextPair::ContextPair(std::shared_ptr<Model> target, std::shared_ptr<Model> d
         const auto need = static_cast<uint32_t>(spec_.block_size);
         params_.n_batch = std::max(params_.n_batch, need);
         params_.n_ubatch = std::max(params_.n_ubatch, need);
-        draft_max_ = params_.draft_max < 0 ? spec_.max_draft() : std::min(params_.draft_max, spec_.max_draft());
+        check_draft_max(params_.draft_max, spec_);
+        draft_max_ = params_.draft_max < 0 ? spec_.max_draft() : params_.draft_max;
     } else {
         draft_max_ = 0;
     }
@@ -422,6 +432,7 @@ StepResult ContextPair::step(const DraftControl& control,
         }
         draft.assign(external->begin(), external->begin() + std::min<size_t>(external->size(), static_cast<size_t>(room)));
     } else {
+        if (drafter_) check_draft_max(control.draft_max, spec_);
         int32_t k = control.draft_max < 0 ? draft_max_ : control.draft_max;
         k = std::min({k, max_draft(), room});
         if (drafter_ && k > 0 && k >= control.draft_min) {

@@ -127,6 +127,14 @@ def test_bad_sampling_arguments(dflash, kwargs, match):
     assert len(dflash.generate("x", max_tokens=3, ignore_eos=True).tokens) == 3
 
 
+def test_draft_max_above_the_block_is_refused(dflash):
+    block = dflash.pair.block_size
+    for call in (dflash.generate, dflash.stream):
+        with pytest.raises(ValueError, match=f"draft_max={block} exceeds this drafter's block size {block}"):
+            call("x", max_tokens=5, draft_max=block)
+    assert len(dflash.generate("x", max_tokens=5, ignore_eos=True, draft_max=block - 1).tokens) == 5
+
+
 def test_bad_argument_types(dflash):
     with pytest.raises(TypeError, match="max_tokens"):
         dflash.generate("x", max_tokens=3.5)  # type: ignore[arg-type]

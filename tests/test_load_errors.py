@@ -148,6 +148,13 @@ def test_target_without_layer_inputs(tmp_path, model_dir):
     load_error(DraftCompatibilityError, "does not expose layer inputs", t, model_dir / "drafter-b8.gguf")
 
 
+def test_draft_max_above_the_block_is_refused_at_load(target_path, model_dir):
+    with pytest.raises(ValueError, match="draft_max=8 exceeds this drafter's block size 8 minus 1 = 7"):
+        Llama(target_path, draft=model_dir / "drafter-b8.gguf", n_ctx=256, draft_max=8)
+    with Llama(target_path, draft=model_dir / "drafter-b8.gguf", n_ctx=256, draft_max=7) as llm:
+        assert llm.pair.default_draft_max == 7
+
+
 def test_bad_constructor_arguments(target_path):
     with pytest.raises(ValueError, match="n_ctx"):
         Llama(target_path, n_ctx=2)

@@ -107,6 +107,9 @@ def test_bad_step_arguments(dflash_b8):
         pair.step(draft_max=-3)
     with pytest.raises(TypeError):
         pair.step(draft_max="4")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="block size 8 minus 1 = 7"):
+        pair.step(draft_max=8)
+    assert pair.step(draft=list(range(20, 32))).n_drafted == 12  # external drafts are not bounded by the block
     with pytest.raises(ValueError, match="out of range"):
         pair.prefill([1, -5])
     with pytest.raises(ValueError, match="at least one"):

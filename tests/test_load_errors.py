@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import pydflash
 from pydflash import DraftCompatibilityError, Llama, ModelLoadError, PyDFlashError, testing
 from conftest import TARGET
 
@@ -87,6 +88,25 @@ def test_unknown_architecture(tmp_path):
     p = testing.write_target(tmp_path / "alien.gguf", architecture="alien9000")
     msg = load_error(ModelLoadError, "alien9000", p)
     assert "unknown model architecture" in msg
+
+
+def test_text_that_is_not_utf8(tmp_path, target_path):
+    # a model file's strings are bytes: a bad byte in a key name or in the
+    # architecture becomes U+FFFD in metadata, errors and logs, never a
+    # UnicodeDecodeError that hides what happened (found by tools/fuzz_gguf.py)
+    raw = testing.write_target(tmp_path / "t.gguf").read_bytes()
+    assert raw.count(b"general.name") == 1
+    odd = tmp_path / "odd-key.gguf"
+    odd.write_bytes(raw.replace(b"general.name", b"general.n\xffme"))
+    with Llama(odd, n_ctx=64) as llm:
+        assert llm.metadata["general.n\ufffdme"] == "pydflash tiny qwen3 target"
+        assert "general.name" not in llm.metadata
+        assert len(llm.generate("x", max_tokens=2, ignore_eos=True).tokens) == 2
+    assert "general.n\ufffdme" in pydflash.inspect(odd)["metadata"]
+    arch = tmp_path / "odd-arch.gguf"
+    arch.write_bytes(raw.replace(b"qwen3", b"qw\xc3n3"))
+    msg = load_error(ModelLoadError, "unknown model architecture", arch)
+    assert "qw\ufffdn3" in msg
 
 
 def test_pre_merge_dflash_draft_format(tmp_path, target_path, model_dir):

@@ -206,6 +206,11 @@ def cases() -> dict[str, bytes]:
     kvs = base_kvs()
     kvs["general.architecture"] = string("general.architecture", "dflash")
     out["dflash-without-keys"] = build(kvs=kvs)[0]
+    # bytes that are not UTF-8 where text is expected (found by tools/fuzz_gguf.py:
+    # the error and the log text quoting them must still reach Python)
+    kvs = base_kvs()
+    kvs["general.architecture"] = kv("general.architecture", T_STR, s(b"qw\xffen3\x80"))
+    out["architecture-not-utf8"] = build(kvs=kvs)[0]
     return out
 
 

@@ -10,7 +10,11 @@ namespace py = pybind11;
 namespace pydflash::bindings {
 
 void register_backend(py::module_& m) {
-    m.def("drain_logs", &drain_logs, "Take queued llama.cpp log lines as (level, text) pairs.");
+    m.def("drain_logs", [] {
+        py::list out;
+        for (const auto& [level, line] : drain_logs()) out.append(py::make_tuple(level, text(line)));
+        return out;
+    }, "Take queued llama.cpp log lines as (level, text) pairs.");
     m.def("set_log_level", &set_log_level, py::arg("level"),
           "Queue llama.cpp messages at or above this ggml level (1 debug .. 4 error, 5 none).");
     m.def("log_level", &log_level);

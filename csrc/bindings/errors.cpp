@@ -13,10 +13,28 @@ namespace {
 
 void raise_as(const char* name, const char* what) {
     py::object cls = py::module_::import("pydflash.errors").attr(name);
-    PyErr_SetString(cls.ptr(), what);
+    PyErr_SetObject(cls.ptr(), text(what).ptr());
 }
 
 }  // namespace
+
+py::str text(const std::string& s) {
+    PyObject* o = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "replace");
+    if (o == nullptr) throw py::error_already_set();
+    return py::reinterpret_steal<py::str>(o);
+}
+
+py::dict text_map(const std::map<std::string, std::string>& m) {
+    py::dict d;
+    for (const auto& [k, v] : m) d[text(k)] = text(v);
+    return d;
+}
+
+py::list text_list(const std::vector<std::string>& v) {
+    py::list l;
+    for (const auto& s : v) l.append(text(s));
+    return l;
+}
 
 void register_errors(py::module_&) {
     py::register_exception_translator([](std::exception_ptr p) {
@@ -37,7 +55,7 @@ void register_errors(py::module_&) {
         } catch (const Error& e) {
             raise_as("PyDFlashError", e.what());
         } catch (const InvalidArgument& e) {
-            PyErr_SetString(PyExc_ValueError, e.what());
+            PyErr_SetObject(PyExc_ValueError, text(e.what()).ptr());
         }
         // anything else (std::bad_alloc, std::exception) falls through to
         // pybind11's own translators: MemoryError, RuntimeError

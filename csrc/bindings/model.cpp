@@ -20,9 +20,9 @@ void register_model(py::module_& m) {
                 info = inspect_gguf(path);
             }
             py::dict d;
-            d["architecture"] = info.architecture;
-            d["metadata"] = info.metadata;
-            d["tensor_names"] = info.tensor_names;
+            d["architecture"] = text(info.architecture);
+            d["metadata"] = text_map(info.metadata);
+            d["tensor_names"] = text_list(info.tensor_names);
             return d;
         },
         py::arg("path"), "Read a GGUF header (no weights): architecture, metadata, tensor names.");
@@ -43,7 +43,7 @@ void register_model(py::module_& m) {
             py::arg("path"), py::arg("n_gpu_layers") = 0, py::arg("use_mmap") = true, release(),
             "Load a DFlash drafter; its GGUF header is checked before any weights load.")
         .def_property_readonly("path", &Model::path)
-        .def_property_readonly("architecture", &Model::architecture)
+        .def_property_readonly("architecture", [](const Model& self) { return text(self.architecture()); })
         .def_property_readonly("n_embd", &Model::n_embd)
         .def_property_readonly("n_layer", &Model::n_layer)
         .def_property_readonly("n_vocab", &Model::n_vocab)
@@ -52,8 +52,8 @@ void register_model(py::module_& m) {
         .def_property_readonly("size_bytes", &Model::size_bytes)
         .def_property_readonly("is_recurrent", &Model::is_recurrent)
         .def_property_readonly("is_hybrid", &Model::is_hybrid)
-        .def_property_readonly("description", &Model::description)
-        .def_property_readonly("metadata", [](const Model& self) { return self.info().metadata; })
+        .def_property_readonly("description", [](const Model& self) { return text(self.description()); })
+        .def_property_readonly("metadata", [](const Model& self) { return text_map(self.info().metadata); })
         .def_property_readonly("bos", &Model::bos)
         .def_property_readonly("eos", &Model::eos)
         .def_property_readonly("add_bos", &Model::add_bos)
@@ -76,12 +76,12 @@ void register_model(py::module_& m) {
              py::arg("token"), py::arg("special") = false)
         .def("is_eog", &Model::is_eog, py::arg("token"))
         .def("drafter_incompatibility", [](const Model& self, const Model& drafter) {
-                 return drafter_incompatibility(self, drafter);
+                 return text(drafter_incompatibility(self, drafter));
              },
              py::arg("drafter"),
              "Why `drafter` cannot drive this target model, or '' when it can.")
         .def("__repr__", [](const Model& self) {
-            return "<pydflash._core.Model " + self.architecture() + " '" + self.path() + "'>";
+            return text("<pydflash._core.Model " + self.architecture() + " '" + self.path() + "'>");
         });
 }
 

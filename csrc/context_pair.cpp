@@ -141,6 +141,20 @@ void ContextPair::reset() {
     clear_memory();
 }
 
+std::vector<MemoryRow> ContextPair::memory() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    require_open();
+    std::vector<MemoryRow> rows;
+    auto add = [&rows](const char* role, const llama_context* ctx) {
+        for (const auto& [buft, m] : llama_get_memory_breakdown(ctx)) {
+            rows.push_back({role, buft ? ggml_backend_buft_name(buft) : "?", m.model, m.context, m.compute});
+        }
+    };
+    add("target", ctx_tgt_.get());
+    if (ctx_dft_) add("drafter", ctx_dft_.get());
+    return rows;
+}
+
 void ContextPair::set_sampling(const SamplingParams& params) {
     std::lock_guard<std::mutex> lock(mu_);
     require_open();

@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "drafter.h"
@@ -47,6 +48,15 @@ struct StepResult {
     double t_sample_ms = 0.0;  // acceptance / sampling
 };
 
+// llama.cpp's memory breakdown of one context, per buffer type (device).
+struct MemoryRow {
+    std::string role;    // "target" or "drafter"
+    std::string buffer;  // ggml buffer type, e.g. "CPU", "CUDA0"
+    size_t model = 0;    // weights
+    size_t context = 0;  // KV cache / recurrent state
+    size_t compute = 0;  // compute buffers
+};
+
 class ContextPair {
 public:
     ContextPair(std::shared_ptr<Model> target, std::shared_ptr<Model> drafter, const PairParams& params);
@@ -66,6 +76,8 @@ public:
     // Target logits for every position of `tokens` (row-major n x n_vocab),
     // evaluated from an empty cache; the pair is left reset.
     std::vector<float> score(const std::vector<llama_token>& tokens);
+
+    std::vector<MemoryRow> memory() const;
 
     void set_sampling(const SamplingParams& params);
     void reset();

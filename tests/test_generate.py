@@ -197,3 +197,19 @@ def test_nested_generation_on_one_thread_is_refused(dflash_b8):
     rest = list(it)
     assert rest[-1].finish_reason == "length"
     assert len(dflash_b8.generate("b", max_tokens=3, ignore_eos=True).tokens) == 3
+
+
+def test_memory_report(dflash, baseline, model_dir):
+    rep = dflash.memory()
+    roles = {r.role for r in rep.rows}
+    assert roles == {"target", "drafter"}
+    assert all(r.buffer and min(r.model, r.context, r.compute) >= 0 for r in rep.rows)
+    # the target's weights are at least its tensor bytes; the file holds them plus a header
+    target_file = (model_dir / "target.gguf").stat().st_size
+    assert 0.5 * target_file < sum(r.model for r in rep.rows if r.role == "target") <= target_file
+    assert rep.target_bytes > 0 and rep.drafter_bytes > 0
+    assert rep.total() == rep.target_bytes + rep.drafter_bytes
+    assert sum(r.context for r in rep.rows if r.role == "target") > 0  # the KV cache
+    assert "target" in str(rep) and "drafter" in str(rep)
+    alone = baseline.memory()
+    assert {r.role for r in alone.rows} == {"target"} and alone.drafter_bytes == 0

@@ -115,6 +115,15 @@ void register_context_pair(py::module_& m) {
              py::arg("presence_penalty") = 0.0f, py::arg("penalty_last_n") = 64,
              py::arg("logit_bias") = std::vector<std::pair<llama_token, float>>{}, py::arg("seed") = 0,
              py::arg("verify") = "rejection", release())
+        .def("memory",
+             [](const ContextPair& self) {
+                 py::list out;
+                 for (const auto& r : self.memory()) {
+                     out.append(py::make_tuple(r.role, r.buffer, r.model, r.context, r.compute));
+                 }
+                 return out;
+             },
+             "llama.cpp's memory breakdown: (role, buffer type, model, context, compute) bytes.")
         .def("reset", &ContextPair::reset, release())
         .def("interrupt", &ContextPair::interrupt,
              "Stop the running (or the next) decode; that call raises GenerationInterrupted.")

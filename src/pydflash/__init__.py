@@ -13,7 +13,7 @@ from .errors import (ContextLimitError, DecodeError, DraftCompatibilityError, Ge
                      PyDFlashError)
 from .llama import Llama
 from .pair import ContextPair
-from .results import GenerationResult, GenerationStats, StepResult, StreamStep
+from .results import GenerationResult, GenerationStats, MemoryReport, MemoryRow, StepResult, StreamStep
 
 __version__: str = _core.__version__
 
@@ -22,6 +22,8 @@ __all__ = [
     "ContextPair",
     "GenerationResult",
     "GenerationStats",
+    "MemoryReport",
+    "MemoryRow",
     "StepResult",
     "StreamStep",
     "PyDFlashError",

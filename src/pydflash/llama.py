@@ -14,7 +14,7 @@ from ._text import TextAssembler
 from .config import ModelConfig, SamplingConfig
 from .errors import PyDFlashError
 from .pair import ContextPair
-from .results import FinishReason, GenerationResult, GenerationStats, StreamStep
+from .results import FinishReason, GenerationResult, GenerationStats, MemoryReport, MemoryRow, StreamStep
 
 __all__ = ["Llama"]
 
@@ -123,6 +123,13 @@ class Llama:
     @property
     def draft_metadata(self) -> dict[str, str]:
         return dict(self._draft.metadata) if self._draft is not None else {}
+
+    def memory(self) -> MemoryReport:
+        """llama.cpp's memory breakdown of both contexts: model, context (KV
+        cache) and compute bytes per device, for the target and the drafter."""
+        self._model()
+        assert self._pair_core is not None
+        return MemoryReport(tuple(MemoryRow(*row) for row in self._pair_core.memory()))
 
     # -- vocabulary ----------------------------------------------------------
 

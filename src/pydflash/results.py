@@ -9,7 +9,8 @@ from ._core import StepResult
 
 FinishReason = Literal["length", "stop", "eos"]
 
-__all__ = ["FinishReason", "GenerationStats", "GenerationResult", "StreamStep", "StepResult"]
+__all__ = ["FinishReason", "GenerationStats", "GenerationResult", "MemoryRow", "MemoryReport", "StreamStep",
+           "StepResult"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,3 +76,45 @@ class StreamStep:
     n_accepted: int
     drafted: list[int]
     finish_reason: Optional[FinishReason] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryRow:
+    """Bytes one context holds in one buffer type (llama.cpp's breakdown)."""
+
+    role: Literal["target", "drafter"]
+    buffer: str   # ggml buffer type: "CPU", "CUDA0", ...
+    model: int    # weights
+    context: int  # KV cache / recurrent state
+    compute: int  # compute buffers
+
+    @property
+    def total(self) -> int:
+        return self.model + self.context + self.compute
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryReport:
+    """``Llama.memory()``: what the target and the drafter hold, per device.
+    ``drafter_bytes`` is the drafter's overhead over running the target alone
+    (its weights, KV cache, and compute buffers)."""
+
+    rows: tuple[MemoryRow, ...]
+
+    def total(self, role: Optional[str] = None) -> int:
+        return sum(r.total for r in self.rows if role is None or r.role == role)
+
+    @property
+    def target_bytes(self) -> int:
+        return self.total("target")
+
+    @property
+    def drafter_bytes(self) -> int:
+        return self.total("drafter")
+
+    def __str__(self) -> str:
+        lines = [f"{'role':8} {'buffer':10} {'model MiB':>10} {'context MiB':>12} {'compute MiB':>12}"]
+        for r in self.rows:
+            lines.append(f"{r.role:8} {r.buffer:10} {r.model / 2**20:10.2f} {r.context / 2**20:12.2f} "
+                         f"{r.compute / 2**20:12.2f}")
+        return "\n".join(lines)

@@ -1,0 +1,150 @@
+"""The engines `pydflash bench` compares, seen from the parent process. Each
+``run`` returns one measurement as a dict with the same keys: isl,
+n_generated, prefill_s, decode_s, ttft_s, n_steps, n_drafted, n_accepted,
+rss_peak_bytes (and tokens_head where the engine exposes tokens)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+
+class EngineUnavailable(Exception):
+    """The engine cannot run here (not installed, not built); the bench skips it."""
+
+
+class WorkerEngine:
+    """An engine in a long-lived child process (pydflash.bench.worker)."""
+
+    def __init__(self, name: str, kind: str, target: str, draft: Optional[str], n_ctx: int, threads: int,
+                 n_batch: int):
+        self.name = name
+        self.uses_draft = draft is not None
+        cmd = [sys.executable, "-m", "pydflash.bench.worker", "--engine", kind, "--target", target,
+               "--n-ctx", str(n_ctx), "--threads", str(threads), "--n-batch", str(n_batch)]
+        if draft:
+            cmd += ["--draft", draft]
+        self._stderr = tempfile.TemporaryFile(mode="w+")  # a pipe nobody reads could fill up and block
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
+                                     text=True, bufsize=1)
+        hello = self._read()
+        if "error" in hello:
+            self.close()
+            raise EngineUnavailable(hello["error"])
+        self.info = hello
+
+    def _read(self) -> dict:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait()
+            self._stderr.seek(0)
+            err = self._stderr.read()
+            raise EngineUnavailable(f"{self.name} worker exited: {err.strip()[-500:]}")
+        return json.loads(line)
+
+    def run(self, text: str, osl: int, draft_max: Optional[int]) -> dict:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"text": text, "osl": osl, "draft_max": draft_max}) + "\n")
+        self.proc.stdin.flush()
+        reply = self._read()
+        if "error" in reply:
+            raise RuntimeError(f"{self.name}: {reply['error']}")
+        return reply
+
+    def close(self) -> None:
+        try:
+            if self.proc.stdin:
+                self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+        except (subprocess.TimeoutExpired, OSError):
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdout:
+            self.proc.stdout.close()
+        self._stderr.close()
+
+
+_NATIVE_PATTERNS = {
+    "encoded": re.compile(r"encoded\s+(\d+) tokens in\s+([\d.]+) seconds"),
+    "decoded": re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds"),
+    "n_drafted": re.compile(r"n_drafted\s*=\s*(\d+)"),
+    "n_accept": re.compile(r"n_accept\s*=\s*(\d+)"),
+}
+
+
+def find_native(explicit: Optional[str]) -> Optional[str]:
+    """llama-speculative-simple: --native, else build/native/bin in the current
+    checkout (tools/build_native.py), else on PATH."""
+    if explicit:
+        return explicit
+    local = Path.cwd() / "build" / "native" / "bin" / "llama-speculative-simple"
+    if local.is_file():
+        return str(local)
+    return shutil.which("llama-speculative-simple")
+
+
+class NativeEngine:
+    """llama.cpp's own DFlash loop: one llama-speculative-simple process per run
+    (it loads the models each time; the figures are its own timings, which
+    exclude loading)."""
+
+    def __init__(self, exe: Optional[str], target: str, draft: str, n_ctx: int, threads: int):
+        if exe is None or not os.access(exe, os.X_OK):
+            raise EngineUnavailable("llama-speculative-simple not found (build it: python tools/build_native.py, "
+                                    "or pass --native PATH)")
+        self.name = "llama.cpp-dflash"
+        self.uses_draft = True
+        self.exe, self.target, self.draft, self.n_ctx, self.threads = exe, target, draft, n_ctx, threads
+        self.info: dict = {"exe": exe}
+        self._dir = tempfile.TemporaryDirectory(prefix="pydflash-bench-native-")
+
+    def run(self, text: str, osl: int, draft_max: Optional[int]) -> dict:
+        prompt = Path(self._dir.name) / "prompt.txt"
+        prompt.write_text(text, encoding="utf-8")
+        cmd = [self.exe, "-m", self.target, "-md", self.draft, "--spec-type", "draft-dflash",
+               "--spec-draft-n-max", str(draft_max), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0",
+               "-f", str(prompt), "-n", str(osl), "-c", str(self.n_ctx),
+               "-b", str(self.n_ctx),  # its prompt must fit one batch
+               "-ub", "512", "-t", str(self.threads), "--temp", "0", "--top-k", "1", "--seed", "0",
+               "--ignore-eos", "-ngl", "0", "-ngld", "0"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                errors="replace")
+        assert proc.stdout is not None
+        out = proc.stdout.read()
+        proc.stdout.close()
+        # reap it ourselves: wait4 gives this child's own peak RSS
+        _, status, rusage = os.wait4(proc.pid, 0)
+        proc.returncode = rc = os.waitstatus_to_exitcode(status)
+        rss = rusage.ru_maxrss * 1024
+        if rc != 0:
+            raise RuntimeError(f"llama-speculative-simple failed ({rc}): {out.strip()[-800:]}")
+        m = parse_native_output(out)
+        m["rss_peak_bytes"] = rss
+        return m
+
+    def close(self) -> None:
+        self._dir.cleanup()
+
+
+def parse_native_output(out: str) -> dict:
+    """The figures llama-speculative-simple prints when it finishes."""
+    got = {k: p.search(out) for k, p in _NATIVE_PATTERNS.items()}
+    missing = [k for k, m in got.items() if m is None]
+    if missing:
+        raise RuntimeError(f"could not read {missing} from llama-speculative-simple's output: {out[-800:]}")
+    n = int(got["decoded"].group(1))
+    prefill_s = float(got["encoded"].group(2))
+    decode_s = float(got["decoded"].group(2))
+    n_accept = int(got["n_accept"].group(1))
+    steps = max(n - n_accept, 1)  # every target pass yields its accepted drafts + 1 token
+    return {"isl": int(got["encoded"].group(1)), "n_generated": n, "prefill_s": prefill_s, "decode_s": decode_s,
+            "ttft_s": prefill_s + decode_s / steps, "n_steps": steps, "n_drafted": int(got["n_drafted"].group(1)),
+            "n_accepted": n_accept}

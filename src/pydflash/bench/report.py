@@ -1,0 +1,156 @@
+"""Turn raw bench measurements into rows (medians, spread, ratios), a table,
+JSON, CSV and PNG charts."""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Optional
+
+TARGET_ONLY = "pydflash-target"
+DFLASH = "pydflash-dflash"
+NATIVE = "llama.cpp-dflash"
+LCP = "llama-cpp-python"
+
+COLUMNS = ["engine", "isl", "osl", "draft_max", "repeats", "decode_tok_s", "decode_tok_s_min", "decode_tok_s_max",
+           "prefill_tok_s", "ttft_ms", "itl_ms", "acceptance_rate", "tau", "speedup", "roofline_fraction",
+           "rss_peak_mib", "same_tokens_as_target"]
+
+
+def aggregate(measurements: list[dict], roofline: Optional[dict] = None) -> list[dict]:
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for m in measurements:
+        groups[(m["engine"], m["isl_requested"], m["osl"], m["draft_max"])].append(m)
+    rows = []
+    for (engine, isl, osl, dm), ms in groups.items():
+        tok_s = [m["n_generated"] / m["decode_s"] for m in ms if m["decode_s"] > 0]
+        drafted = sum(m["n_drafted"] for m in ms)
+        row = {
+            "engine": engine, "isl": isl, "osl": osl, "draft_max": dm, "repeats": len(ms),
+            "decode_tok_s": statistics.median(tok_s), "decode_tok_s_min": min(tok_s), "decode_tok_s_max": max(tok_s),
+            "prefill_tok_s": statistics.median(m["isl"] / m["prefill_s"] for m in ms if m["prefill_s"] > 0),
+            "ttft_ms": 1e3 * statistics.median(m["ttft_s"] for m in ms),
+            "itl_ms": 1e3 * statistics.median(m["decode_s"] / m["n_generated"] for m in ms),
+            "acceptance_rate": sum(m["n_accepted"] for m in ms) / drafted if drafted else None,
+            "tau": sum(m["n_generated"] for m in ms) / max(sum(m["n_steps"] for m in ms), 1),
+            "rss_peak_mib": max(m["rss_peak_bytes"] for m in ms) / 2**20,
+            "isl_measured": statistics.median(m["isl"] for m in ms),
+            "same_tokens_as_target": all(m.get("same_tokens_as_target", True) for m in ms)
+            if any("same_tokens_as_target" in m for m in ms) else None,
+        }
+        if engine in (TARGET_ONLY, DFLASH) and ms[0].get("memory"):
+            row["memory"] = ms[0]["memory"]
+        rows.append(row)
+    base = {(r["isl"], r["osl"]): r["decode_tok_s"] for r in rows if r["engine"] == TARGET_ONLY}
+    for r in rows:
+        b = base.get((r["isl"], r["osl"]))
+        r["speedup"] = r["decode_tok_s"] / b if b else None
+        r["roofline_fraction"] = None
+        if roofline and r["engine"] in roofline.get("limit_tok_s", {}).get(str(r["isl"]), {}):
+            limit = roofline["limit_tok_s"][str(r["isl"])][r["engine"]]
+            r["roofline_fraction"] = r["decode_tok_s"] / limit if limit else None
+    rows.sort(key=lambda r: (r["isl"], r["draft_max"] or 0, r["engine"]))
+    return rows
+
+
+def goals(rows: list[dict]) -> list[str]:
+    """The issue's three goals, as measured ratios."""
+    out = []
+    by = {(r["engine"], r["isl"], r["draft_max"]): r for r in rows}
+    pairs = [(r, by.get((NATIVE, r["isl"], r["draft_max"]))) for r in rows if r["engine"] == DFLASH]
+    pairs = [(p, n) for p, n in pairs if n]
+    if pairs:
+        ratios = [p["decode_tok_s"] / n["decode_tok_s"] for p, n in pairs]
+        detail = ", ".join(f"isl {p['isl']} dm {p['draft_max']}: {x:.3f}" for (p, _), x in zip(pairs, ratios))
+        out.append(f"pydflash DFlash / llama.cpp native DFlash decode tok/s: median {statistics.median(ratios):.3f}"
+                   f" (goal >= 0.97) [{detail}]")
+    lcp = [(r, by.get((TARGET_ONLY, r["isl"], 0))) for r in rows if r["engine"] == LCP]
+    lcp = [(x, t) for x, t in lcp if t]
+    if lcp:
+        ratios = [t["decode_tok_s"] / x["decode_tok_s"] for x, t in lcp]
+        out.append(f"pydflash target-only / llama-cpp-python decode tok/s: median {statistics.median(ratios):.3f}"
+                   f" (goal >= 1.0)")
+    best = max((r for r in rows if r["engine"] == DFLASH and r["speedup"]), key=lambda r: r["speedup"], default=None)
+    if best:
+        out.append(f"best pydflash DFlash speed-up over target-only: {best['speedup']:.2f}x at draft_max "
+                   f"{best['draft_max']}, isl {best['isl']} (goal >= 1.5x on the memory-bound target)")
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    """Rows as text; "same" says whether the greedy tokens equalled the target's own."""
+    head = (f"{'engine':18} {'isl':>6} {'osl':>6} {'dm':>3} {'decode t/s':>11} {'(min-max)':>15} {'prefill t/s':>11} "
+            f"{'ttft ms':>8} {'itl ms':>7} {'accept':>6} {'tau':>5} {'speedup':>7} {'roof':>5} {'rss MiB':>8} {'same':>4}")
+    lines = [head, "-" * len(head)]
+
+    def f(x, fmt):
+        return format(x, fmt) if x is not None else "-"
+
+    for r in rows:
+        lines.append(f"{r['engine']:18} {r['isl']:6d} {r['osl']:6d} {r['draft_max'] or 0:3d} "
+                     f"{r['decode_tok_s']:11.1f} {r['decode_tok_s_min']:7.1f}-{r['decode_tok_s_max']:<7.1f} "
+                     f"{r['prefill_tok_s']:11.1f} {r['ttft_ms']:8.1f} {r['itl_ms']:7.2f} "
+                     f"{f(r['acceptance_rate'], '6.3f'):>6} {r['tau']:5.2f} {f(r['speedup'], '6.2f'):>6}x "
+                     f"{f(r['roofline_fraction'], '5.2f'):>5} {r['rss_peak_mib']:8.0f} "
+                     f"{ {True: 'yes', False: 'NO', None: '-'}[r['same_tokens_as_target']]:>4}")
+    return "\n".join(lines)
+
+
+def write_json(path: Path, meta: dict, rows: list[dict]) -> None:
+    path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+
+
+def write_charts(directory: Path, rows: list[dict], ctx_draft_max: int) -> list[Path]:
+    """speedup_vs_context.png and tok_s_vs_draft_max.png; needs matplotlib."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    for engine in (DFLASH, NATIVE):
+        pts = sorted((r["isl"], r["speedup"]) for r in rows
+                     if r["engine"] == engine and r["draft_max"] == ctx_draft_max and r["speedup"])
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=engine)
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("context (ISL = OSL, tokens)")
+    ax.set_ylabel("decode speed-up over target-only")
+    ax.set_title(f"DFlash speed-up vs context (draft_max {ctx_draft_max})")
+    ax.legend()
+    fig.tight_layout()
+    p = directory / "speedup_vs_context.png"
+    fig.savefig(p, dpi=120)
+    plt.close(fig)
+    written.append(p)
+
+    isl0 = min(r["isl"] for r in rows)
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    for engine in (DFLASH, NATIVE):
+        pts = sorted((r["draft_max"], r["decode_tok_s"]) for r in rows if r["engine"] == engine and r["isl"] == isl0)
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=engine)
+    base = [r["decode_tok_s"] for r in rows if r["engine"] == TARGET_ONLY and r["isl"] == isl0]
+    if base:
+        ax.axhline(base[0], color="grey", ls="--", label="target only")
+    ax.set_xlabel("draft_max")
+    ax.set_ylabel("decode tokens/s")
+    ax.set_title(f"decode tok/s vs draft_max (ISL = {isl0})")
+    ax.legend()
+    fig.tight_layout()
+    p = directory / "tok_s_vs_draft_max.png"
+    fig.savefig(p, dpi=120)
+    plt.close(fig)
+    written.append(p)
+    return written

@@ -1,0 +1,213 @@
+"""The benchmark run: engines side by side, alternating run by run, with
+the published DFlash methodology (greedy, concurrency 1, fixed seed, EOS
+ignored so every request generates exactly OSL tokens, ISL = OSL sweep, a
+draft_max sweep, warm-up, repeats, medians)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+from . import report
+from .engines import EngineUnavailable, NativeEngine, WorkerEngine, find_native
+from .roofline import bytes_per_pass, measure_bandwidth
+from .workload import heldout_stdlib_text, make_prompts
+
+ENGINES = (report.TARGET_ONLY, report.DFLASH, report.NATIVE, report.LCP)
+DRAFT_MAX_SWEEP = (1, 2, 4, 8, 12, 15)
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+    target: Optional[str] = None          # None: the embedded trained pair
+    draft: Optional[str] = None
+    pad_ffn: Optional[int] = None         # FFN width of a memory-bound copy of the target (0: as is;
+                                          # None: 16384 for the embedded pair, 0 for given models)
+    isl: tuple[int, ...] = (128, 512, 2048)
+    osl: Optional[tuple[int, ...]] = None  # None: OSL = ISL
+    draft_max: Optional[tuple[int, ...]] = None  # None: DRAFT_MAX_SWEEP as the block allows
+    ctx_draft_max: Optional[int] = None   # draft_max of the context sweep (None: block_size - 1)
+    repeats: int = 3
+    warmup: int = 1
+    engines: tuple[str, ...] = ENGINES
+    native: Optional[str] = None          # llama-speculative-simple (None: look for it)
+    threads: int = 0                      # 0: all cores
+    bandwidth: bool = True                # measure memory bandwidth for the roofline
+
+    @staticmethod
+    def quick(**changes) -> "BenchConfig":
+        """Under 5 minutes on 2 cores."""
+        return dataclasses.replace(BenchConfig(isl=(64, 256), repeats=2), **changes)
+
+    def validate(self) -> None:
+        if not self.isl or min(self.isl) < 2:
+            raise ValueError("isl: give context lengths >= 2")
+        if self.osl is not None and len(self.osl) != len(self.isl):
+            raise ValueError("osl: give one per isl (or none for OSL = ISL)")
+        if self.repeats < 1 or self.warmup < 0:
+            raise ValueError("repeats must be >= 1 and warmup >= 0")
+        unknown = set(self.engines) - set(ENGINES)
+        if unknown:
+            raise ValueError(f"unknown engines {sorted(unknown)}; choose from {list(ENGINES)}")
+        if (self.target is None) != (self.draft is None):
+            raise ValueError("give both target and draft, or neither (the embedded pair)")
+
+
+def run(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict:
+    """Run the benchmark; returns {"meta", "rows", "goals", "skipped"}."""
+    cfg.validate()
+    threads = cfg.threads or os.cpu_count() or 1
+    with tempfile.TemporaryDirectory(prefix="pydflash-bench-") as td:
+        target, draft, source = _models(cfg, Path(td), log)
+        osls = cfg.osl or cfg.isl
+        n_ctx = _round_up(max(i + o for i, o in zip(cfg.isl, osls)) + 64, 256)
+        engines, skipped = _start(cfg, target, draft, n_ctx, threads, log)
+        try:
+            max_draft = next((e.info["max_draft"] for e in engines if e.name == report.DFLASH), None)
+            if max_draft is None:
+                from .. import Llama
+                with Llama(target, draft=draft, n_ctx=256) as probe:
+                    max_draft = probe.pair.max_draft
+            ctx_dm = cfg.ctx_draft_max or max_draft
+            sweep = sorted({d for d in (cfg.draft_max or DRAFT_MAX_SWEEP) if d <= max_draft} | {ctx_dm})
+            plan = _plan(cfg.isl, osls, ctx_dm, sweep)
+            prompts = _prompts(source, cfg, max(cfg.repeats, 1))
+            measurements = _measure(engines, plan, prompts, cfg, log)
+        finally:
+            for e in engines:
+                e.close()
+        roofline = None
+        if cfg.bandwidth:
+            roofline = _roofline(engines, cfg, osls, n_ctx, threads, log)
+        rows = report.aggregate(measurements, roofline)
+        meta = {
+            "command_config": dataclasses.asdict(cfg), "models": {"target": source["target_desc"],
+                                                                 "draft": source["draft_desc"]},
+            "n_ctx": n_ctx, "threads": threads, "machine": _machine(), "ctx_draft_max": ctx_dm,
+            "draft_max_sweep": sweep, "roofline": roofline, "engines": {e.name: e.info for e in engines},
+            "skipped": skipped, "time": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        }
+        return {"meta": meta, "rows": rows, "goals": report.goals(rows)}
+
+
+def _round_up(n: int, k: int) -> int:
+    return (n + k - 1) // k * k
+
+
+def _models(cfg: BenchConfig, workdir: Path, log) -> tuple[str, str, dict]:
+    from .. import embedded_pair
+
+    if cfg.target is None:
+        t, d = embedded_pair()
+        desc = "embedded pair (stdlib-code qwen3 target + DFlash drafter)"
+    else:
+        t, d = cfg.target, cfg.draft
+        desc = str(t)
+    target = str(t)
+    pad = cfg.pad_ffn if cfg.pad_ffn is not None else (16384 if cfg.target is None else 0)
+    if pad:
+        from ..padding import pad_ffn
+        target = str(pad_ffn(t, workdir / "target-padded.gguf", pad))
+        desc += f", FFN zero-padded to {pad} (memory-bound copy, identical outputs)"
+        log(f"target: {desc} ({Path(target).stat().st_size / 2**20:.0f} MiB)")
+    return target, str(d), {"tokenizer_model": str(t), "target_desc": desc, "draft_desc": str(d)}
+
+
+def _start(cfg, target, draft, n_ctx, threads, log):
+    engines, skipped = [], {}
+    for name in cfg.engines:
+        try:
+            if name == report.TARGET_ONLY:
+                e = WorkerEngine(name, "pydflash", target, None, n_ctx, threads, n_batch=n_ctx)
+            elif name == report.DFLASH:
+                e = WorkerEngine(name, "pydflash", target, draft, n_ctx, threads, n_batch=n_ctx)
+            elif name == report.NATIVE:
+                e = NativeEngine(find_native(cfg.native), target, draft, n_ctx, threads)
+            else:
+                e = WorkerEngine(name, "llama-cpp-python", target, None, n_ctx, threads, n_batch=n_ctx)
+            engines.append(e)
+        except EngineUnavailable as ex:
+            skipped[name] = str(ex)
+            log(f"skipping {name}: {ex}")
+    if not any(e.name == report.TARGET_ONLY for e in engines):
+        raise RuntimeError("the target-only engine is the baseline of every ratio and could not start")
+    return engines, skipped
+
+
+def _plan(isls, osls, ctx_dm, sweep) -> list[tuple[int, int, int, bool]]:
+    """(isl, osl, draft_max, with_target_only) configurations in run order."""
+    plan = [(i, o, ctx_dm, True) for i, o in zip(isls, osls)]
+    plan += [(isls[0], osls[0], d, False) for d in sweep if d != ctx_dm]
+    return plan
+
+
+def _prompts(source: dict, cfg: BenchConfig, count: int) -> dict[int, list[str]]:
+    from .. import Llama
+
+    corpus = heldout_stdlib_text()
+    with Llama(source["tokenizer_model"], n_ctx=64) as tok:
+        return {isl: make_prompts(tok.tokenize, tok.detokenize, isl, count, corpus) for isl in cfg.isl}
+
+
+def _measure(engines, plan, prompts, cfg, log) -> list[dict]:
+    out: list[dict] = []
+    warm_isl = min(cfg.isl)
+    for e in engines:
+        for _ in range(cfg.warmup):
+            e.run(prompts[warm_isl][0], 16, plan[0][2] if e.uses_draft else 0)
+    total = sum(cfg.repeats * len([e for e in engines if e.uses_draft or with_t]) for *_, with_t in plan)
+    done = 0
+    for r in range(cfg.repeats):
+        for isl, osl, dm, with_target in plan:
+            active = [e for e in engines if e.uses_draft or with_target]
+            k = r % len(active)
+            for e in active[k:] + active[:k]:  # rotate the order run by run
+                m = e.run(prompts[isl][r], osl, dm if e.uses_draft else 0)
+                m.update(engine=e.name, isl_requested=isl, osl=osl, draft_max=dm if e.uses_draft else 0, repeat=r)
+                if "memory" in e.info:
+                    m["memory"] = e.info["memory"]
+                out.append(m)
+                done += 1
+                log(f"[{done}/{total}] {e.name:18} isl {isl:5d} osl {osl:5d} dm {m['draft_max']:2d}: "
+                    f"{m['n_generated'] / max(m['decode_s'], 1e-9):8.1f} tok/s")
+    # losslessness inside the bench: greedy tokens equal the target's own on the same prompt
+    reference = {(m["isl_requested"], m["osl"], m["repeat"]): m["tokens_head"]
+                 for m in out if m["engine"] == report.TARGET_ONLY}
+    for m in out:
+        ref = reference.get((m["isl_requested"], m["osl"], m["repeat"]))
+        if m["engine"] != report.TARGET_ONLY and m.get("tokens_head") is not None and ref is not None:
+            m["same_tokens_as_target"] = m["tokens_head"] == ref
+    return out
+
+
+def _roofline(engines, cfg, osls, n_ctx, threads, log) -> Optional[dict]:
+    mem = next((e.info.get("memory") for e in engines if e.name == report.TARGET_ONLY), None)
+    if not mem:
+        return None
+    bw = measure_bandwidth(threads)
+    log(f"memory bandwidth (copy, {threads} threads): {bw / 1e9:.1f} GB/s")
+    limits: dict[str, dict[str, float]] = {}
+    for isl, osl in zip(cfg.isl, osls):
+        per_pass = bytes_per_pass(mem, n_ctx, isl + osl / 2)
+        limits[str(isl)] = {report.TARGET_ONLY: bw / per_pass, report.LCP: bw / per_pass}
+    return {"bandwidth_bytes_per_s": bw, "target_weight_bytes": sum(r["model"] for r in mem["rows"]
+                                                                  if r["role"] == "target"),
+            "limit_tok_s": limits,
+            "note": "limit = copy bandwidth / (target weights + KV cache read per pass); target-only engines"}
+
+
+def _machine() -> dict:
+    info = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return info

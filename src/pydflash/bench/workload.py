@@ -1,0 +1,53 @@
+"""Prompts for the benchmark: text of exactly ISL tokens, cut from Python
+standard-library files that the embedded pair did not train on (the same
+file split as its training: a stable hash of the path puts 5% of the files in
+the held-out set)."""
+
+from __future__ import annotations
+
+import hashlib
+import sysconfig
+from pathlib import Path
+from typing import Callable
+
+SKIP_PARTS = {"site-packages", "test", "tests", "idle_test", "lib2to3", "__pycache__"}
+
+
+def heldout_stdlib_text(percent: int = 5) -> str:
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    parts = []
+    for p in sorted(lib.rglob("*.py"), key=lambda p: str(p.relative_to(lib))):
+        rel = p.relative_to(lib)
+        if SKIP_PARTS.intersection(rel.parts):
+            continue
+        if hashlib.sha256(str(rel).encode()).digest()[0] * 100 // 256 < percent:
+            parts.append(p.read_text(encoding="utf-8", errors="replace"))
+    if not parts:
+        raise RuntimeError(f"no standard-library source found under {lib}")
+    return "\n\n".join(parts)
+
+
+def make_prompts(tokenize: Callable[[str], list[int]], detokenize: Callable[[list[int]], str],
+                 isl: int, count: int, corpus: str) -> list[str]:
+    """``count`` different prompts whose text tokenizes to ``isl`` tokens
+    (BOS included where the vocabulary adds one)."""
+    ids = tokenize(corpus)
+    bos = len(tokenize("")) if isl > 1 else 0  # tokens tokenize() adds by itself
+    body = isl - bos
+    if len(ids) < body * count:
+        reps = body * count // max(len(ids), 1) + 1
+        ids = ids * reps  # a very long ISL: the corpus repeats
+    prompts = []
+    stride = max(body, (len(ids) - body) // max(count, 1))
+    for i in range(count):
+        start = i * stride
+        window = ids[start:start + body]
+        text = detokenize(window)
+        # a cut can change how the edges tokenize: trim until it is exactly isl
+        n = len(tokenize(text))
+        while n > isl and window:
+            window = window[:-1]
+            text = detokenize(window)
+            n = len(tokenize(text))
+        prompts.append(text)
+    return prompts

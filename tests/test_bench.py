@@ -1,0 +1,90 @@
+"""`pydflash bench` end to end on the embedded pair, kept tiny: the numbers are
+not checked here (benchmarks report, tests do not time), the machinery is:
+rows, ratios, the in-bench losslessness check, prompts of exactly ISL tokens,
+the output files, and the parser of llama.cpp's native output."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from pydflash import Llama, embedded_pair
+from pydflash.bench import BenchConfig, report, run
+from pydflash.bench.engines import parse_native_output
+from pydflash.bench.workload import heldout_stdlib_text, make_prompts
+from pydflash.cli import main as cli
+
+REQUIRED = {"engine", "isl", "osl", "draft_max", "decode_tok_s", "prefill_tok_s", "tau", "acceptance_rate",
+            "speedup", "ttft_ms", "itl_ms", "rss_peak_mib"}
+
+
+@pytest.fixture(scope="module")
+def result():
+    cfg = BenchConfig(isl=(24, 40), repeats=2, warmup=0, draft_max=(1, 3), pad_ffn=0, bandwidth=False,
+                      engines=(report.TARGET_ONLY, report.DFLASH), threads=2)
+    return run(cfg, log=lambda _: None)
+
+
+def test_rows_cover_both_sweeps(result):
+    rows = result["rows"]
+    assert all(REQUIRED <= set(r) for r in rows)
+    keys = {(r["engine"], r["isl"], r["draft_max"]) for r in rows}
+    assert keys == {(report.TARGET_ONLY, 24, 0), (report.TARGET_ONLY, 40, 0),
+                    (report.DFLASH, 24, 7), (report.DFLASH, 40, 7),     # context sweep at block_size - 1
+                    (report.DFLASH, 24, 1), (report.DFLASH, 24, 3)}     # draft_max sweep at the smallest ISL
+    for r in rows:
+        assert r["repeats"] == 2 and r["isl_measured"] == r["isl"]
+        assert r["decode_tok_s_min"] <= r["decode_tok_s"] <= r["decode_tok_s_max"]
+        if r["engine"] == report.TARGET_ONLY:
+            assert r["speedup"] == 1.0 and r["tau"] == 1.0 and r["acceptance_rate"] is None
+        else:
+            assert 1.0 <= r["tau"] <= r["draft_max"] + 1
+            assert 0.0 <= r["acceptance_rate"] <= 1.0
+            assert r["same_tokens_as_target"] is True
+            assert r["memory"]["drafter_bytes"] > 0
+    assert result["meta"]["skipped"] == {}
+    assert any("speed-up over target-only" in g for g in result["goals"])
+
+
+def test_prompts_have_exactly_isl_tokens():
+    t, _ = embedded_pair()
+    corpus = heldout_stdlib_text()
+    with Llama(t, n_ctx=64) as tok:
+        for isl in (2, 17, 300):
+            prompts = make_prompts(tok.tokenize, tok.detokenize, isl, 3, corpus)
+            assert len(set(prompts)) == 3
+            assert [len(tok.tokenize(p)) for p in prompts] == [isl] * 3
+
+
+def test_cli_writes_json_csv(tmp_path, capsys):
+    j, c = tmp_path / "b.json", tmp_path / "b.csv"
+    rc = cli(["bench", "--isl", "16", "--repeats", "1", "--warmup", "0", "--draft-max", "2", "--pad-ffn", "0",
+              "--engines", "pydflash-target,pydflash-dflash", "--no-bandwidth", "--json", str(j), "--csv", str(c)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "pydflash-dflash" in out and "speed-up" in out
+    data = json.loads(j.read_text())
+    assert {r["engine"] for r in data["rows"]} == {"pydflash-target", "pydflash-dflash"}
+    assert data["meta"]["goals"]
+    with c.open() as f:
+        assert len(list(csv.DictReader(f))) == len(data["rows"])
+
+
+def test_bad_bench_arguments(capsys):
+    assert cli(["bench", "--engines", "nonsense"]) == 2
+    assert "unknown engines" in capsys.readouterr().err
+    assert cli(["bench", "-m", "only-target.gguf"]) == 2
+
+
+def test_native_output_parser():
+    # the lines llama-speculative-simple prints at the end (examples/speculative-simple)
+    text = ("encoded   64 tokens in    0.210 seconds, speed:  304.762 t/s\n"
+            "decoded   66 tokens in    1.500 seconds, speed:   44.000 t/s\n\n"
+            "n_draft   = 7\nn_predict = 66\nn_drafted = 140\nn_accept  = 46\naccept    = 32.857%\n")
+    m = parse_native_output(text)
+    assert (m["isl"], m["n_generated"], m["n_drafted"], m["n_accepted"], m["n_steps"]) == (64, 66, 140, 46, 20)
+    assert m["decode_s"] == pytest.approx(1.5) and m["prefill_s"] == pytest.approx(0.21)
+    with pytest.raises(RuntimeError, match="could not read"):
+        parse_native_output("decoded 3 tokens")

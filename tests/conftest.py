@@ -51,10 +51,12 @@ def dflash_b8(model_dir: Path, target_path: Path):
         yield llm
 
 
-# Hybrid targets (tests/test_hybrid*.py): a qwen35 target (Qwen3.5/3.6 layout)
-# with multi-section-RoPE drafters, and a qwen3next target (checkpoint rollback).
+# Hybrid targets (tests/test_hybrid*.py): qwen35 (the Qwen3.5/3.6 layout) and
+# qwen35moe targets with multi-section-RoPE drafters, and a qwen3next target
+# (checkpoint rollback).
 HYBRID_TARGETS = {
     "qwen35": testing.HybridSpec(),
+    "qwen35moe": testing.HybridSpec(architecture="qwen35moe", seed=9),
     "qwen3next": testing.HybridSpec(architecture="qwen3next", seed=5),
 }
 SECTIONS = HYBRID_TARGETS["qwen35"].rope_sections
@@ -75,6 +77,7 @@ def hybrid_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # the same weights without rope sections (plain NeoX RoPE)
     testing.write_drafter(d / "qwen35-drafter-b8-nosections.gguf", HYBRID_TARGETS["qwen35"],
                           dataclasses.replace(HYBRID_DRAFTERS["b8"], rope_sections=None))
+    testing.write_drafter(d / "qwen35moe-drafter-b8.gguf", HYBRID_TARGETS["qwen35moe"], HYBRID_DRAFTERS["b8"])
     testing.write_drafter(d / "qwen3next-drafter-b8.gguf", HYBRID_TARGETS["qwen3next"],
                           dataclasses.replace(HYBRID_DRAFTERS["b8"], rope_sections=None))
     return d

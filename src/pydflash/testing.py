@@ -5,8 +5,9 @@
 ``gguf`` package (``pip install pydflash[test]``). Shapes are controllable,
 and ``broken`` variants produce the malformed drafters the load checks must
 refuse. ``write_hybrid_target`` writes a Gated-DeltaNet hybrid target
-(``qwen35``, the Qwen3.5/3.6 layout, or ``qwen3next``), and ``write_hybrid_pair``
-adds a drafter with multi-section RoPE as Qwen3.5/3.6 drafters have.
+(``qwen35``, the Qwen3.5/3.6 layout, ``qwen35moe`` or ``qwen3next``), and
+``write_hybrid_pair`` adds a drafter with multi-section RoPE as Qwen3.5/3.6
+drafters have.
 
 Random tiny models have near-tied logits; the output head here gives a small
 set of "hot" tokens large weights, so the greedy argmax is decided by a clear
@@ -129,16 +130,16 @@ class HybridSpec(TargetSpec):
     """A Gated-DeltaNet hybrid target: every ``full_attention_interval``-th
     layer is full attention, the others recurrent (as in Qwen3.5/3.6)."""
 
-    architecture: str = "qwen35"         # or "qwen3next" (MoE FFNs, no partial rollback in llama.cpp)
+    architecture: str = "qwen35"         # or "qwen35moe" (MoE FFNs), "qwen3next" (MoE, no partial rollback)
     full_attention_interval: int = 4
-    rope_sections: tuple[int, int, int, int] = (3, 3, 2, 0)  # qwen35: rope pairs per section (sum = head_dim / 2)
+    rope_sections: tuple[int, int, int, int] = (3, 3, 2, 0)  # qwen35*: rope pairs per section (sum <= head_dim / 2)
     ssm_d_state: int = 16                # head size of the recurrent layers (keys and values)
     ssm_n_group: int = 2                 # key heads
     ssm_dt_rank: int = 4                 # value heads
     ssm_d_conv: int = 4
     ssm_out_scale: float = 3.0           # how strongly the recurrent layers move the residual stream
     ssm_decay: float = 0.05              # -A: small means a long memory
-    n_expert: int = 4                    # qwen3next only
+    n_expert: int = 4                    # MoE architectures only
     n_expert_used: int = 2
 
 
@@ -317,6 +318,9 @@ def _ffn(rng, i: int, n_embd: int, n_ff: int, prefix: str = "ffn", suffix: str =
     }
 
 
+_MOE = ("qwen35moe", "qwen3next")
+
+
 def _hybrid_layer(rng, i: int, s: HybridSpec) -> dict[str, np.ndarray]:
     # numpy shapes are (out, in): the reverse of llama.cpp's {ne0, ne1}
     e = s.n_embd
@@ -351,7 +355,7 @@ def _hybrid_layer(rng, i: int, s: HybridSpec) -> dict[str, np.ndarray]:
         else:
             t[f"blk.{i}.ssm_beta.weight"] = _rng_tensor(rng, (s.ssm_dt_rank, e), sc)
             t[f"blk.{i}.ssm_alpha.weight"] = _rng_tensor(rng, (s.ssm_dt_rank, e), sc)
-    if s.architecture == "qwen3next":
+    if s.architecture in _MOE:
         n_ff_exp = s.n_ff // s.n_expert_used
         t[f"blk.{i}.ffn_gate_inp.weight"] = _rng_tensor(rng, (s.n_expert, e), sc)
         t[f"blk.{i}.ffn_gate_exps.weight"] = _rng_tensor(rng, (s.n_expert, n_ff_exp, e), sc)
@@ -366,12 +370,13 @@ def _hybrid_layer(rng, i: int, s: HybridSpec) -> dict[str, np.ndarray]:
 
 def write_hybrid_target(path: str | Path, spec: HybridSpec = HybridSpec()) -> Path:
     """Write a tiny random Gated-DeltaNet hybrid target: ``qwen35`` (the
-    Qwen3.5/3.6 layout: IMRoPE, partial rollback in llama.cpp) or
-    ``qwen3next`` (MoE FFNs; llama.cpp has no partial rollback for it)."""
+    Qwen3.5/3.6 layout: IMRoPE, partial rollback in llama.cpp), ``qwen35moe``
+    (the same with MoE FFNs) or ``qwen3next`` (MoE FFNs; llama.cpp has no
+    partial rollback for it)."""
     s = spec
-    if s.architecture not in ("qwen35", "qwen3next"):
-        raise ValueError(f"architecture must be 'qwen35' or 'qwen3next', got {s.architecture!r}")
-    if s.architecture == "qwen35" and sum(s.rope_sections) * 2 > s.head_dim:
+    if s.architecture not in ("qwen35", "qwen35moe", "qwen3next"):
+        raise ValueError(f"architecture must be 'qwen35', 'qwen35moe' or 'qwen3next', got {s.architecture!r}")
+    if s.architecture != "qwen3next" and sum(s.rope_sections) * 2 > s.head_dim:
         raise ValueError("rope_sections count rope pairs: their sum must be <= head_dim / 2")
     rng = np.random.default_rng(s.seed)
     tok = tokenizer(s.n_vocab)
@@ -390,9 +395,9 @@ def write_hybrid_target(path: str | Path, spec: HybridSpec = HybridSpec()) -> Pa
         w.add_uint32(f"{a}.ssm.group_count", s.ssm_n_group)
         w.add_uint32(f"{a}.ssm.time_step_rank", s.ssm_dt_rank)
         w.add_uint32(f"{a}.ssm.inner_size", s.ssm_d_state * s.ssm_dt_rank)
-        if a == "qwen35":
+        if a != "qwen3next":
             w.add_array(f"{a}.rope.dimension_sections", [int(x) for x in s.rope_sections])
-        else:
+        if a in _MOE:
             w.add_uint32(f"{a}.expert_count", s.n_expert)
             w.add_uint32(f"{a}.expert_used_count", s.n_expert_used)
             w.add_uint32(f"{a}.expert_feed_forward_length", s.n_ff // s.n_expert_used)
@@ -442,7 +447,7 @@ def write_hybrid_pair(directory: str | Path, target: HybridSpec = HybridSpec(),
     """Write a hybrid target and a matching drafter (by default one with the
     target's multi-section RoPE layout, as Qwen3.5/3.6 drafters carry)."""
     if drafter is None:
-        sections = target.rope_sections if target.architecture == "qwen35" else None
+        sections = None if target.architecture == "qwen3next" else target.rope_sections
         drafter = DrafterSpec(target_layers=(1, target.n_layer - 1), rope_sections=sections)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

@@ -242,6 +242,20 @@ def test_rope_sections_drafter_drafts_like_neox(hybrid_models, reference):
     assert drafts[0] == drafts[1]
 
 
+def test_checkpoint_replay_feeds_the_drafter_the_same_features(pairs, reference):
+    """After a restored checkpoint the drafter is fed the replay pass's
+    features, after a plane rollback the verification pass's: both are the
+    target's features of the same tokens, so both draft the same blocks (a
+    wrong injection would change the drafts, not the lossless output)."""
+    _, planes = pairs("qwen35-b8")
+    _, ckpt = pairs("qwen35-b8-checkpoint")
+    for prompt in TEXT_PROMPTS[:6]:
+        a = planes.generate(prompt, max_tokens=64, ignore_eos=True)
+        b = ckpt.generate(prompt, max_tokens=64, ignore_eos=True)
+        assert a.tokens == b.tokens == reference("qwen35", prompt)[:64]
+        assert [list(s.drafted) for s in a.stats.steps] == [list(s.drafted) for s in b.stats.steps]
+
+
 @pytest.mark.parametrize("arch,kind", [("qwen35", "recurrent-planes"), ("qwen35moe", "recurrent-planes"),
                                        ("qwen3next", "checkpoint")])
 def test_info_names_the_rollback(hybrid_models, capsys, arch, kind):

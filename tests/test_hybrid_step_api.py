@@ -107,6 +107,26 @@ def test_drafts_longer_than_the_planes(case):
         assert continue_greedy(pair, list(step.tokens), 70) == ref[:70]
 
 
+def test_long_draft_after_a_pending_plane_rollback(case):
+    # a partial rejection leaves a plane rollback pending; the next step's
+    # checkpoint must save the rolled-back state, not the newest plane
+    llm, ref = case
+    pair = llm.pair
+    k = pair.max_draft
+    for cut in (0, k // 2):
+        pair.prefill(llm.tokenize(PROMPT))
+        draft = list(ref[:k])
+        draft[cut] = corrupt(draft[cut], llm.n_vocab)
+        out = list(pair.step(draft=draft).tokens)
+        assert out == ref[: cut + 1]
+        long = list(ref[len(out): len(out) + k + 6])
+        long[k + 2] = corrupt(long[k + 2], llm.n_vocab)
+        step = pair.step(draft=long)
+        assert step.n_accepted == k + 2
+        out += step.tokens
+        assert continue_greedy(pair, out, 70) == ref[:70]
+
+
 def test_state_after_steps(case):
     llm, ref = case
     pair = llm.pair

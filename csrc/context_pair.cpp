@@ -76,13 +76,9 @@ ContextPair::ContextPair(std::shared_ptr<Model> target, std::shared_ptr<Model> d
         draft_max_ = 0;
     }
 
+    check_rollback_request(params_.rollback);
     ensure_backend();
-    take_thread_errors();
-    llama_context_params cp = context_params(params_);
-    ctx_tgt_.reset(llama_init_from_model(target_->get(), cp));
-    if (!ctx_tgt_) {
-        throw ModelLoadError(target_->path() + ": failed to create the target context: " + take_thread_errors());
-    }
+    create_target_context();
     if (drafter_) {
         // features of these target layers are read after every target decode;
         // must be on before the first decode (it forces a scheduler reserve)
@@ -108,6 +104,54 @@ ContextPair::ContextPair(std::shared_ptr<Model> target, std::shared_ptr<Model> d
 }
 
 ContextPair::~ContextPair() = default;
+
+void ContextPair::create_target_context() {
+    const std::string& want = params_.rollback;
+    const std::string arch = "target architecture '" + target_->architecture() + "'";
+    const bool recurrent = has_recurrent_state(*target_);
+    if (!recurrent && want != "auto" && want != "kv-trim") {
+        throw InvalidArgument(arch + " has no recurrent state: its rollback is 'kv-trim', not '" + want + "'");
+    }
+    if (recurrent && want == "kv-trim") {
+        throw DraftCompatibilityError(arch + " keeps a recurrent state, which trimming the KV cache cannot roll "
+                                      "back; use rollback 'auto'");
+    }
+    if (want == "recurrent-planes" && !drafter_) {
+        throw InvalidArgument("rollback 'recurrent-planes' is sized by a drafter's block; this pair has none");
+    }
+    // State planes for every draft length up to the block (draft_max may change
+    // between calls); llama.cpp clamps the request to 0 where the architecture
+    // has no partial rollback.
+    const bool planes = recurrent && drafter_ && (want == "auto" || want == "recurrent-planes");
+    llama_context_params cp = context_params(params_);
+    cp.n_rs_seq = planes ? static_cast<uint32_t>(spec_.max_draft()) : 0;
+    take_thread_errors();
+    ctx_tgt_.reset(llama_init_from_model(target_->get(), cp));
+    if (!ctx_tgt_) {
+        throw ModelLoadError(target_->path() + ": failed to create the target context: " + take_thread_errors());
+    }
+    n_rs_seq_ = llama_n_rs_seq(ctx_tgt_.get());
+    if (!recurrent) {
+        rollback_ = RollbackKind::KvTrim;
+    } else if (planes && n_rs_seq_ >= cp.n_rs_seq) {
+        rollback_ = RollbackKind::RecurrentPlanes;
+    } else if (want == "recurrent-planes") {
+        ctx_tgt_.reset();
+        throw DraftCompatibilityError(arch + " has no partial recurrent-state rollback in llama.cpp (n_rs_seq " +
+                                      std::to_string(cp.n_rs_seq) + " was clamped to " +
+                                      std::to_string(n_rs_seq_) + "); use rollback 'auto' or 'checkpoint'");
+    } else {
+        // save the recurrent state before each verification, restore + replay
+        n_rs_seq_ = 0;
+        rollback_ = RollbackKind::Checkpoint;
+        if (llama_get_memory(ctx_tgt_.get()) == nullptr ||
+            llama_state_seq_get_size_ext(ctx_tgt_.get(), 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) == 0) {
+            ctx_tgt_.reset();
+            throw DraftCompatibilityError(arch + " keeps a recurrent state that llama.cpp can neither roll back "
+                                          "partially nor save and restore; rejected draft tokens cannot be removed");
+        }
+    }
+}
 
 void ContextPair::require_open() const {
     if (!ctx_tgt_) throw Error("this context pair is closed");
@@ -181,6 +225,41 @@ bool ContextPair::abort_callback(void* data) {
         return true;
     }
     return false;
+}
+
+void ContextPair::fail_rollback(const std::string& what) {
+    clear_memory();
+    std::string msg = what;
+    const std::string logged = take_thread_errors();
+    if (!logged.empty()) msg += ": " + logged;
+    throw RollbackError(msg + "; the context was reset, call prefill() again");
+}
+
+void ContextPair::roll_back_target(const std::vector<llama_token>& batch, int32_t n_keep, bool checkpointed) {
+    const auto n_batch = static_cast<int32_t>(batch.size());
+    if (n_keep >= n_batch) return;  // everything accepted: nothing to remove
+    llama_memory_t mem = llama_get_memory(ctx_tgt_.get());
+    if (!checkpointed) {
+        // KV trim; with state planes llama.cpp also selects the plane n_batch - n_keep
+        // tokens back, and refuses (false) when that is beyond n_rs_seq
+        if (!llama_memory_seq_rm(mem, 0, n_past_ + n_keep, -1)) {
+            fail_rollback("llama.cpp refused to remove " + std::to_string(n_batch - n_keep) +
+                          " rejected tokens from the target's memory (" + rollback_name(rollback_) +
+                          ", n_rs_seq " + std::to_string(n_rs_seq_) + ")");
+        }
+        return;
+    }
+    try {
+        checkpoint_.restore(ctx_tgt_.get());
+    } catch (const RollbackError& e) {
+        fail_rollback(e.what());
+    }
+    // the state is back before the verified batch; drop its K/V, then replay
+    // the kept tokens (their features come from this pass too)
+    if (!llama_memory_seq_rm(mem, 0, n_past_, -1)) {
+        fail_rollback("llama.cpp refused to remove the verified tokens after restoring the checkpoint");
+    }
+    decode_target(batch.data(), n_keep, n_past_, false);
 }
 
 void ContextPair::fail_decode(const std::string& what, int32_t rc) {
@@ -457,12 +536,25 @@ StepResult ContextPair::step(const DraftControl& control,
     }
     const auto k = static_cast<int32_t>(draft.size());
 
+    // a recurrent state rolls back at most n_rs_seq tokens through its planes;
+    // a longer draft (or no planes at all) needs a checkpoint
+    const bool checkpointed = rollback_ != RollbackKind::KvTrim && k > static_cast<int32_t>(n_rs_seq_);
+    auto t0 = Clock::now();
+    if (checkpointed) {
+        try {
+            checkpoint_.save(ctx_tgt_.get());
+        } catch (const RollbackError& e) {
+            fail_rollback(e.what());
+        }
+    }
+    r.t_rollback_ms = ms_since(t0);
+
     // verify [pending, d1..dk] in one target pass, every row with logits
     std::vector<llama_token> batch;
     batch.reserve(static_cast<size_t>(k) + 1);
     batch.push_back(*pending_);
     batch.insert(batch.end(), draft.begin(), draft.end());
-    auto t0 = Clock::now();
+    t0 = Clock::now();
     decode_target(batch.data(), k + 1, n_past_, true);
     r.t_verify_ms = ms_since(t0);
 
@@ -471,18 +563,19 @@ StepResult ContextPair::step(const DraftControl& control,
     r.tokens = accept(draft, q, external.has_value(), n_acc);
     r.t_sample_ms = ms_since(t0);
 
-    // roll back the rejected tail; inject only the kept rows (features are
-    // per-position, so this equals injecting all rows and trimming)
+    // roll back the rejected tail, then inject the kept rows of the last target
+    // pass (the verification, or the replay after a restored checkpoint);
+    // features are per position, so this equals injecting all rows and trimming
     const int32_t n_keep = 1 + n_acc;
+    t0 = Clock::now();
+    roll_back_target(batch, n_keep, checkpointed);
+    r.t_rollback_ms += ms_since(t0);
     if (drafter_) {
         t0 = Clock::now();
         inject(n_keep, n_past_);
         r.t_inject_ms = ms_since(t0);
     }
     const int32_t new_past = n_past_ + n_keep;
-    if (!llama_memory_seq_rm(llama_get_memory(ctx_tgt_.get()), 0, new_past, -1)) {
-        fail_decode("removing rejected tokens from the target cache", -1);
-    }
     if (ctx_dft_) llama_memory_seq_rm(llama_get_memory(ctx_dft_.get()), 0, new_past, -1);
     history_.insert(history_.end(), batch.begin(), batch.begin() + n_keep);
     n_past_ = new_past;

@@ -17,6 +17,7 @@
 #include "drafter.h"
 #include "handles.h"
 #include "model.h"
+#include "rollback.h"
 #include "sampler.h"
 
 namespace pydflash {
@@ -27,6 +28,7 @@ struct PairParams {
     uint32_t n_ubatch = 512;  // physical batch; also the drafter's injection chunk
     int32_t n_threads = 0;    // 0 = number of hardware threads
     int32_t draft_max = -1;   // default draft length; -1 = block_size - 1
+    std::string rollback = "auto";  // or a RollbackKind name, to force one
 };
 
 // Draft-length controls of one step.
@@ -46,6 +48,7 @@ struct StepResult {
     double t_verify_ms = 0.0;  // target verification pass
     double t_inject_ms = 0.0;  // feature injection into the drafter
     double t_sample_ms = 0.0;  // acceptance / sampling
+    double t_rollback_ms = 0.0;  // removing rejected tokens (checkpoint: save, restore and replay)
 };
 
 // llama.cpp's memory breakdown of one context, per buffer type (device).
@@ -100,6 +103,8 @@ public:
     bool has_pending() const { return pending_.has_value(); }
     std::vector<llama_token> tokens() const;  // cached tokens + the pending one
     const DraftSpec& spec() const { return spec_; }
+    RollbackKind rollback() const { return rollback_; }
+    uint32_t n_rs_seq() const { return n_rs_seq_; }
     const PairParams& params() const { return params_; }
 
 private:
@@ -107,6 +112,11 @@ private:
     void clear_memory();
     void decode_target(const llama_token* tokens, int32_t n, llama_pos pos0, bool all_logits);
     void inject(int32_t n_rows, llama_pos pos0);
+    // Picks the rollback for this target, creating the target context.
+    void create_target_context();
+    // Leaves [pending, draft[0..n_keep-2]] in the target's memory after a
+    // verification of `batch`; `checkpointed` means the state was saved first.
+    void roll_back_target(const std::vector<llama_token>& batch, int32_t n_keep, bool checkpointed);
     // Drafts up to n tokens; fills q with the drafter's distributions when the
     // sampler verifies by rejection.
     std::vector<llama_token> draft_block(int32_t n, const DraftControl& control, std::vector<Distribution>& q);
@@ -115,6 +125,7 @@ private:
                                     bool external, int32_t& n_accepted);
     std::vector<llama_token> recent_tokens() const;  // the penalty window before this step
     [[noreturn]] void fail_decode(const std::string& what, int32_t rc);
+    [[noreturn]] void fail_rollback(const std::string& what);
     static bool abort_callback(void* self);
 
     std::shared_ptr<Model> target_;
@@ -122,6 +133,9 @@ private:
     PairParams params_;
     DraftSpec spec_;
     int32_t draft_max_ = 0;
+    RollbackKind rollback_ = RollbackKind::KvTrim;
+    uint32_t n_rs_seq_ = 0;     // rollback depth of the target's state planes
+    StateCheckpoint checkpoint_;
     ContextPtr ctx_tgt_;
     ContextPtr ctx_dft_;
     BatchPtr batch_tgt_;

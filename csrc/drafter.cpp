@@ -57,11 +57,8 @@ DraftSpec check_drafter(const Model& target, const Model& drafter) {
     auto fail = [&](const std::string& why) { throw DraftCompatibilityError(who + why); };
 
     check_drafter_header(drafter.info(), drafter.path());
-    if (target.is_recurrent() || target.is_hybrid()) {
-        fail("target architecture '" + target.architecture() +
-             "' is recurrent/hybrid; rejected draft tokens cannot be rolled back from its state "
-             "in this version of pydflash");
-    }
+    // recurrent/hybrid targets are fine here: the context pair picks their
+    // rollback (state planes or checkpoints) when it creates the target context
     if (!target_exposes_layer_inputs(target.architecture())) {
         fail("target architecture '" + target.architecture() +
              "' does not expose layer inputs in llama.cpp, so DFlash cannot read its features");

@@ -32,6 +32,13 @@ struct DecodeError : Error {
     using Error::Error;
 };
 
+// Rejected tokens could not be removed from the target's memory (llama.cpp
+// refused a partial seq_rm, or a state checkpoint could not be saved or
+// restored); the pair has been reset rather than continue from a wrong state.
+struct RollbackError : DecodeError {
+    using DecodeError::DecodeError;
+};
+
 // A decode was stopped by request (interrupt() or a signal); the pair was reset.
 struct Interrupted : Error {
     using Error::Error;

@@ -49,3 +49,35 @@ def dflash(request: pytest.FixtureRequest, model_dir: Path, target_path: Path):
 def dflash_b8(model_dir: Path, target_path: Path):
     with Llama(target_path, draft=model_dir / "drafter-b8.gguf", n_ctx=1024) as llm:
         yield llm
+
+
+# Hybrid targets (tests/test_hybrid*.py): qwen35 (the Qwen3.5/3.6 layout) and
+# qwen35moe targets with multi-section-RoPE drafters, and a qwen3next target
+# (checkpoint rollback).
+HYBRID_TARGETS = {
+    "qwen35": testing.HybridSpec(),
+    "qwen35moe": testing.HybridSpec(architecture="qwen35moe", seed=9),
+    "qwen3next": testing.HybridSpec(architecture="qwen3next", seed=5),
+}
+SECTIONS = HYBRID_TARGETS["qwen35"].rope_sections
+HYBRID_DRAFTERS = {
+    "b8": testing.DrafterSpec(target_layers=(1, 3), rope_sections=SECTIONS),
+    "b16": testing.DrafterSpec(n_layer=2, n_head=2, n_head_kv=1, head_dim=32, n_ff=96, target_layers=(0, 2, 3),
+                               block_size=16, seed=7, rope_sections=(6, 5, 5, 0)),
+}
+
+
+@pytest.fixture(scope="session")
+def hybrid_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("hybrid")
+    for arch, spec in HYBRID_TARGETS.items():
+        testing.write_hybrid_target(d / f"{arch}-target.gguf", spec)
+    for name, dspec in HYBRID_DRAFTERS.items():
+        testing.write_drafter(d / f"qwen35-drafter-{name}.gguf", HYBRID_TARGETS["qwen35"], dspec)
+    # the same weights without rope sections (plain NeoX RoPE)
+    testing.write_drafter(d / "qwen35-drafter-b8-nosections.gguf", HYBRID_TARGETS["qwen35"],
+                          dataclasses.replace(HYBRID_DRAFTERS["b8"], rope_sections=None))
+    testing.write_drafter(d / "qwen35moe-drafter-b8.gguf", HYBRID_TARGETS["qwen35moe"], HYBRID_DRAFTERS["b8"])
+    testing.write_drafter(d / "qwen3next-drafter-b8.gguf", HYBRID_TARGETS["qwen3next"],
+                          dataclasses.replace(HYBRID_DRAFTERS["b8"], rope_sections=None))
+    return d

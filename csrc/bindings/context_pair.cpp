@@ -51,19 +51,23 @@ void register_context_pair(py::module_& m) {
         .def_readonly("t_verify_ms", &StepResult::t_verify_ms)
         .def_readonly("t_inject_ms", &StepResult::t_inject_ms)
         .def_readonly("t_sample_ms", &StepResult::t_sample_ms)
+        .def_readonly("t_rollback_ms", &StepResult::t_rollback_ms,
+                      "Removing rejected tokens from the target (checkpoint: save, restore and replay).")
         .def("__repr__", &repr);
 
     py::class_<ContextPair>(m, "ContextPair")
         .def(py::init([](std::shared_ptr<Model> target, std::shared_ptr<Model> drafter, uint32_t n_ctx,
-                         uint32_t n_batch, uint32_t n_ubatch, int32_t n_threads, int32_t draft_max) {
-                 auto pair = std::make_unique<ContextPair>(std::move(target), std::move(drafter),
-                                                           PairParams{n_ctx, n_batch, n_ubatch, n_threads, draft_max});
+                         uint32_t n_batch, uint32_t n_ubatch, int32_t n_threads, int32_t draft_max,
+                         const std::string& rollback) {
+                 auto pair = std::make_unique<ContextPair>(
+                     std::move(target), std::move(drafter),
+                     PairParams{n_ctx, n_batch, n_ubatch, n_threads, draft_max, rollback});
                  pair->set_interrupt_check(&python_signal_pending);
                  return pair;
              }),
              py::arg("target"), py::arg("drafter").none(true), py::arg("n_ctx") = 4096,
              py::arg("n_batch") = 512, py::arg("n_ubatch") = 512, py::arg("n_threads") = 0,
-             py::arg("draft_max") = -1, release())
+             py::arg("draft_max") = -1, py::arg("rollback") = "auto", release())
         .def("prefill", &ContextPair::prefill, py::arg("tokens"), release())
         .def("step",
              [](ContextPair& self, int32_t draft_max, int32_t draft_min, float draft_p_min,
@@ -139,7 +143,11 @@ void register_context_pair(py::module_& m) {
         .def_property_readonly("default_draft_max", &ContextPair::default_draft_max)
         .def_property_readonly("has_pending", &ContextPair::has_pending)
         .def_property_readonly("target_layer_ids", [](const ContextPair& s) { return s.spec().target_layer_ids; })
-        .def_property_readonly("mask_token", [](const ContextPair& s) { return s.spec().mask_token; });
+        .def_property_readonly("mask_token", [](const ContextPair& s) { return s.spec().mask_token; })
+        .def_property_readonly("rollback", [](const ContextPair& s) { return std::string(rollback_name(s.rollback())); },
+                               "How rejected tokens leave the target: kv-trim, recurrent-planes or checkpoint.")
+        .def_property_readonly("n_rs_seq", &ContextPair::n_rs_seq,
+                               "Recurrent-state planes of the target (the deepest partial rollback).");
 }
 
 }  // namespace pydflash::bindings

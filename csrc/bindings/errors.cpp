@@ -50,6 +50,8 @@ void register_errors(py::module_&) {
         } catch (const Interrupted& e) {
             // a signal handler (Ctrl-C) already set KeyboardInterrupt: keep it
             if (!PyErr_Occurred()) raise_as("GenerationInterrupted", e.what());
+        } catch (const RollbackError& e) {
+            raise_as("RollbackError", e.what());
         } catch (const DecodeError& e) {
             raise_as("DecodeError", e.what());
         } catch (const Error& e) {

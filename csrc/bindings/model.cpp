@@ -4,6 +4,7 @@
 
 #include "bindings.h"
 #include "drafter.h"
+#include "rollback.h"
 
 namespace py = pybind11;
 using release = py::call_guard<py::gil_scoped_release>;
@@ -80,6 +81,9 @@ void register_model(py::module_& m) {
              },
              py::arg("drafter"),
              "Why `drafter` cannot drive this target model, or '' when it can.")
+        .def("rollback_for_drafting", &auto_rollback_for_drafting, release(),
+             "How a DFlash pair on this target removes rejected tokens (rollback 'auto'): "
+             "'kv-trim', 'recurrent-planes' or 'checkpoint'. Asks llama.cpp with a small context.")
         .def("__repr__", [](const Model& self) {
             return text("<pydflash._core.Model " + self.architecture() + " '" + self.path() + "'>");
         });

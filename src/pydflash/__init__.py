@@ -10,7 +10,7 @@ from __future__ import annotations
 from . import _core
 from .embedded import embedded_pair
 from .errors import (ContextLimitError, DecodeError, DraftCompatibilityError, GenerationInterrupted, ModelLoadError,
-                     PyDFlashError)
+                     PyDFlashError, RollbackError)
 from .llama import Llama
 from .pair import ContextPair
 from .results import GenerationResult, GenerationStats, MemoryReport, MemoryRow, StepResult, StreamStep
@@ -31,6 +31,7 @@ __all__ = [
     "DraftCompatibilityError",
     "ContextLimitError",
     "DecodeError",
+    "RollbackError",
     "GenerationInterrupted",
     "backends",
     "embedded_pair",

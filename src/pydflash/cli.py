@@ -67,8 +67,10 @@ def _parser() -> argparse.ArgumentParser:
     _add_bench(sub)
 
     i = sub.add_parser("info", help="backends, model metadata, and whether a drafter fits a target",
-                       description="Print the compute backends; with -m and/or -d, each file's metadata; "
-                                   "with both, whether the drafter can drive the target. Generates nothing.")
+                       description="Print the compute backends; with -m and/or -d, each file's metadata "
+                                   "(with -m, also how rejected draft tokens are rolled back on that target: "
+                                   "kv-trim, recurrent-planes or checkpoint); with both, whether the drafter can "
+                                   "drive the target. Generates nothing.")
     i.add_argument("-m", "--model", metavar="TARGET", help="target GGUF file")
     i.add_argument("-d", "--draft", metavar="DRAFT", help="DFlash drafter GGUF file")
     i.add_argument("--json", action="store_true", help="print JSON")
@@ -118,6 +120,14 @@ def _model_summary(m: _core.Model) -> dict:
             "hybrid": m.is_hybrid, "metadata": meta}
 
 
+_ROLLBACK_NOTES = {
+    "kv-trim": " (rejected draft tokens are trimmed from the KV cache)",
+    "recurrent-planes": " (hybrid: llama.cpp keeps block_size - 1 recurrent-state planes for partial rollback)",
+    "checkpoint": " (hybrid: the recurrent state is saved before each verification, restored and replayed "
+                  "on a partial acceptance)",
+}
+
+
 def _cmd_info(a: argparse.Namespace) -> int:
     from . import _logging
     _logging.set_verbose(a.verbose)
@@ -127,6 +137,7 @@ def _cmd_info(a: argparse.Namespace) -> int:
         if a.model:
             target = _core.Model.load(a.model, 0, True, "target")
             out["target"] = _model_summary(target)
+            out["target"]["rollback"] = target.rollback_for_drafting()
         if a.draft:
             draft = _core.Model.load_drafter(a.draft, 0, True)
             out["drafter"] = _model_summary(draft)
@@ -147,8 +158,9 @@ def _cmd_info(a: argparse.Namespace) -> int:
             s = out[role]
             print(f"\n{role}: {s['path']}")
             for k in ("architecture", "description", "n_params", "size_bytes", "n_embd", "n_layer", "n_vocab",
-                      "n_ctx_train", "recurrent", "hybrid"):
-                print(f"  {k:<12} {s[k]}")
+                      "n_ctx_train", "recurrent", "hybrid", "rollback"):
+                if k in s:
+                    print(f"  {k:<12} {s[k]}{_ROLLBACK_NOTES.get(s[k], '') if k == 'rollback' else ''}")
             for k, v in sorted(s["metadata"].items()):
                 print(f"  {k} = {v}")
     if "compatible" in out:

@@ -29,6 +29,9 @@ def _float(name: str, value: object) -> float:
     return v
 
 
+ROLLBACK_KINDS = ("auto", "kv-trim", "recurrent-planes", "checkpoint")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """How the pair is loaded and its contexts are sized."""
@@ -39,6 +42,7 @@ class ModelConfig:
     n_threads: Optional[int] = None
     draft_max: Optional[int] = None
     seed: int = 0
+    rollback: str = "auto"
 
     def __post_init__(self) -> None:
         _int("n_ctx", self.n_ctx, 8)
@@ -49,6 +53,10 @@ class ModelConfig:
         if self.draft_max is not None:
             _int("draft_max", self.draft_max, 0)
         _int("seed", self.seed, -(2**63))
+        if not isinstance(self.rollback, str):
+            raise TypeError(f"rollback must be a str, not {type(self.rollback).__name__}")
+        if self.rollback not in ROLLBACK_KINDS:
+            raise ValueError(f"rollback must be one of {', '.join(map(repr, ROLLBACK_KINDS))}, got {self.rollback!r}")
 
 
 VERIFY_MODES = ("rejection", "match")

@@ -8,6 +8,7 @@ __all__ = [
     "DraftCompatibilityError",
     "ContextLimitError",
     "DecodeError",
+    "RollbackError",
     "GenerationInterrupted",
 ]
 
@@ -34,6 +35,13 @@ class ContextLimitError(PyDFlashError, ValueError):
 class DecodeError(PyDFlashError):
     """llama.cpp failed a decode. The context pair was reset; the object is
     still usable after a new prefill."""
+
+
+class RollbackError(DecodeError):
+    """Rejected draft tokens could not be removed from the target's memory
+    (llama.cpp refused a partial removal, or a recurrent-state checkpoint could
+    not be saved or restored). The context pair was reset rather than continue
+    from a wrong state."""
 
 
 class GenerationInterrupted(PyDFlashError):

@@ -31,6 +31,14 @@ class Llama:
     ``draft=None`` decodes with the target alone (the baseline; same API and
     stats). At temperature 0 the output with a drafter equals the target's
     own greedy output, token for token.
+
+    ``rollback`` says how rejected draft tokens leave the target's memory:
+    "auto" picks "kv-trim" for attention-only targets, "recurrent-planes" for
+    hybrid targets whose llama.cpp architecture supports partial rollback
+    (qwen35, qwen35moe: block_size - 1 extra state planes) and "checkpoint"
+    for the other recurrent/hybrid targets (e.g. qwen3next). "checkpoint" can
+    also be forced on a qwen35 target to save the planes' memory, at the cost
+    of a replay pass after each partial acceptance.
     """
 
     def __init__(
@@ -44,11 +52,12 @@ class Llama:
         draft_max: Optional[int] = None,
         seed: int = 0,
         n_batch: int = 512,
+        rollback: str = "auto",
         verbose: bool = False,
     ):
         self._pair_core: Optional[_core.ContextPair] = None
         self.config = ModelConfig(n_ctx=n_ctx, n_batch=n_batch, n_gpu_layers=n_gpu_layers,
-                                  n_threads=n_threads, draft_max=draft_max, seed=seed)
+                                  n_threads=n_threads, draft_max=draft_max, seed=seed, rollback=rollback)
         _logging.set_verbose(verbose)
         self._lock = threading.Lock()
         self._owner: Optional[int] = None
@@ -60,7 +69,7 @@ class Llama:
             self._pair_core = _core.ContextPair(
                 self._target, self._draft, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch,
                 n_ubatch=min(cfg.n_batch, 512), n_threads=cfg.n_threads or 0,
-                draft_max=-1 if cfg.draft_max is None else cfg.draft_max)
+                draft_max=-1 if cfg.draft_max is None else cfg.draft_max, rollback=cfg.rollback)
         finally:
             _logging.flush()
         self._pair = ContextPair(self._pair_core)
@@ -115,6 +124,12 @@ class Llama:
     @property
     def has_draft(self) -> bool:
         return self._draft is not None
+
+    @property
+    def rollback(self) -> str:
+        """How rejected draft tokens leave the target: "kv-trim",
+        "recurrent-planes" or "checkpoint" (see the class docstring)."""
+        return self.pair.rollback
 
     @property
     def metadata(self) -> dict[str, str]:

@@ -119,6 +119,21 @@ class ContextPair:
     def target_layer_ids(self) -> list[int]:
         return self._core.target_layer_ids
 
+    @property
+    def rollback(self) -> str:
+        """How rejected draft tokens leave the target's memory: "kv-trim"
+        (attention-only targets), "recurrent-planes" (hybrid targets whose
+        llama.cpp architecture keeps per-token state planes, e.g. qwen35) or
+        "checkpoint" (other recurrent/hybrid targets: save the state before
+        verifying, restore it and replay the accepted tokens)."""
+        return self._core.rollback
+
+    @property
+    def n_rs_seq(self) -> int:
+        """Recurrent-state planes of the target: the deepest rollback without a
+        checkpoint (0 unless rollback is "recurrent-planes")."""
+        return self._core.n_rs_seq
+
     def __repr__(self) -> str:
         return (f"<pydflash.ContextPair n_past={self.n_past} n_ctx={self.n_ctx} "
-                f"block_size={self.block_size} drafter={self.has_drafter}>")
+                f"block_size={self.block_size} drafter={self.has_drafter} rollback={self.rollback}>")

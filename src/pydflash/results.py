@@ -56,6 +56,11 @@ class GenerationStats:
     def inject_seconds(self) -> float:
         return sum(s.t_inject_ms for s in self.steps) / 1e3
 
+    @property
+    def rollback_seconds(self) -> float:
+        """Removing rejected tokens from the target (checkpoints: save, restore, replay)."""
+        return sum(s.t_rollback_ms for s in self.steps) / 1e3
+
 
 @dataclasses.dataclass(frozen=True)
 class GenerationResult:

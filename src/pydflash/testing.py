@@ -4,7 +4,10 @@
 (architecture names and tensor layout as llama.cpp expects them) with the
 ``gguf`` package (``pip install pydflash[test]``). Shapes are controllable,
 and ``broken`` variants produce the malformed drafters the load checks must
-refuse.
+refuse. ``write_hybrid_target`` writes a Gated-DeltaNet hybrid target
+(``qwen35``, the Qwen3.5/3.6 layout, ``qwen35moe`` or ``qwen3next``), and
+``write_hybrid_pair`` adds a drafter with multi-section RoPE as Qwen3.5/3.6
+drafters have.
 
 Random tiny models have near-tied logits; the output head here gives a small
 set of "hot" tokens large weights, so the greedy argmax is decided by a clear
@@ -22,8 +25,9 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["TargetSpec", "DrafterSpec", "Hparams", "Tokenizer", "tokenizer", "write_target", "write_drafter",
-           "write_pair", "write_qwen3_gguf", "write_dflash_gguf"]
+__all__ = ["TargetSpec", "HybridSpec", "DrafterSpec", "Hparams", "Tokenizer", "tokenizer", "write_target",
+           "write_hybrid_target", "write_drafter", "write_pair", "write_hybrid_pair", "write_qwen3_gguf",
+           "write_dflash_gguf"]
 
 EOS = "<|endoftext|>"
 MASK = "<|mask|>"
@@ -122,6 +126,24 @@ class TargetSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class HybridSpec(TargetSpec):
+    """A Gated-DeltaNet hybrid target: every ``full_attention_interval``-th
+    layer is full attention, the others recurrent (as in Qwen3.5/3.6)."""
+
+    architecture: str = "qwen35"         # or "qwen35moe" (MoE FFNs), "qwen3next" (MoE, no partial rollback)
+    full_attention_interval: int = 4
+    rope_sections: tuple[int, int, int, int] = (3, 3, 2, 0)  # qwen35*: rope pairs per section (sum <= head_dim / 2)
+    ssm_d_state: int = 16                # head size of the recurrent layers (keys and values)
+    ssm_n_group: int = 2                 # key heads
+    ssm_dt_rank: int = 4                 # value heads
+    ssm_d_conv: int = 4
+    ssm_out_scale: float = 3.0           # how strongly the recurrent layers move the residual stream
+    ssm_decay: float = 0.05              # -A: small means a long memory
+    n_expert: int = 4                    # MoE architectures only
+    n_expert_used: int = 2
+
+
+@dataclasses.dataclass(frozen=True)
 class DrafterSpec:
     n_layer: int = 1
     n_head: int = 4
@@ -138,6 +160,7 @@ class DrafterSpec:
     n_vocab: int | None = None     # None = the target's
     mask_token: bool = True
     extra_tensors: tuple[str, ...] = ()
+    rope_sections: tuple[int, int, int, int] | None = None  # multi-section RoPE (Qwen3.5/3.6 drafters)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,14 +188,19 @@ def write_qwen3_gguf(path: str | Path, hp: Hparams, tok: Tokenizer, tensors: dic
 
 def write_dflash_gguf(path: str | Path, hp: Hparams, tok: Tokenizer, tensors: dict[str, np.ndarray], *,
                       block_size: int, target_layers: Sequence[int], name: str, mask_token: bool = True,
-                      architecture: str = "dflash", extra_kv: dict[str, str] | None = None) -> Path:
+                      architecture: str = "dflash", extra_kv: dict[str, str] | None = None,
+                      rope_sections: Sequence[int] | None = None) -> Path:
     """Write a DFlash drafter GGUF (embeddings and head are the target's).
-    ``target_layers`` are llama.cpp ids: the INPUT of those target layers."""
+    ``target_layers`` are llama.cpp ids: the INPUT of those target layers.
+    ``rope_sections`` (4 ints) makes it a multi-section-RoPE drafter, as
+    drafters of Qwen3.5/3.6 targets are."""
 
     def dflash_keys(w) -> None:
         w.add_uint32(f"{architecture}.block_size", block_size)
         w.add_bool(f"{architecture}.attention.causal", False)
         w.add_array(f"{architecture}.target_layers", [int(x) for x in target_layers])
+        if rope_sections is not None:
+            w.add_array(f"{architecture}.rope.dimension_sections", [int(x) for x in rope_sections])
 
     return _write_gguf(path, architecture, name, hp, tok, tensors, mask_token=mask_token, extra_kv=extra_kv,
                        arch_keys=dflash_keys)
@@ -253,6 +281,17 @@ def _attention_layer(rng, i: int, n_embd: int, n_head: int, n_head_kv: int, head
     return t
 
 
+def _head(rng: np.random.Generator, s: TargetSpec, tok: Tokenizer) -> np.ndarray:
+    # hot rows get large weights (clear argmax margins), the rest small
+    head = _rng_tensor(rng, (s.n_vocab, s.n_embd), 0.01)
+    normal = [i for i, t in enumerate(tok.types) if t == 1]
+    hot = rng.choice(normal, size=min(s.hot_tokens, len(normal)), replace=False)
+    if s.eos_hot:
+        hot = np.append(hot, tok.eos)
+    head[hot] = _rng_tensor(rng, (len(hot), s.n_embd), s.head_scale)
+    return head
+
+
 def write_target(path: str | Path, spec: TargetSpec = TargetSpec(), *, architecture: str = "qwen3") -> Path:
     """Write a tiny random ``qwen3`` target GGUF."""
     s = spec
@@ -265,16 +304,107 @@ def write_target(path: str | Path, spec: TargetSpec = TargetSpec(), *, architect
         tensors.update(_attention_layer(rng, i, s.n_embd, s.n_head, s.n_head_kv, s.head_dim, s.n_ff,
                                         qk_norm=architecture not in ("qwen2", "llama")))
     tensors["output_norm.weight"] = _norm(rng, s.n_embd)
-    # the head: hot rows get large weights (clear argmax margins), the rest small
-    head = _rng_tensor(rng, (s.n_vocab, s.n_embd), 0.01)
-    normal = [i for i, t in enumerate(tok.types) if t == 1]
-    hot = rng.choice(normal, size=min(s.hot_tokens, len(normal)), replace=False)
-    if s.eos_hot:
-        hot = np.append(hot, tok.eos)
-    head[hot] = _rng_tensor(rng, (len(hot), s.n_embd), s.head_scale)
-    tensors["output.weight"] = head
+    tensors["output.weight"] = _head(rng, s, tok)
     return write_qwen3_gguf(path, hp, tok, tensors, name=f"pydflash tiny {architecture} target",
                             architecture=architecture)
+
+
+def _ffn(rng, i: int, n_embd: int, n_ff: int, prefix: str = "ffn", suffix: str = "") -> dict[str, np.ndarray]:
+    s = 1.0 / np.sqrt(n_embd)
+    return {
+        f"blk.{i}.{prefix}_gate{suffix}.weight": _rng_tensor(rng, (n_ff, n_embd), s),
+        f"blk.{i}.{prefix}_up{suffix}.weight": _rng_tensor(rng, (n_ff, n_embd), s),
+        f"blk.{i}.{prefix}_down{suffix}.weight": _rng_tensor(rng, (n_embd, n_ff), 1.0 / np.sqrt(n_ff)),
+    }
+
+
+_MOE = ("qwen35moe", "qwen3next")
+
+
+def _hybrid_layer(rng, i: int, s: HybridSpec) -> dict[str, np.ndarray]:
+    # numpy shapes are (out, in): the reverse of llama.cpp's {ne0, ne1}
+    e = s.n_embd
+    sc = 1.0 / np.sqrt(e)
+    t = {f"blk.{i}.attn_norm.weight": _norm(rng, e), f"blk.{i}.post_attention_norm.weight": _norm(rng, e)}
+    if (i + 1) % s.full_attention_interval == 0:
+        # gated full attention: attn_q holds query and gate, per head
+        t.update({
+            f"blk.{i}.attn_q.weight": _rng_tensor(rng, (2 * s.n_head * s.head_dim, e), sc),
+            f"blk.{i}.attn_k.weight": _rng_tensor(rng, (s.n_head_kv * s.head_dim, e), sc),
+            f"blk.{i}.attn_v.weight": _rng_tensor(rng, (s.n_head_kv * s.head_dim, e), sc),
+            f"blk.{i}.attn_output.weight": _rng_tensor(rng, (e, s.n_head * s.head_dim), 1.0 / np.sqrt(s.n_head * s.head_dim)),
+            f"blk.{i}.attn_q_norm.weight": _norm(rng, s.head_dim),
+            f"blk.{i}.attn_k_norm.weight": _norm(rng, s.head_dim),
+        })
+    else:
+        key_dim = s.ssm_d_state * s.ssm_n_group
+        value_dim = s.ssm_d_state * s.ssm_dt_rank
+        conv_dim = 2 * key_dim + value_dim
+        t.update({
+            f"blk.{i}.attn_qkv.weight": _rng_tensor(rng, (conv_dim, e), sc),
+            f"blk.{i}.attn_gate.weight": _rng_tensor(rng, (value_dim, e), sc),
+            f"blk.{i}.ssm_conv1d.weight": _rng_tensor(rng, (conv_dim, s.ssm_d_conv), 1.0 / np.sqrt(s.ssm_d_conv)),
+            f"blk.{i}.ssm_dt.bias": _rng_tensor(rng, (s.ssm_dt_rank,), 0.5),
+            # A < 0 (decay); small |A| keeps a long memory, so the state matters
+            f"blk.{i}.ssm_a": (-s.ssm_decay * (0.5 + rng.random(s.ssm_dt_rank))).astype(np.float32),
+            f"blk.{i}.ssm_norm.weight": _norm(rng, s.ssm_d_state),
+            f"blk.{i}.ssm_out.weight": _rng_tensor(rng, (e, value_dim), s.ssm_out_scale / np.sqrt(value_dim)),
+        })
+        if s.architecture == "qwen3next":
+            t[f"blk.{i}.ssm_ba.weight"] = _rng_tensor(rng, (2 * s.ssm_dt_rank, e), sc)
+        else:
+            t[f"blk.{i}.ssm_beta.weight"] = _rng_tensor(rng, (s.ssm_dt_rank, e), sc)
+            t[f"blk.{i}.ssm_alpha.weight"] = _rng_tensor(rng, (s.ssm_dt_rank, e), sc)
+    if s.architecture in _MOE:
+        n_ff_exp = s.n_ff // s.n_expert_used
+        t[f"blk.{i}.ffn_gate_inp.weight"] = _rng_tensor(rng, (s.n_expert, e), sc)
+        t[f"blk.{i}.ffn_gate_exps.weight"] = _rng_tensor(rng, (s.n_expert, n_ff_exp, e), sc)
+        t[f"blk.{i}.ffn_up_exps.weight"] = _rng_tensor(rng, (s.n_expert, n_ff_exp, e), sc)
+        t[f"blk.{i}.ffn_down_exps.weight"] = _rng_tensor(rng, (s.n_expert, e, n_ff_exp), 1.0 / np.sqrt(n_ff_exp))
+        t[f"blk.{i}.ffn_gate_inp_shexp.weight"] = _rng_tensor(rng, (e,), sc)
+        t.update(_ffn(rng, i, e, s.n_ff, suffix="_shexp"))
+    else:
+        t.update(_ffn(rng, i, e, s.n_ff))
+    return t
+
+
+def write_hybrid_target(path: str | Path, spec: HybridSpec = HybridSpec()) -> Path:
+    """Write a tiny random Gated-DeltaNet hybrid target: ``qwen35`` (the
+    Qwen3.5/3.6 layout: IMRoPE, partial rollback in llama.cpp), ``qwen35moe``
+    (the same with MoE FFNs) or ``qwen3next`` (MoE FFNs; llama.cpp has no
+    partial rollback for it)."""
+    s = spec
+    if s.architecture not in ("qwen35", "qwen35moe", "qwen3next"):
+        raise ValueError(f"architecture must be 'qwen35', 'qwen35moe' or 'qwen3next', got {s.architecture!r}")
+    if s.architecture != "qwen3next" and sum(s.rope_sections) * 2 > s.head_dim:
+        raise ValueError("rope_sections count rope pairs: their sum must be <= head_dim / 2")
+    rng = np.random.default_rng(s.seed)
+    tok = tokenizer(s.n_vocab)
+    hp = Hparams(s.n_ctx, s.n_embd, s.n_layer, s.n_head, s.n_head_kv, s.head_dim, s.n_ff)
+    tensors = {"token_embd.weight": _rng_tensor(rng, (s.n_vocab, s.n_embd), 1.0)}
+    for i in range(s.n_layer):
+        tensors.update(_hybrid_layer(rng, i, s))
+    tensors["output_norm.weight"] = _norm(rng, s.n_embd)
+    tensors["output.weight"] = _head(rng, s, tok)
+
+    def hybrid_keys(w) -> None:
+        a = s.architecture
+        w.add_uint32(f"{a}.full_attention_interval", s.full_attention_interval)
+        w.add_uint32(f"{a}.ssm.conv_kernel", s.ssm_d_conv)
+        w.add_uint32(f"{a}.ssm.state_size", s.ssm_d_state)
+        w.add_uint32(f"{a}.ssm.group_count", s.ssm_n_group)
+        w.add_uint32(f"{a}.ssm.time_step_rank", s.ssm_dt_rank)
+        w.add_uint32(f"{a}.ssm.inner_size", s.ssm_d_state * s.ssm_dt_rank)
+        if a != "qwen3next":
+            w.add_array(f"{a}.rope.dimension_sections", [int(x) for x in s.rope_sections])
+        if a in _MOE:
+            w.add_uint32(f"{a}.expert_count", s.n_expert)
+            w.add_uint32(f"{a}.expert_used_count", s.n_expert_used)
+            w.add_uint32(f"{a}.expert_feed_forward_length", s.n_ff // s.n_expert_used)
+            w.add_uint32(f"{a}.expert_shared_feed_forward_length", s.n_ff)
+
+    return _write_gguf(path, s.architecture, f"pydflash tiny {s.architecture} target", hp, tok, tensors,
+                       mask_token=False, extra_kv=None, arch_keys=hybrid_keys)
 
 
 def write_drafter(path: str | Path, target: TargetSpec = TargetSpec(), spec: DrafterSpec = DrafterSpec()) -> Path:
@@ -298,7 +428,7 @@ def write_drafter(path: str | Path, target: TargetSpec = TargetSpec(), spec: Dra
     return write_dflash_gguf(path, hp, tokenizer(s.n_vocab or target.n_vocab), tensors,
                              block_size=s.block_size, target_layers=s.target_layers,
                              name="pydflash tiny dflash drafter", mask_token=s.mask_token,
-                             architecture=s.architecture)
+                             architecture=s.architecture, rope_sections=s.rope_sections)
 
 
 def write_pair(directory: str | Path, target: TargetSpec = TargetSpec(),
@@ -310,3 +440,17 @@ def write_pair(directory: str | Path, target: TargetSpec = TargetSpec(),
     d = write_drafter(directory / f"{prefix}-drafter.gguf", target, drafter)
     return t, d
 
+
+
+def write_hybrid_pair(directory: str | Path, target: HybridSpec = HybridSpec(),
+                      drafter: DrafterSpec | None = None, *, prefix: str = "hybrid") -> tuple[Path, Path]:
+    """Write a hybrid target and a matching drafter (by default one with the
+    target's multi-section RoPE layout, as Qwen3.5/3.6 drafters carry)."""
+    if drafter is None:
+        sections = None if target.architecture == "qwen3next" else target.rope_sections
+        drafter = DrafterSpec(target_layers=(1, target.n_layer - 1), rope_sections=sections)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    t = write_hybrid_target(directory / f"{prefix}-target.gguf", target)
+    d = write_drafter(directory / f"{prefix}-drafter.gguf", target, drafter)
+    return t, d

@@ -114,21 +114,35 @@ class NativeEngine:
                "-f", str(prompt), "-n", str(osl), "-c", str(self.n_ctx),
                "-b", str(self.n_ctx),  # its prompt must fit one batch
                "-ub", "512", "-t", str(self.threads), "--temp", "0", "--top-k", "1", "--seed", "0",
-               "--ignore-eos", "-ngl", "0", "-ngld", "0"]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                errors="replace")
+               "--ignore-eos", "--no-escape", "-ngl", "0", "-ngld", "0"]
+        # Its logger is asynchronous and never flushed at exit (upstream issue
+        # 22142): under load the final figures can be lost. Rerun then; the
+        # count of such reruns is reported.
+        for _ in range(self.ATTEMPTS):
+            out, rss = self._once(cmd)
+            try:
+                m = parse_native_output(out)
+            except RuntimeError:
+                self.info["reruns_lost_output"] = self.info.get("reruns_lost_output", 0) + 1
+                continue
+            m["rss_peak_bytes"] = rss
+            return m
+        raise RuntimeError(f"llama-speculative-simple's figures were lost {self.ATTEMPTS} times: {out[-800:]}")
+
+    ATTEMPTS = 4
+
+    @staticmethod
+    def _once(cmd: list[str]) -> tuple[str, int]:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
         assert proc.stdout is not None
         out = proc.stdout.read()
         proc.stdout.close()
         # reap it ourselves: wait4 gives this child's own peak RSS
         _, status, rusage = os.wait4(proc.pid, 0)
         proc.returncode = rc = os.waitstatus_to_exitcode(status)
-        rss = rusage.ru_maxrss * 1024
         if rc != 0:
             raise RuntimeError(f"llama-speculative-simple failed ({rc}): {out.strip()[-800:]}")
-        m = parse_native_output(out)
-        m["rss_peak_bytes"] = rss
-        return m
+        return out, rusage.ru_maxrss * 1024
 
     def close(self) -> None:
         self._dir.cleanup()

@@ -40,14 +40,15 @@ def make_prompts(tokenize: Callable[[str], list[int]], detokenize: Callable[[lis
     prompts = []
     stride = max(body, (len(ids) - body) // max(count, 1))
     for i in range(count):
-        start = i * stride
-        window = ids[start:start + body]
-        text = detokenize(window)
-        # a cut can change how the edges tokenize: trim until it is exactly isl
-        n = len(tokenize(text))
-        while n > isl and window:
-            window = window[:-1]
+        for start in range(i * stride, i * stride + 512):
+            window = ids[start:start + body]
             text = detokenize(window)
-            n = len(tokenize(text))
-        prompts.append(text)
+            # llama.cpp's tools drop one trailing newline of a prompt file, and
+            # a cut can change how the edges tokenize: take windows that
+            # survive both, so every engine sees exactly isl tokens
+            if len(window) == body and not text.endswith("\n") and len(tokenize(text)) == isl:
+                prompts.append(text)
+                break
+        else:
+            raise RuntimeError(f"no prompt of exactly {isl} tokens found near offset {i * stride}")
     return prompts

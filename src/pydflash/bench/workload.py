@@ -43,15 +43,18 @@ def make_prompts(tokenize: Callable[[str], list[int]], detokenize: Callable[[lis
     prompts = []
     stride = max(body, (len(ids) - body) // max(count, 1))
     for i in range(count):
-        for start in range(i * stride, i * stride + 512):
+        for start in range(i * stride, len(ids) - body + 1):
+            # windows that begin at a line start tokenize like the corpus did
+            if start and not detokenize(ids[start - 1:start]).endswith("\n"):
+                continue
             window = ids[start:start + body]
             text = detokenize(window)
             # llama.cpp's tools drop one trailing newline of a prompt file, and
             # a cut can change how the edges tokenize: take windows that
             # survive both, so every engine sees exactly isl tokens
-            if len(window) == body and not text.endswith("\n") and len(tokenize(text)) == isl:
+            if not text.endswith("\n") and len(tokenize(text)) == isl:
                 prompts.append(text)
                 break
         else:
-            raise RuntimeError(f"no prompt of exactly {isl} tokens found near offset {i * stride}")
+            raise RuntimeError(f"no prompt of exactly {isl} tokens found after offset {i * stride}")
     return prompts

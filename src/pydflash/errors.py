@@ -9,6 +9,7 @@ __all__ = [
     "ContextLimitError",
     "DecodeError",
     "GenerationInterrupted",
+    "ChatTemplateError",
 ]
 
 
@@ -39,3 +40,8 @@ class DecodeError(PyDFlashError):
 class GenerationInterrupted(PyDFlashError):
     """``interrupt()`` stopped a decode. The context pair was reset; the
     object is usable (Ctrl-C raises KeyboardInterrupt instead)."""
+
+
+class ChatTemplateError(PyDFlashError, ValueError):
+    """A chat template does not parse, or fails while rendering these messages
+    (a jinja error, ``raise_exception`` in the template, ...). The model stays usable."""

@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 
 __all__ = ["TargetSpec", "DrafterSpec", "Hparams", "Tokenizer", "tokenizer", "write_target", "write_drafter",
-           "write_pair", "write_qwen3_gguf", "write_dflash_gguf"]
+           "write_pair", "write_qwen3_gguf", "write_dflash_gguf", "THINKING_TEMPLATE"]
 
 EOS = "<|endoftext|>"
 MASK = "<|mask|>"
@@ -119,6 +119,7 @@ class TargetSpec:
     head_scale: float = 8.0
     seed: int = 0
     eos_hot: bool = False  # give end-of-text a hot head row, so generations can end
+    chat_template: str | None = None  # written as tokenizer.chat_template (jinja)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,6 +225,25 @@ def _add_tokenizer(w, tok: Tokenizer, *, mask: bool) -> None:
         w.add_mask_token_id(tok.mask)
 
 
+# A small Qwen3-style jinja chat template with reasoning blocks and a thinking
+# switch, for tests (llama.cpp's template analysis finds its <think> tags).
+THINKING_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message.role + '\\n' -}}"
+    "{%- if message.role == 'assistant' and message.reasoning_content -%}"
+    "{{- '<think>\\n' + message.reasoning_content + '\\n</think>\\n\\n' -}}"
+    "{%- endif -%}"
+    "{{- message.content + '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if enable_thinking is defined and enable_thinking is false -%}"
+    "{{- '<think>\\n\\n</think>\\n\\n' -}}"
+    "{%- endif -%}"
+    "{%- endif -%}"
+)
+
+
 def _rng_tensor(rng: np.random.Generator, shape: Sequence[int], scale: float) -> np.ndarray:
     return (rng.standard_normal(shape) * scale).astype(np.float32)
 
@@ -273,8 +293,9 @@ def write_target(path: str | Path, spec: TargetSpec = TargetSpec(), *, architect
         hot = np.append(hot, tok.eos)
     head[hot] = _rng_tensor(rng, (len(hot), s.n_embd), s.head_scale)
     tensors["output.weight"] = head
+    extra = {"tokenizer.chat_template": s.chat_template} if s.chat_template is not None else None
     return write_qwen3_gguf(path, hp, tok, tensors, name=f"pydflash tiny {architecture} target",
-                            architecture=architecture)
+                            architecture=architecture, extra_kv=extra)
 
 
 def write_drafter(path: str | Path, target: TargetSpec = TargetSpec(), spec: DrafterSpec = DrafterSpec()) -> Path:

@@ -234,12 +234,18 @@ class Llama:
     # -- OpenAI-style API (pydflash.completions) --------------------------------
 
     @classmethod
-    def from_pretrained(cls, repo_id: str, filename: Optional[str] = None, **kwargs: Any) -> "Llama":
-        """Download (or find in the cache) a GGUF target, and optionally a drafter,
-        from the Hugging Face Hub. See ``pydflash.hub.from_pretrained``."""
+    def from_pretrained(cls, repo_id: str, filename: Optional[str] = None, *, draft_repo_id: Optional[str] = None,
+                        draft_filename: Optional[str] = None, revision: Optional[str] = None,
+                        draft_revision: Optional[str] = None, cache_dir: Optional[Union[str, os.PathLike]] = None,
+                        local_files_only: bool = False, token: Optional[str] = None, **kwargs: Any) -> "Llama":
+        """Download (or find in the cache) a GGUF target, and optionally a DFlash
+        drafter, from the Hugging Face Hub; filenames may be globs. Other keyword
+        arguments go to ``Llama(...)``. See ``pydflash.hub.from_pretrained``."""
         from .hub import from_pretrained
 
-        return from_pretrained(cls, repo_id, filename, **kwargs)
+        return from_pretrained(cls, repo_id, filename, draft_repo_id=draft_repo_id, draft_filename=draft_filename,
+                               revision=revision, draft_revision=draft_revision, cache_dir=cache_dir,
+                               local_files_only=local_files_only, token=token, **kwargs)
 
     def create_completion(self, prompt: Prompt, *args: Any,
                           **kwargs: Any) -> Union["Completion", Iterator["CompletionChunk"]]:

@@ -56,6 +56,12 @@ def _sampling_args(body: Mapping[str, Any]) -> dict[str, Any]:
         raise BadRequest("only n=1 is supported")
     if body.get("logprobs") not in (None, False):
         raise BadRequest("logprobs are not supported")
+    rf = body.get("response_format")
+    if rf is not None and not (isinstance(rf, dict) and rf.get("type") in ("text", None)):
+        raise BadRequest("response_format other than text (JSON mode, json_schema) is not supported")
+    for name in ("grammar", "json_schema"):
+        if body.get(name):
+            raise BadRequest(f"'{name}' is not supported")
     kw: dict[str, Any] = {}
     for name, kind in (("temperature", float), ("top_p", float), ("min_p", float), ("top_k", int),
                        ("frequency_penalty", float), ("presence_penalty", float), ("repeat_penalty", float),

@@ -44,6 +44,11 @@ struct Interrupted : Error {
     using Error::Error;
 };
 
+// A chat template cannot be parsed or fails while rendering.
+struct ChatTemplateError : Error {
+    using Error::Error;
+};
+
 // A bad argument (maps to ValueError).
 struct InvalidArgument : std::invalid_argument {
     using std::invalid_argument::invalid_argument;

@@ -21,5 +21,6 @@ void register_errors(pybind11::module_& m);
 void register_backend(pybind11::module_& m);
 void register_model(pybind11::module_& m);
 void register_context_pair(pybind11::module_& m);
+void register_chat(pybind11::module_& m);
 
 }  // namespace pydflash::bindings

@@ -13,4 +13,5 @@ PYBIND11_MODULE(_core, m) {
     pydflash::bindings::register_backend(m);
     pydflash::bindings::register_model(m);
     pydflash::bindings::register_context_pair(m);
+    pydflash::bindings::register_chat(m);
 }

@@ -3,14 +3,15 @@
     from pydflash import Llama
     llm = Llama("target.gguf", draft="drafter.gguf")
     print(llm.generate("def fib(n):", max_tokens=64).text)
+    llm.create_chat_completion([{"role": "user", "content": "hi"}])   # OpenAI-shaped
 """
 
 from __future__ import annotations
 
 from . import _core
 from .embedded import embedded_pair
-from .errors import (ContextLimitError, DecodeError, DraftCompatibilityError, GenerationInterrupted, ModelLoadError,
-                     PyDFlashError, RollbackError)
+from .errors import (ChatTemplateError, ContextLimitError, DecodeError, DraftCompatibilityError, GenerationInterrupted,
+                     ModelLoadError, PyDFlashError, RollbackError)
 from .llama import Llama
 from .pair import ContextPair
 from .results import GenerationResult, GenerationStats, MemoryReport, MemoryRow, StepResult, StreamStep
@@ -33,6 +34,7 @@ __all__ = [
     "DecodeError",
     "RollbackError",
     "GenerationInterrupted",
+    "ChatTemplateError",
     "backends",
     "embedded_pair",
     "inspect",

@@ -1,4 +1,4 @@
-"""The ``pydflash`` command line: generate, demo, bench, info."""
+"""The ``pydflash`` command line: generate, demo, bench, serve, info."""
 
 from __future__ import annotations
 
@@ -66,6 +66,25 @@ def _parser() -> argparse.ArgumentParser:
 
     _add_bench(sub)
 
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server with speculative /metrics",
+                       description="Serve one target + DFlash drafter pair over HTTP, OpenAI-compatible: "
+                                   "POST /v1/completions and /v1/chat/completions (stream: server-sent events), "
+                                   "GET /v1/models, /health, and /metrics (Prometheus text with tokens drafted "
+                                   "and accepted, acceptance rate, accepted length per step, tokens/s). One "
+                                   "generation runs at a time; other requests wait. Without -m: the embedded pair.",
+                       epilog="example: pydflash serve -m target.gguf -d drafter.gguf --port 8080, then "
+                              "openai.OpenAI(base_url='http://127.0.0.1:8080/v1', api_key='none')")
+    s.add_argument("-m", "--model", metavar="TARGET", help="target GGUF file (default: the embedded pair)")
+    s.add_argument("-d", "--draft", metavar="DRAFT", help="DFlash drafter GGUF file (omit: target alone)")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    s.add_argument("--port", type=int, default=8080, help="port; 0 = any free port (default: %(default)s)")
+    s.add_argument("--alias", default=None, help="model id reported by /v1/models (default: the file name)")
+    s.add_argument("--draft-max", type=int, default=None, help="draft tokens per step (default: block size - 1)")
+    s.add_argument("--chat-template", default=None, metavar="TEMPLATE",
+                   help="jinja source, a file holding it, or a llama.cpp built-in name "
+                        "(default: the GGUF's own template, ChatML if it has none)")
+    _add_common(s)
+
     i = sub.add_parser("info", help="backends, model metadata, and whether a drafter fits a target",
                        description="Print the compute backends; with -m and/or -d, each file's metadata "
                                    "(with -m, also how rejected draft tokens are rolled back on that target: "
@@ -117,7 +136,20 @@ def _model_summary(m: _core.Model) -> dict:
     return {"path": m.path, "architecture": m.architecture, "description": m.description,
             "n_params": m.n_params, "size_bytes": m.size_bytes, "n_embd": m.n_embd, "n_layer": m.n_layer,
             "n_vocab": m.n_vocab, "n_ctx_train": m.n_ctx_train, "recurrent": m.is_recurrent,
-            "hybrid": m.is_hybrid, "metadata": meta}
+            "hybrid": m.is_hybrid, "chat_template": _template_summary(m), "metadata": meta}
+
+
+def _template_summary(m: _core.Model) -> str:
+    src = m.metadata.get("tokenizer.chat_template")
+    if not src:
+        return "none (chat uses ChatML)"
+    try:
+        from .chat import ChatTemplate
+
+        thinking = ChatTemplate(m).supports_thinking
+    except PyDFlashError as e:
+        return f"jinja, {len(src)} chars, does not parse: {e}"
+    return f"jinja, {len(src)} chars" + (", reasoning on/off" if thinking else "")
 
 
 _ROLLBACK_NOTES = {
@@ -158,11 +190,12 @@ def _cmd_info(a: argparse.Namespace) -> int:
             s = out[role]
             print(f"\n{role}: {s['path']}")
             for k in ("architecture", "description", "n_params", "size_bytes", "n_embd", "n_layer", "n_vocab",
-                      "n_ctx_train", "recurrent", "hybrid", "rollback"):
+                      "n_ctx_train", "recurrent", "hybrid", "rollback", "chat_template"):
                 if k in s:
-                    print(f"  {k:<12} {s[k]}{_ROLLBACK_NOTES.get(s[k], '') if k == 'rollback' else ''}")
+                    print(f"  {k:<13} {s[k]}{_ROLLBACK_NOTES.get(s[k], '') if k == 'rollback' else ''}")
             for k, v in sorted(s["metadata"].items()):
-                print(f"  {k} = {v}")
+                v = str(v)
+                print(f"  {k} = " + (v if len(v) <= 120 and "\n" not in v else repr(v[:100]) + f"... ({len(v)} chars)"))
     if "compatible" in out:
         print("\ndrafter fits target: " + ("yes" if out["compatible"] else "NO - " + out["incompatibility"]))
         return 0 if out["compatible"] else 1
@@ -318,12 +351,35 @@ def _cmd_bench(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(a: argparse.Namespace) -> int:
+    from .server import Server, serve
+
+    model, draft = a.model, a.draft
+    if model is None:
+        from .embedded import embedded_pair
+
+        model, default_draft = embedded_pair()
+        draft = draft or default_draft
+    template = a.chat_template
+    if template and Path(template).is_file():
+        template = Path(template).read_text(encoding="utf-8")
+
+    def ready(srv: Server) -> None:
+        print(f"pydflash: serving {srv.alias} on {srv.url} (OpenAI API at {srv.url}/v1)", file=sys.stderr,
+              flush=True)
+
+    serve(model, draft, host=a.host, port=a.port, alias=a.alias, ready=ready, n_ctx=a.n_ctx, n_threads=a.threads,
+          n_gpu_layers=a.n_gpu_layers, draft_max=a.draft_max, verbose=a.verbose, chat_template=template)
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     a = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if getattr(a, "verbose", False) else logging.WARNING,
                         format="%(name)s: %(message)s")
     try:
-        return {"generate": _cmd_generate, "demo": _cmd_demo, "bench": _cmd_bench, "info": _cmd_info}[a.command](a)
+        return {"generate": _cmd_generate, "demo": _cmd_demo, "bench": _cmd_bench, "serve": _cmd_serve,
+                "info": _cmd_info}[a.command](a)
     except (PyDFlashError, ValueError, TypeError) as e:
         print(f"pydflash: error: {e}", file=sys.stderr)
         return 2

@@ -10,6 +10,7 @@ __all__ = [
     "DecodeError",
     "RollbackError",
     "GenerationInterrupted",
+    "ChatTemplateError",
 ]
 
 
@@ -47,3 +48,8 @@ class RollbackError(DecodeError):
 class GenerationInterrupted(PyDFlashError):
     """``interrupt()`` stopped a decode. The context pair was reset; the
     object is usable (Ctrl-C raises KeyboardInterrupt instead)."""
+
+
+class ChatTemplateError(PyDFlashError, ValueError):
+    """A chat template does not parse, or fails while rendering these messages
+    (a jinja error, ``raise_exception`` in the template, ...). The model stays usable."""

@@ -7,7 +7,7 @@ import os
 import random
 import threading
 import time
-from typing import Iterator, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Sequence, Union
 
 from . import _core, _logging
 from ._text import TextAssembler
@@ -15,6 +15,10 @@ from .config import ModelConfig, SamplingConfig
 from .errors import PyDFlashError
 from .pair import ContextPair
 from .results import FinishReason, GenerationResult, GenerationStats, MemoryReport, MemoryRow, StreamStep
+
+if TYPE_CHECKING:
+    from .chat import ChatPrompt, ChatTemplate
+    from .openai_types import ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk
 
 __all__ = ["Llama"]
 
@@ -54,6 +58,7 @@ class Llama:
         n_batch: int = 512,
         rollback: str = "auto",
         verbose: bool = False,
+        chat_template: Optional[str] = None,
     ):
         self._pair_core: Optional[_core.ContextPair] = None
         self.config = ModelConfig(n_ctx=n_ctx, n_batch=n_batch, n_gpu_layers=n_gpu_layers,
@@ -61,6 +66,8 @@ class Llama:
         _logging.set_verbose(verbose)
         self._lock = threading.Lock()
         self._owner: Optional[int] = None
+        self._chat_template_source = chat_template  # None: the GGUF's own (ChatML if none)
+        self._chat_template: Optional["ChatTemplate"] = None
         cfg = self.config
         try:
             self._target = _core.Model.load(os.fspath(model_path), cfg.n_gpu_layers, True, "target")
@@ -245,6 +252,52 @@ class Llama:
             return "<pydflash.Llama closed>"
         d = f" draft='{self._draft.path}'" if self._draft is not None else ""
         return f"<pydflash.Llama '{self._model().path}'{d} n_ctx={self.n_ctx}>"
+
+    # -- OpenAI-style API (pydflash.completions) --------------------------------
+
+    @classmethod
+    def from_pretrained(cls, repo_id: str, filename: Optional[str] = None, *, draft_repo_id: Optional[str] = None,
+                        draft_filename: Optional[str] = None, revision: Optional[str] = None,
+                        draft_revision: Optional[str] = None, cache_dir: Optional[Union[str, os.PathLike]] = None,
+                        local_files_only: bool = False, token: Optional[str] = None, **kwargs: Any) -> "Llama":
+        """Download (or find in the cache) a GGUF target, and optionally a DFlash
+        drafter, from the Hugging Face Hub; filenames may be globs. Other keyword
+        arguments go to ``Llama(...)``. See ``pydflash.hub.from_pretrained``."""
+        from .hub import from_pretrained
+
+        return from_pretrained(cls, repo_id, filename, draft_repo_id=draft_repo_id, draft_filename=draft_filename,
+                               revision=revision, draft_revision=draft_revision, cache_dir=cache_dir,
+                               local_files_only=local_files_only, token=token, **kwargs)
+
+    def create_completion(self, prompt: Prompt, *args: Any,
+                          **kwargs: Any) -> Union["Completion", Iterator["CompletionChunk"]]:
+        """OpenAI-style text completion (``stream=True``: chunks); options and
+        defaults as llama-cpp-python's. See ``pydflash.completions.create_completion``."""
+        from .completions import create_completion
+
+        return create_completion(self, prompt, *args, **kwargs)
+
+    def __call__(self, prompt: Prompt, *args: Any,
+                 **kwargs: Any) -> Union["Completion", Iterator["CompletionChunk"]]:
+        """Same as ``create_completion``."""
+        return self.create_completion(prompt, *args, **kwargs)
+
+    def create_chat_completion(self, messages: Sequence[Mapping[str, Any]], *args: Any,
+                               **kwargs: Any) -> Union["ChatCompletion", Iterator["ChatCompletionChunk"]]:
+        """OpenAI-style chat completion through the model's chat template.
+        See ``pydflash.completions.create_chat_completion``."""
+        from .completions import create_chat_completion
+
+        return create_chat_completion(self, messages, *args, **kwargs)
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
+                            enable_thinking: bool = True, tools: Optional[Sequence[Mapping[str, Any]]] = None,
+                            **template_kwargs: Any) -> "ChatPrompt":
+        """The prompt the chat template makes of ``messages`` (nothing is generated)."""
+        from .completions import chat_template
+
+        return chat_template(self).apply(messages, add_generation_prompt=add_generation_prompt,
+                                         enable_thinking=enable_thinking, tools=tools, **template_kwargs)
 
     # -- internals used by _Run ----------------------------------------------
 

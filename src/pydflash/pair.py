@@ -9,11 +9,15 @@ context driven one speculative step at a time.
 
 from __future__ import annotations
 
-from typing import Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
 from . import _core, _logging
 from .config import SamplingConfig, _int
 from .results import StepResult
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 __all__ = ["ContextPair", "StepResult"]
 
@@ -52,7 +56,7 @@ class ContextPair:
         finally:
             _logging.flush()
 
-    def score(self, tokens: Sequence[int]):
+    def score(self, tokens: Sequence[int]) -> "npt.NDArray[np.float32]":
         """The target's logits for every position of ``tokens`` as a numpy array
         (len(tokens), n_vocab), evaluated from an empty cache. Resets the pair."""
         try:

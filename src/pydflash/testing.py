@@ -27,7 +27,7 @@ import numpy as np
 
 __all__ = ["TargetSpec", "HybridSpec", "DrafterSpec", "Hparams", "Tokenizer", "tokenizer", "write_target",
            "write_hybrid_target", "write_drafter", "write_pair", "write_hybrid_pair", "write_qwen3_gguf",
-           "write_dflash_gguf"]
+           "write_dflash_gguf", "THINKING_TEMPLATE"]
 
 EOS = "<|endoftext|>"
 MASK = "<|mask|>"
@@ -123,6 +123,7 @@ class TargetSpec:
     head_scale: float = 8.0
     seed: int = 0
     eos_hot: bool = False  # give end-of-text a hot head row, so generations can end
+    chat_template: str | None = None  # written as tokenizer.chat_template (jinja)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,6 +253,25 @@ def _add_tokenizer(w, tok: Tokenizer, *, mask: bool) -> None:
         w.add_mask_token_id(tok.mask)
 
 
+# A small Qwen3-style jinja chat template with reasoning blocks and a thinking
+# switch, for tests (llama.cpp's template analysis finds its <think> tags).
+THINKING_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message.role + '\\n' -}}"
+    "{%- if message.role == 'assistant' and message.reasoning_content -%}"
+    "{{- '<think>\\n' + message.reasoning_content + '\\n</think>\\n\\n' -}}"
+    "{%- endif -%}"
+    "{{- message.content + '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if enable_thinking is defined and enable_thinking is false -%}"
+    "{{- '<think>\\n\\n</think>\\n\\n' -}}"
+    "{%- endif -%}"
+    "{%- endif -%}"
+)
+
+
 def _rng_tensor(rng: np.random.Generator, shape: Sequence[int], scale: float) -> np.ndarray:
     return (rng.standard_normal(shape) * scale).astype(np.float32)
 
@@ -305,8 +325,9 @@ def write_target(path: str | Path, spec: TargetSpec = TargetSpec(), *, architect
                                         qk_norm=architecture not in ("qwen2", "llama")))
     tensors["output_norm.weight"] = _norm(rng, s.n_embd)
     tensors["output.weight"] = _head(rng, s, tok)
+    extra = {"tokenizer.chat_template": s.chat_template} if s.chat_template is not None else None
     return write_qwen3_gguf(path, hp, tok, tensors, name=f"pydflash tiny {architecture} target",
-                            architecture=architecture)
+                            architecture=architecture, extra_kv=extra)
 
 
 def _ffn(rng, i: int, n_embd: int, n_ff: int, prefix: str = "ffn", suffix: str = "") -> dict[str, np.ndarray]:

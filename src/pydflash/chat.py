@@ -1,0 +1,122 @@
+"""Chat templates: the GGUF's own template (``tokenizer.chat_template``, jinja,
+rendered by llama.cpp's common/chat), an explicit jinja source, or a llama.cpp
+built-in template name; ChatML when the model has none (as llama.cpp does)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Mapping, Optional, Sequence
+
+from . import _core
+
+__all__ = ["ChatPrompt", "ChatReply", "ChatTemplate", "builtin_templates"]
+
+_CHATML_END = "<|im_end|>"
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatPrompt:
+    """What a template made of a conversation: the prompt text, the stop strings
+    the template asks for, and how to read the reply (``format``, reasoning tags)."""
+
+    prompt: str
+    stop: tuple[str, ...]
+    generation_prompt: str
+    format: str
+    supports_thinking: bool
+    thinking_start_tag: str
+    thinking_end_tags: tuple[str, ...]
+    format_id: int = dataclasses.field(repr=False, default=0)
+    parser: str = dataclasses.field(repr=False, default="")
+
+    @property
+    def needs_parse(self) -> bool:
+        return bool(self.parser) or self.format_id != 0 or self.supports_thinking
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatReply:
+    content: str
+    reasoning_content: str
+    tool_calls: tuple[tuple[str, str, str], ...]  # (name, arguments JSON, id)
+
+
+def builtin_templates() -> list[str]:
+    """Names of llama.cpp's built-in (non-jinja) chat templates."""
+    return list(_core.ChatTemplate.builtin_names())
+
+
+class ChatTemplate:
+    """A chat template bound to a model's vocabulary (for its BOS/EOS tokens).
+
+    ``source=None`` uses the model's own template (ChatML when it has none); a
+    llama.cpp built-in name (see ``builtin_templates()``) or jinja source overrides it.
+    A template that does not parse raises ``ChatTemplateError``."""
+
+    def __init__(self, model: Optional[_core.Model], source: Optional[str] = None, *,
+                 bos_token: str = "", eos_token: str = ""):
+        if source is not None and not isinstance(source, str):
+            raise TypeError(f"chat template must be str, not {type(source).__name__}")
+        self._t = _core.ChatTemplate(model, source or "", bos_token, eos_token)
+        self._fallback = model is not None and not source and not self._t.has_model_template
+
+    @property
+    def source(self) -> str:
+        return self._t.source
+
+    @property
+    def is_fallback(self) -> bool:
+        """True when the model has no template of its own and ChatML is used."""
+        return self._fallback
+
+    @property
+    def supports_thinking(self) -> bool:
+        return self._t.supports_thinking
+
+    def apply(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
+              enable_thinking: bool = True, tools: Optional[Sequence[Mapping[str, Any]]] = None,
+              **template_kwargs: Any) -> ChatPrompt:
+        """Render ``messages`` (OpenAI-style dicts) into a prompt."""
+        _check_messages(messages)
+        try:
+            mj = json.dumps(list(messages))
+            tj = json.dumps(list(tools)) if tools else ""
+            kj = json.dumps(template_kwargs) if template_kwargs else ""
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"messages, tools and template arguments must be JSON-serialisable: {e}") from None
+        d = self._t.apply(mj, add_generation_prompt, enable_thinking, tj, kj)
+        stops = list(d["additional_stops"])  # type: ignore[call-overload]
+        if self._fallback and _CHATML_END not in stops:
+            stops.append(_CHATML_END)
+        return ChatPrompt(prompt=str(d["prompt"]), stop=tuple(stops), generation_prompt=str(d["generation_prompt"]),
+                          format=str(d["format"]), supports_thinking=bool(d["supports_thinking"]),
+                          thinking_start_tag=str(d["thinking_start_tag"]),
+                          thinking_end_tags=tuple(d["thinking_end_tags"]),  # type: ignore[call-overload]
+                          format_id=int(d["format_id"]), parser=str(d["parser"]))  # type: ignore[call-overload]
+
+    @staticmethod
+    def parse(text: str, prompt: ChatPrompt, *, extract_reasoning: bool = True, partial: bool = False) -> ChatReply:
+        """Split a generated reply into content, reasoning and tool calls with the
+        template's reply parser. Raises ``ChatTemplateError`` when it does not match."""
+        if not prompt.needs_parse:
+            return ChatReply(text, "", ())
+        d = _core.ChatTemplate.parse(text, prompt.format_id, prompt.generation_prompt, prompt.parser,
+                                     extract_reasoning, partial)
+        return ChatReply(str(d["content"]), str(d["reasoning_content"]),
+                         tuple(tuple(c) for c in d["tool_calls"]))  # type: ignore[attr-defined, misc]
+
+
+def _check_messages(messages: Any) -> None:
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise TypeError("messages must be a list of {'role': ..., 'content': ...} dicts")
+    if not messages:
+        raise ValueError("messages is empty")
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping):
+            raise TypeError(f"messages[{i}] must be a dict, not {type(m).__name__}")
+        if not isinstance(m.get("role"), str):
+            raise ValueError(f"messages[{i}] has no 'role' string")
+        c = m.get("content")
+        if c is not None and not isinstance(c, (str, list)):
+            raise TypeError(f"messages[{i}]['content'] must be a string or a list of parts")

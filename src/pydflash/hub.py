@@ -1,0 +1,103 @@
+"""``Llama.from_pretrained``: GGUF files from the Hugging Face Hub (or its local
+cache) through ``huggingface_hub`` — its cache layout, offline mode
+(``HF_HUB_OFFLINE=1`` / ``local_files_only=True``) and progress bars."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional, Type, TypeVar
+
+from .errors import ModelLoadError
+
+if TYPE_CHECKING:
+    from .llama import Llama
+
+__all__ = ["from_pretrained", "resolve"]
+
+L = TypeVar("L", bound="Llama")
+
+_GLOB_CHARS = set("*?[")
+
+
+def _hub() -> Any:
+    try:
+        import huggingface_hub
+        import huggingface_hub.errors  # noqa: F401
+    except ImportError:  # pragma: no cover - an optional dependency
+        raise ImportError("Llama.from_pretrained needs huggingface_hub: pip install 'pydflash[hub]'") from None
+    return huggingface_hub
+
+
+def resolve(repo_id: str, filename: str, *, revision: Optional[str] = None,
+            cache_dir: Optional[os.PathLike | str] = None, local_files_only: bool = False,
+            token: Optional[str] = None) -> Path:
+    """The local path of ``filename`` in ``repo_id`` (downloaded when missing).
+
+    ``filename`` may be a glob (``"*Q4_K_M.gguf"``); it must match exactly one
+    file, or the first shard of a split GGUF (``...-00001-of-000NN.gguf``)."""
+    if not isinstance(repo_id, str) or not repo_id:
+        raise ValueError("repo_id must be a non-empty string like 'org/name'")
+    if not isinstance(filename, str) or not filename:
+        raise ValueError("filename must be a non-empty string (a file name or a glob pattern)")
+    hf = _hub()
+    cache = os.fspath(cache_dir) if cache_dir is not None else None
+    try:
+        if not _GLOB_CHARS & set(filename):
+            return Path(hf.hf_hub_download(repo_id, filename, revision=revision, cache_dir=cache,
+                                           local_files_only=local_files_only, token=token))
+        folder = Path(hf.snapshot_download(repo_id, revision=revision, cache_dir=cache, allow_patterns=[filename],
+                                           local_files_only=local_files_only, token=token))
+    except (hf.errors.LocalEntryNotFoundError, hf.errors.EntryNotFoundError,
+            hf.errors.RepositoryNotFoundError, hf.errors.RevisionNotFoundError, hf.errors.OfflineModeIsEnabled) as e:
+        raise ModelLoadError(f"{repo_id}: {filename!r} is not available"
+                             f"{' in the local cache' if local_files_only or _offline() else ''}: {e}") from e
+    files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() or p.is_symlink())
+    matches = [f for f in files if fnmatch.fnmatch(f, filename)]
+    if len(matches) > 1:
+        shards = [m for m in matches if "-00001-of-" in m]
+        if len(shards) == 1:
+            matches = shards
+        else:
+            raise ValueError(f"{repo_id}: {filename!r} matches {len(matches)} files: {', '.join(matches)}")
+    if not matches:
+        raise ModelLoadError(f"{repo_id}: no file matches {filename!r}"
+                             + (f" (files: {', '.join(files)})" if files else ""))
+    if "-00001-of-" in matches[0]:
+        # llama.cpp loads the other shards from beside the first one
+        rest = matches[0].replace("-00001-of-", "-*-of-")
+        snapshot_folder = Path(hf.snapshot_download(repo_id, revision=revision, cache_dir=cache,
+                                                    allow_patterns=[rest], local_files_only=local_files_only,
+                                                    token=token))
+        return snapshot_folder / matches[0]
+    return folder / matches[0]
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+
+
+def from_pretrained(cls: Type[L], repo_id: str, filename: Optional[str] = None, *,
+                    draft_repo_id: Optional[str] = None, draft_filename: Optional[str] = None,
+                    revision: Optional[str] = None, draft_revision: Optional[str] = None,
+                    cache_dir: Optional[os.PathLike | str] = None, local_files_only: bool = False,
+                    token: Optional[str] = None, **kwargs: Any) -> L:
+    """``Llama.from_pretrained(repo_id, filename, draft_repo_id=..., draft_filename=...)``.
+
+    ``filename`` / ``draft_filename`` may be globs. The drafter comes from
+    ``draft_repo_id`` (default: ``repo_id``) when ``draft_filename`` is given;
+    ``draft_repo_id`` alone means its only ``*.gguf``. Other keyword arguments go
+    to ``Llama(...)``."""
+    if filename is None:
+        filename = "*.gguf"
+    if "draft" in kwargs:
+        raise TypeError("from_pretrained takes draft_repo_id / draft_filename, not draft=")
+    target = resolve(repo_id, filename, revision=revision, cache_dir=cache_dir,
+                     local_files_only=local_files_only, token=token)
+    draft: Optional[Path] = None
+    if draft_repo_id is not None or draft_filename is not None:
+        draft = resolve(draft_repo_id or repo_id, draft_filename or "*.gguf",
+                        revision=draft_revision if draft_repo_id else (draft_revision or revision),
+                        cache_dir=cache_dir, local_files_only=local_files_only, token=token)
+    return cls(target, draft=draft, **kwargs)

@@ -1,0 +1,123 @@
+"""Prometheus text-format metrics of a pydflash server, with the speculative
+counters llama-server's ``/metrics`` lacks: tokens drafted and accepted, the
+acceptance rate, tokens per target pass, and a histogram of the accepted draft
+length of every step."""
+
+from __future__ import annotations
+
+import threading
+from typing import Mapping, Sequence
+
+__all__ = ["Metrics"]
+
+PREFIX = "pydflash_"
+
+
+class Metrics:
+    """Thread-safe counters; ``render()`` gives the Prometheus exposition text."""
+
+    def __init__(self, max_accepted: int = 16):
+        self._lock = threading.Lock()
+        self.buckets = list(range(0, max(1, max_accepted) + 1))
+        self.bucket_counts = [0] * len(self.buckets)
+        self.hist_count = 0
+        self.hist_sum = 0
+        self.counters: dict[str, float] = {k: 0 for k in (
+            "prompt_tokens_total", "prompt_seconds_total", "tokens_predicted_total",
+            "tokens_predicted_seconds_total", "draft_tokens_total", "draft_tokens_accepted_total",
+            "target_passes_total", "requests_cancelled_total", "requests_failed_total")}
+        self.requests: dict[str, int] = {}
+        self.processing = 0
+        self.deferred = 0
+
+    # -- updates -------------------------------------------------------------
+
+    def request(self, endpoint: str) -> None:
+        with self._lock:
+            self.requests[endpoint] = self.requests.get(endpoint, 0) + 1
+
+    def add(self, name: str, value: float = 1) -> None:
+        with self._lock:
+            self.counters[name] += value
+
+    def queue(self, deferred: int = 0, processing: int = 0) -> None:
+        with self._lock:
+            self.deferred += deferred
+            self.processing += processing
+
+    def generation(self, timings: Mapping[str, object]) -> None:
+        """Count one finished generation from its response's ``timings``."""
+        lengths: Sequence[int] = timings.get("accepted_lengths", []) or []  # type: ignore[assignment]
+        with self._lock:
+            c = self.counters
+            c["prompt_tokens_total"] += int(timings["prompt_n"])  # type: ignore[call-overload]
+            c["prompt_seconds_total"] += float(timings["prompt_ms"]) / 1e3  # type: ignore[arg-type]
+            c["tokens_predicted_total"] += int(timings["predicted_n"])  # type: ignore[call-overload]
+            c["tokens_predicted_seconds_total"] += float(timings["predicted_ms"]) / 1e3  # type: ignore[arg-type]
+            c["draft_tokens_total"] += int(timings["draft_n"])  # type: ignore[call-overload]
+            c["draft_tokens_accepted_total"] += int(timings["draft_n_accepted"])  # type: ignore[call-overload]
+            c["target_passes_total"] += int(timings["n_steps"])  # type: ignore[call-overload]
+            for n in lengths:
+                self.hist_count += 1
+                self.hist_sum += n
+                for i, le in enumerate(self.buckets):
+                    if n <= le:
+                        self.bucket_counts[i] += 1
+
+    # -- exposition ------------------------------------------------------------
+
+    def render(self) -> str:
+        with self._lock:
+            c = dict(self.counters)
+            out: list[str] = []
+
+            def metric(name: str, kind: str, help_: str, value: float, labels: str = "") -> None:
+                out.append(f"# HELP {PREFIX}{name} {help_}")
+                out.append(f"# TYPE {PREFIX}{name} {kind}")
+                out.append(f"{PREFIX}{name}{labels} {_num(value)}")
+
+            out.append(f"# HELP {PREFIX}requests_total Requests per endpoint.")
+            out.append(f"# TYPE {PREFIX}requests_total counter")
+            for ep, n in sorted(self.requests.items()):
+                out.append(f'{PREFIX}requests_total{{endpoint="{ep}"}} {n}')
+            metric("requests_cancelled_total", "counter", "Generations cancelled by a client disconnect.",
+                   c["requests_cancelled_total"])
+            metric("requests_failed_total", "counter", "Requests that ended in an error.", c["requests_failed_total"])
+            metric("requests_processing", "gauge", "Generations running now (at most one per model pair).",
+                   self.processing)
+            metric("requests_deferred", "gauge", "Requests waiting for the model pair.", self.deferred)
+            metric("prompt_tokens_total", "counter", "Prompt tokens processed.", c["prompt_tokens_total"])
+            metric("prompt_seconds_total", "counter", "Prompt processing time.", c["prompt_seconds_total"])
+            metric("tokens_predicted_total", "counter", "Generated tokens.", c["tokens_predicted_total"])
+            metric("tokens_predicted_seconds_total", "counter", "Generation (decode) time.",
+                   c["tokens_predicted_seconds_total"])
+            metric("draft_tokens_total", "counter", "Tokens proposed by the DFlash drafter.", c["draft_tokens_total"])
+            metric("draft_tokens_accepted_total", "counter", "Drafted tokens the target accepted.",
+                   c["draft_tokens_accepted_total"])
+            metric("target_passes_total", "counter", "Target verification passes (speculative steps).",
+                   c["target_passes_total"])
+            drafted = c["draft_tokens_total"]
+            metric("draft_acceptance_rate", "gauge", "Accepted / drafted tokens since start.",
+                   c["draft_tokens_accepted_total"] / drafted if drafted else 0.0)
+            passes = c["target_passes_total"]
+            metric("tokens_per_target_pass", "gauge", "Generated tokens per target pass (tau) since start.",
+                   c["tokens_predicted_total"] / passes if passes else 0.0)
+            secs = c["tokens_predicted_seconds_total"]
+            metric("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.",
+                   c["tokens_predicted_total"] / secs if secs else 0.0)
+            secs = c["prompt_seconds_total"]
+            metric("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.",
+                   c["prompt_tokens_total"] / secs if secs else 0.0)
+            name = f"{PREFIX}accepted_length"
+            out.append(f"# HELP {name} Drafted tokens accepted per speculative step.")
+            out.append(f"# TYPE {name} histogram")
+            for le, n in zip(self.buckets, self.bucket_counts):
+                out.append(f'{name}_bucket{{le="{le}"}} {n}')
+            out.append(f'{name}_bucket{{le="+Inf"}} {self.hist_count}')
+            out.append(f"{name}_sum {self.hist_sum}")
+            out.append(f"{name}_count {self.hist_count}")
+        return "\n".join(out) + "\n"
+
+
+def _num(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else repr(float(v))

@@ -1,0 +1,149 @@
+"""OpenAI-shaped result types of ``create_completion`` / ``create_chat_completion``
+(and of ``pydflash serve``), as ``TypedDict``s: plain dicts at run time, so they
+serialise to JSON as they are. ``timings`` follows llama-server's object
+(``draft_n`` / ``draft_n_accepted`` included) plus DFlash's own numbers."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Dict, List, Literal, Optional, Union
+
+if sys.version_info >= (3, 11):
+    from typing import NotRequired, TypedDict
+else:  # pragma: no cover - 3.10
+    from typing_extensions import NotRequired, TypedDict
+
+__all__ = [
+    "ChatCompletionMessageParam", "ChatCompletionTool", "CompletionUsage", "Timings", "CompletionChoice",
+    "Completion", "CompletionChunk", "ChatCompletionToolCall", "ChatCompletionMessage", "ChatCompletionChoice",
+    "ChatCompletion", "ChatCompletionChunkDelta", "ChatCompletionChunkChoice", "ChatCompletionChunk",
+    "FinishReasonOAI",
+]
+
+FinishReasonOAI = Literal["stop", "length", "tool_calls"]
+
+
+class ChatCompletionMessageParam(TypedDict, total=False):
+    """One input message: ``{"role": "user", "content": "..."}`` (content may also
+    be a list of ``{"type": "text", "text": ...}`` parts)."""
+
+    role: str
+    content: Union[str, List[Dict[str, Any]], None]
+    name: str
+    reasoning_content: str
+    tool_calls: List[Dict[str, Any]]
+    tool_call_id: str
+
+
+class ChatCompletionTool(TypedDict):
+    type: Literal["function"]
+    function: Dict[str, Any]
+
+
+class CompletionUsage(TypedDict):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class Timings(TypedDict):
+    """llama-server's ``timings`` object, plus the DFlash step counts."""
+
+    prompt_n: int
+    prompt_ms: float
+    prompt_per_token_ms: float
+    prompt_per_second: float
+    predicted_n: int
+    predicted_ms: float
+    predicted_per_token_ms: float
+    predicted_per_second: float
+    draft_n: int                 # tokens the drafter proposed
+    draft_n_accepted: int        # of those, tokens the target accepted
+    n_steps: int                 # target verification passes
+    accepted_lengths: List[int]  # accepted draft tokens of each step
+
+
+class CompletionChoice(TypedDict):
+    text: str
+    index: int
+    logprobs: None
+    finish_reason: Optional[FinishReasonOAI]
+
+
+class Completion(TypedDict):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: List[CompletionChoice]
+    usage: CompletionUsage
+    timings: Timings
+
+
+class CompletionChunk(TypedDict):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: List[CompletionChoice]
+    usage: NotRequired[CompletionUsage]   # last chunk only
+    timings: NotRequired[Timings]         # last chunk only
+
+
+class ChatCompletionToolCallFunction(TypedDict):
+    name: str
+    arguments: str
+
+
+class ChatCompletionToolCall(TypedDict):
+    id: str
+    type: Literal["function"]
+    function: ChatCompletionToolCallFunction
+
+
+class ChatCompletionMessage(TypedDict):
+    role: Literal["assistant"]
+    content: Optional[str]
+    reasoning_content: NotRequired[str]            # only when the template separates reasoning
+    tool_calls: NotRequired[List[ChatCompletionToolCall]]
+
+
+class ChatCompletionChoice(TypedDict):
+    index: int
+    message: ChatCompletionMessage
+    logprobs: None
+    finish_reason: Optional[FinishReasonOAI]
+
+
+class ChatCompletion(TypedDict):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: List[ChatCompletionChoice]
+    usage: CompletionUsage
+    timings: Timings
+
+
+class ChatCompletionChunkDelta(TypedDict, total=False):
+    role: Literal["assistant"]
+    content: str
+    reasoning_content: str
+    tool_calls: List[Dict[str, Any]]
+
+
+class ChatCompletionChunkChoice(TypedDict):
+    index: int
+    delta: ChatCompletionChunkDelta
+    logprobs: None
+    finish_reason: Optional[FinishReasonOAI]
+
+
+class ChatCompletionChunk(TypedDict):
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: List[ChatCompletionChunkChoice]
+    usage: NotRequired[CompletionUsage]   # last chunk only
+    timings: NotRequired[Timings]         # last chunk only

@@ -1,0 +1,41 @@
+"""Every script in examples/ runs as a user would run it (small token counts)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(name: str, *args: str) -> str:
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / name), *args], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_examples_are_all_tested():
+    tested = {"step_by_step.py", "chat.py", "streaming.py", "server_openai.py"}
+    assert {p.name for p in (ROOT / "examples").glob("*.py")} == tested
+
+
+def test_chat_example():
+    out = run("chat.py", "--max-tokens", "24")
+    assert "<|im_start|>user" in out  # the embedded pair has no template: ChatML
+    assert "assistant:" in out and "DFlash: drafted" in out and "target passes" in out
+
+
+def test_streaming_example():
+    out = run("streaming.py", "--max-tokens", "24")
+    assert "finish_reason=length" in out and "accepted draft tokens per step: [" in out and "tau = " in out
+
+
+def test_server_example():
+    pytest.importorskip("openai")
+    out = run("server_openai.py", "--max-tokens", "16")
+    assert "chat:" in out and "stream:" in out
+    assert "metrics: pydflash_draft_tokens_total" in out and "metrics: pydflash_draft_acceptance_rate" in out

@@ -8,6 +8,7 @@ rollback="checkpoint"). The lossless suite runs on every path: DFlash greedy
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -107,11 +108,11 @@ def test_dflash_greedy_equals_target_greedy(pairs, reference, name, prompt):
     arch, llm = pairs(name)
     expected = reference(arch, prompt)
     block = llm.pair.block_size
-    for draft_max in sorted({1, 2, 4, 8, block - 1}):
+    for draft_max in sorted(d for d in {1, 2, 4, 8, block - 1} if d < block):
         res = llm.generate(prompt, max_tokens=N_TOKENS, ignore_eos=True, draft_max=draft_max)
         assert res.tokens == expected, f"draft_max={draft_max} diverged"
         assert res.finish_reason == "length"
-        check_stats(res, min(draft_max, block - 1))
+        check_stats(res, draft_max)
 
 
 @pytest.mark.parametrize("prompt", [TEXT_PROMPTS[0], TEXT_PROMPTS[3], TEXT_PROMPTS[9]])
@@ -262,7 +263,7 @@ def test_info_names_the_rollback(hybrid_models, capsys, arch, kind):
     assert cli_main(["info", "-m", str(hybrid_models / f"{arch}-target.gguf"),
                      "-d", str(hybrid_models / f"{arch}-drafter-b8.gguf")]) == 0
     out = capsys.readouterr().out
-    assert f"rollback     {kind}" in out
+    assert re.search(rf"^  rollback +{kind}\b", out, re.M), out
     assert "drafter fits target: yes" in out
 
 

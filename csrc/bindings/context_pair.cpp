@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstring>
 #include <sstream>
-#include <thread>
 
 #include "bindings.h"
 #include "errors.h"
@@ -17,13 +16,14 @@ using release = py::call_guard<py::gil_scoped_release>;
 namespace pydflash::bindings {
 namespace {
 
-// The thread that imported the module; Python runs signal handlers there only.
-std::thread::id g_main_thread = std::this_thread::get_id();
+// Python's main thread: the only one where it runs signal handlers. Read from
+// threading, not taken at load time: a worker thread may import us first.
+unsigned long g_main_thread = 0;
 
 // Polled by the core during decodes (GIL released): lets Ctrl-C stop a long
 // prefill or verification. PyErr_CheckSignals leaves KeyboardInterrupt set.
 bool python_signal_pending() {
-    if (std::this_thread::get_id() != g_main_thread) return false;
+    if (PyThread_get_thread_ident() != g_main_thread) return false;
     py::gil_scoped_acquire gil;
     return PyErr_CheckSignals() != 0;
 }
@@ -41,6 +41,7 @@ std::string repr(const StepResult& r) {
 }  // namespace
 
 void register_context_pair(py::module_& m) {
+    g_main_thread = py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
     py::class_<StepResult>(m, "StepResult", "One speculative step (immutable).")
         .def_readonly("tokens", &StepResult::tokens, "New tokens: accepted drafts, then the target's own.")
         .def_readonly("drafted", &StepResult::drafted, "The block the drafter proposed.")

@@ -67,15 +67,4 @@ std::string take_thread_errors() {
     return out;
 }
 
-std::vector<std::pair<std::string, std::string>> devices() {
-    ensure_backend();
-    std::vector<std::pair<std::string, std::string>> out;
-    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
-        ggml_backend_dev_t dev = ggml_backend_dev_get(i);
-        if (dev == nullptr) continue;
-        out.emplace_back(ggml_backend_dev_name(dev), ggml_backend_dev_description(dev));
-    }
-    return out;
-}
-
 }  // namespace pydflash

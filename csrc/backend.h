@@ -26,7 +26,4 @@ std::vector<std::pair<int, std::string>> drain_logs();
 // load failures a precise reason ("unknown model architecture: ...").
 std::string take_thread_errors();
 
-// Names of the registered ggml backend devices ("CPU", "CUDA0", ...).
-std::vector<std::pair<std::string, std::string>> devices();
-
 }  // namespace pydflash

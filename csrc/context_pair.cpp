@@ -19,8 +19,37 @@ double ms_since(Clock::time_point t0) {
     return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
-llama_context_params context_params(const PairParams& p) {
+// llama.cpp's KV cache types (its -ctk/-ctv names)
+ggml_type cache_type(const std::string& name, const char* what) {
+    static const std::pair<const char*, ggml_type> kTypes[] = {
+        {"f32", GGML_TYPE_F32},   {"f16", GGML_TYPE_F16},   {"bf16", GGML_TYPE_BF16},
+        {"q8_0", GGML_TYPE_Q8_0}, {"q4_0", GGML_TYPE_Q4_0}, {"q4_1", GGML_TYPE_Q4_1},
+        {"iq4_nl", GGML_TYPE_IQ4_NL}, {"q5_0", GGML_TYPE_Q5_0}, {"q5_1", GGML_TYPE_Q5_1},
+    };
+    std::string names;
+    for (const auto& [n, t] : kTypes) {
+        if (name == n) return t;
+        names += names.empty() ? n : std::string(", ") + n;
+    }
+    throw InvalidArgument(std::string(what) + " must be one of " + names + "; got '" + name + "'");
+}
+
+llama_flash_attn_type flash_attn_type(const std::string& name) {
+    if (name == "auto") return LLAMA_FLASH_ATTN_TYPE_AUTO;
+    if (name == "on") return LLAMA_FLASH_ATTN_TYPE_ENABLED;
+    if (name == "off") return LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    throw InvalidArgument("flash_attn must be 'auto', 'on' or 'off', got '" + name + "'");
+}
+
+llama_context_params context_params(const PairParams& p, bool drafter) {
     llama_context_params cp = llama_context_default_params();
+    cp.flash_attn_type = flash_attn_type(p.flash_attn);
+    cp.type_k = cache_type(drafter ? p.draft_type_k : p.type_k, drafter ? "draft_type_k" : "type_k");
+    cp.type_v = cache_type(drafter ? p.draft_type_v : p.type_v, drafter ? "draft_type_v" : "type_v");
+    if (cp.flash_attn_type == LLAMA_FLASH_ATTN_TYPE_DISABLED && ggml_is_quantized(cp.type_v)) {
+        throw InvalidArgument(std::string(drafter ? "draft_type_v" : "type_v") + " '" + ggml_type_name(cp.type_v) +
+                              "' is quantized, which needs flash_attn 'on' or 'auto', not 'off'");
+    }
     cp.n_ctx = p.n_ctx;
     cp.n_batch = p.n_batch;
     cp.n_ubatch = p.n_ubatch;
@@ -77,6 +106,8 @@ ContextPair::ContextPair(std::shared_ptr<Model> target, std::shared_ptr<Model> d
     }
 
     check_rollback_request(params_.rollback);
+    context_params(params_, false);  // refuse bad cache / flash-attention options before any work
+    context_params(params_, true);
     ensure_backend();
     create_target_context();
     if (drafter_) {
@@ -85,7 +116,7 @@ ContextPair::ContextPair(std::shared_ptr<Model> target, std::shared_ptr<Model> d
         for (int32_t lid : spec_.target_layer_ids) {
             llama_set_embeddings_layer_inp(ctx_tgt_.get(), static_cast<uint32_t>(lid), true);
         }
-        llama_context_params dp = context_params(params_);
+        llama_context_params dp = context_params(params_, true);
         dp.ctx_other = ctx_tgt_.get();  // the drafter borrows the target's embeddings and head
         ctx_dft_.reset(llama_init_from_model(drafter_->get(), dp));
         if (!ctx_dft_) {
@@ -123,7 +154,7 @@ void ContextPair::create_target_context() {
     // between calls); llama.cpp clamps the request to 0 where the architecture
     // has no partial rollback.
     const bool planes = recurrent && drafter_ && (want == "auto" || want == "recurrent-planes");
-    llama_context_params cp = context_params(params_);
+    llama_context_params cp = context_params(params_, false);
     cp.n_rs_seq = planes ? static_cast<uint32_t>(spec_.max_draft()) : 0;
     take_thread_errors();
     ctx_tgt_.reset(llama_init_from_model(target_->get(), cp));

@@ -29,6 +29,9 @@ struct PairParams {
     int32_t n_threads = 0;    // 0 = number of hardware threads
     int32_t draft_max = -1;   // default draft length; -1 = block_size - 1
     std::string rollback = "auto";  // or a RollbackKind name, to force one
+    std::string flash_attn = "auto";  // "auto", "on" or "off", for both contexts
+    std::string type_k = "f16", type_v = "f16";              // the target's KV cache
+    std::string draft_type_k = "f16", draft_type_v = "f16";  // the drafter's
 };
 
 // Draft-length controls of one step.

@@ -1,6 +1,7 @@
 #include "model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -9,6 +10,7 @@
 #include <unordered_set>
 
 #include "backend.h"
+#include "devices.h"
 #include "errors.h"
 
 namespace fs = std::filesystem;
@@ -100,6 +102,29 @@ void validate_header(const gguf_context* g, const GgufInfo& info, const std::str
     }
 }
 
+llama_split_mode split_mode_from_name(const std::string& name) {
+    if (name == "none") return LLAMA_SPLIT_MODE_NONE;
+    if (name == "layer") return LLAMA_SPLIT_MODE_LAYER;
+    if (name == "row") return LLAMA_SPLIT_MODE_ROW;
+    throw InvalidArgument("split_mode must be 'none', 'layer' or 'row', got '" + name + "'");
+}
+
+// llama.cpp reads llama_max_devices() floats from the pointer
+std::vector<float> tensor_split_array(const std::vector<float>& shares) {
+    if (shares.empty()) return {};
+    const size_t max = llama_max_devices();
+    if (shares.size() > max) {
+        throw InvalidArgument("tensor_split has " + std::to_string(shares.size()) + " entries; this build supports " +
+                              std::to_string(max) + " devices");
+    }
+    for (float f : shares) {
+        if (!(f >= 0.0f) || std::isinf(f)) throw InvalidArgument("tensor_split entries must be finite and >= 0");
+    }
+    std::vector<float> out(shares);
+    out.resize(max, 0.0f);
+    return out;
+}
+
 }  // namespace
 
 bool GgufInfo::has_tensor(const std::string& name) const {
@@ -160,6 +185,12 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& p
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = params.n_gpu_layers;
     if (!params.use_mmap) mp.load_mode = LLAMA_LOAD_MODE_NONE;
+    mp.main_gpu = params.main_gpu;
+    mp.split_mode = split_mode_from_name(params.split_mode);
+    std::vector<float> split = tensor_split_array(params.tensor_split);
+    if (!split.empty()) mp.tensor_split = split.data();
+    std::vector<ggml_backend_dev_t> devices = offload_devices(params.rpc_servers);
+    if (!devices.empty()) mp.devices = devices.data();
     take_thread_errors();
     llama_model* raw = llama_model_load_from_file(path.c_str(), mp);
     if (raw == nullptr) {

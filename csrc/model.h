@@ -13,8 +13,12 @@
 namespace pydflash {
 
 struct ModelParams {
-    int n_gpu_layers = 0;
+    int n_gpu_layers = 0;                  // < 0: all layers
     bool use_mmap = true;
+    int main_gpu = 0;                      // the device used with split_mode "none"
+    std::string split_mode = "layer";      // "none", "layer" or "row" (across GPUs)
+    std::vector<float> tensor_split;       // share per device; empty: by free memory
+    std::vector<std::string> rpc_servers;  // "host:port" of llama.cpp RPC servers
 };
 
 // What the GGUF header says, read without loading any weights.

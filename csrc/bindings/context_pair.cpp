@@ -59,16 +59,21 @@ void register_context_pair(py::module_& m) {
     py::class_<ContextPair>(m, "ContextPair")
         .def(py::init([](std::shared_ptr<Model> target, std::shared_ptr<Model> drafter, uint32_t n_ctx,
                          uint32_t n_batch, uint32_t n_ubatch, int32_t n_threads, int32_t draft_max,
-                         const std::string& rollback) {
+                         std::string rollback, std::string flash_attn, std::string type_k, std::string type_v,
+                         std::string draft_type_k, std::string draft_type_v) {
                  auto pair = std::make_unique<ContextPair>(
                      std::move(target), std::move(drafter),
-                     PairParams{n_ctx, n_batch, n_ubatch, n_threads, draft_max, rollback});
+                     PairParams{n_ctx, n_batch, n_ubatch, n_threads, draft_max, std::move(rollback),
+                                std::move(flash_attn), std::move(type_k), std::move(type_v),
+                                std::move(draft_type_k), std::move(draft_type_v)});
                  pair->set_interrupt_check(&python_signal_pending);
                  return pair;
              }),
              py::arg("target"), py::arg("drafter").none(true), py::arg("n_ctx") = 4096,
              py::arg("n_batch") = 512, py::arg("n_ubatch") = 512, py::arg("n_threads") = 0,
-             py::arg("draft_max") = -1, py::arg("rollback") = "auto", release())
+             py::arg("draft_max") = -1, py::arg("rollback") = "auto", py::arg("flash_attn") = "auto",
+             py::arg("type_k") = "f16", py::arg("type_v") = "f16", py::arg("draft_type_k") = "f16",
+             py::arg("draft_type_v") = "f16", release())
         .def("prefill", &ContextPair::prefill, py::arg("tokens"), release())
         .def("step",
              [](ContextPair& self, int32_t draft_max, int32_t draft_min, float draft_p_min,

@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from . import _core
 from .embedded import embedded_pair
 from .errors import (ChatTemplateError, ContextLimitError, DecodeError, DraftCompatibilityError, GenerationInterrupted,
@@ -42,9 +44,11 @@ __all__ = [
 ]
 
 
-def backends() -> list[dict[str, str]]:
-    """The compute devices llama.cpp can use in this build."""
-    return [{"name": n, "description": d} for n, d in _core.devices()]
+def backends() -> list[dict[str, Any]]:
+    """The compute devices llama.cpp can use in this build: name, description,
+    type ("cpu", "gpu", "igpu", "accel"), backend, memory_free, memory_total
+    (bytes). Devices of RPC servers appear once a Llama has connected to them."""
+    return list(_core.devices())
 
 
 def inspect(path: str) -> dict:

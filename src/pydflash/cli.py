@@ -1,17 +1,21 @@
-"""The ``pydflash`` command line: generate, demo, bench, serve, info."""
+"""The ``pydflash`` command line: generate, demo, bench, serve, info, rpc-server."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import os
+import signal
 import sys
 import tempfile
 import textwrap
+import threading
 from pathlib import Path
 from typing import Optional, Sequence
 
 from . import _core, backends
+from .config import CACHE_TYPES, FLASH_ATTN, SPLIT_MODES
 from .errors import PyDFlashError
 from .llama import Llama
 from .results import GenerationResult
@@ -20,8 +24,33 @@ from .results import GenerationResult
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-ctx", type=int, default=4096, help="context size in tokens (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    p.add_argument("--n-gpu-layers", type=int, default=0, help="layers to offload to a GPU (default: 0)")
     p.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
+    dev = p.add_argument_group("devices and KV cache (as llama.cpp's options of the same names)")
+    dev.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, help="target layers to offload; -1 = all "
+                     "(default: 0)")
+    dev.add_argument("-ngld", "--draft-n-gpu-layers", type=int, default=None,
+                     help="drafter layers to offload (default: as --n-gpu-layers)")
+    dev.add_argument("-sm", "--split-mode", choices=SPLIT_MODES, default="layer",
+                     help="how layers spread over several GPUs (default: %(default)s)")
+    dev.add_argument("-mg", "--main-gpu", type=int, default=0, help="the GPU used with --split-mode none")
+    dev.add_argument("-ts", "--tensor-split", type=lambda t: tuple(float(x) for x in t.split(",")), default=(),
+                     metavar="SHARES", help="share of the model per GPU, e.g. 3,1 (default: by free memory)")
+    dev.add_argument("--rpc", default="", metavar="SERVERS",
+                     help="host:port of RPC servers, comma-separated (see `pydflash rpc-server`)")
+    dev.add_argument("-fa", "--flash-attn", choices=FLASH_ATTN, default="auto", help="(default: %(default)s)")
+    dev.add_argument("-ctk", "--cache-type-k", choices=CACHE_TYPES, default="f16", help="target K cache type")
+    dev.add_argument("-ctv", "--cache-type-v", choices=CACHE_TYPES, default="f16",
+                     help="target V cache type (quantized needs flash attention)")
+    dev.add_argument("-ctkd", "--cache-type-k-draft", choices=CACHE_TYPES, default="f16", help="drafter K cache type")
+    dev.add_argument("-ctvd", "--cache-type-v-draft", choices=CACHE_TYPES, default="f16", help="drafter V cache type")
+
+
+def _llama_options(a: argparse.Namespace) -> dict:
+    """Llama's keyword options from _add_common's flags."""
+    return dict(n_ctx=a.n_ctx, n_threads=a.threads, verbose=a.verbose, n_gpu_layers=a.n_gpu_layers,
+                draft_n_gpu_layers=a.draft_n_gpu_layers, split_mode=a.split_mode, main_gpu=a.main_gpu,
+                tensor_split=a.tensor_split, rpc_servers=a.rpc, flash_attn=a.flash_attn, type_k=a.cache_type_k,
+                type_v=a.cache_type_v, draft_type_k=a.cache_type_k_draft, draft_type_v=a.cache_type_v_draft)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -94,6 +123,16 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("-d", "--draft", metavar="DRAFT", help="DFlash drafter GGUF file")
     i.add_argument("--json", action="store_true", help="print JSON")
     i.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
+
+    r = sub.add_parser("rpc-server", help="serve this machine's CPU to other pydflash / llama.cpp processes (RPC)",
+                       description="Run ggml's RPC server (as llama.cpp's rpc-server) on this machine's CPU "
+                                   "backend: a Llama(..., rpc_servers=['HOST:PORT'], n_gpu_layers=-1) elsewhere "
+                                   "offloads its layers here. Runs until interrupted. The protocol has no "
+                                   "authentication or encryption: listen on a trusted network only.")
+    r.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    r.add_argument("-p", "--port", type=int, default=50052, help="(default: %(default)s)")
+    r.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (default: all cores)")
+    r.add_argument("-c", "--cache-dir", default="", help="keep received tensors here to load faster next time")
     return ap
 
 
@@ -106,8 +145,7 @@ def _stats_line(res: GenerationResult) -> str:
 
 
 def _cmd_generate(a: argparse.Namespace) -> int:
-    with Llama(a.model, draft=a.draft, n_ctx=a.n_ctx, n_threads=a.threads, n_gpu_layers=a.n_gpu_layers,
-               draft_max=a.draft_max, seed=a.seed, verbose=a.verbose) as llm:
+    with Llama(a.model, draft=a.draft, draft_max=a.draft_max, seed=a.seed, **_llama_options(a)) as llm:
         kw = dict(max_tokens=a.max_tokens, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p,
                   seed=a.seed, ignore_eos=a.ignore_eos)
         if a.stream and not a.json:
@@ -163,15 +201,15 @@ _ROLLBACK_NOTES = {
 def _cmd_info(a: argparse.Namespace) -> int:
     from . import _logging
     _logging.set_verbose(a.verbose)
-    out: dict = {"backends": backends(), "system_info": _core.system_info().strip()}
+    out: dict = {"backends": backends(), "rpc": _core.rpc_available(), "system_info": _core.system_info().strip()}
     target = draft = None
     try:
         if a.model:
-            target = _core.Model.load(a.model, 0, True, "target")
+            target = _core.Model.load(a.model, _core.ModelParams(), "target")
             out["target"] = _model_summary(target)
             out["target"]["rollback"] = target.rollback_for_drafting()
         if a.draft:
-            draft = _core.Model.load_drafter(a.draft, 0, True)
+            draft = _core.Model.load_drafter(a.draft, _core.ModelParams())
             out["drafter"] = _model_summary(draft)
         if target is not None and draft is not None:
             why = target.drafter_incompatibility(draft)
@@ -183,7 +221,9 @@ def _cmd_info(a: argparse.Namespace) -> int:
     if a.json:
         print(json.dumps(out, indent=2))
         return 0 if out.get("compatible", True) else 1
-    print("backends: " + ", ".join(f"{b['name']} ({b['description']})" for b in out["backends"]))
+    print("backends: " + ", ".join(f"{b['name']} ({b['description']}; {b['type']}, {b['memory_total'] / 2**30:.1f} GiB)"
+                                   for b in out["backends"]))
+    print(f"rpc:      {'built in (pydflash rpc-server; Llama(rpc_servers=...))' if out['rpc'] else 'not built'}")
     print("system:   " + out["system_info"])
     for role in ("target", "drafter"):
         if role in out:
@@ -236,7 +276,7 @@ def _cmd_demo(a: argparse.Namespace) -> int:
             target = str(pad_ffn(target, Path(td) / "target-padded.gguf", a.pad_ffn))
             print(f"target: memory-bound copy, FFN zero-padded to {a.pad_ffn} (same outputs; --pad-ffn 0 for "
                   f"the small target as is)")
-        common = dict(n_ctx=a.n_ctx, n_threads=a.threads, n_gpu_layers=a.n_gpu_layers, verbose=a.verbose)
+        common = _llama_options(a)
         with Llama(target, draft=draft, draft_max=a.draft_max, **common) as spec, Llama(target, **common) as base:
             # warm both up once so the first timing is not a cold start
             base.generate(prompts[0], max_tokens=8, ignore_eos=True)
@@ -368,9 +408,35 @@ def _cmd_serve(a: argparse.Namespace) -> int:
         print(f"pydflash: serving {srv.alias} on {srv.url} (OpenAI API at {srv.url}/v1)", file=sys.stderr,
               flush=True)
 
-    serve(model, draft, host=a.host, port=a.port, alias=a.alias, ready=ready, n_ctx=a.n_ctx, n_threads=a.threads,
-          n_gpu_layers=a.n_gpu_layers, draft_max=a.draft_max, verbose=a.verbose, chat_template=template)
+    serve(model, draft, host=a.host, port=a.port, alias=a.alias, ready=ready, draft_max=a.draft_max,
+          chat_template=template, **_llama_options(a))
     return 0
+
+
+def _cmd_rpc_server(a: argparse.Namespace) -> int:
+    if not 0 < a.port < 65536:
+        raise ValueError(f"--port must be in 1..65535, got {a.port}")
+    if a.cache_dir:
+        Path(a.cache_dir).mkdir(parents=True, exist_ok=True)
+    print(f"pydflash: RPC server on {a.host}:{a.port} (CPU backend; Ctrl-C to stop)", file=sys.stderr, flush=True)
+    # ggml's server loop never returns and does not poll Python's signals: run
+    # it in a daemon thread and wait here, where Ctrl-C and SIGTERM arrive.
+    t = threading.Thread(target=_core.serve_rpc, args=(f"{a.host}:{a.port}", a.threads, a.cache_dir), daemon=True)
+    t.start()
+
+    def leave(code: int) -> None:
+        # os._exit: interpreter shutdown would free ggml state under the running server thread
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    signal.signal(signal.SIGTERM, lambda *_: leave(0))
+    try:
+        while t.is_alive():
+            t.join(0.5)
+    except KeyboardInterrupt:
+        leave(130)
+    return 1  # the server stopped by itself: it could not bind or start (see its message above)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -379,7 +445,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         format="%(name)s: %(message)s")
     try:
         return {"generate": _cmd_generate, "demo": _cmd_demo, "bench": _cmd_bench, "serve": _cmd_serve,
-                "info": _cmd_info}[a.command](a)
+                "info": _cmd_info, "rpc-server": _cmd_rpc_server}[a.command](a)
     except (PyDFlashError, ValueError, TypeError) as e:
         print(f"pydflash: error: {e}", file=sys.stderr)
         return 2

@@ -5,7 +5,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import operator
-from typing import Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence
+
+if TYPE_CHECKING:
+    from . import _core
 
 
 def _int(name: str, value: object, minimum: int) -> int:
@@ -30,15 +33,49 @@ def _float(name: str, value: object) -> float:
 
 
 ROLLBACK_KINDS = ("auto", "kv-trim", "recurrent-planes", "checkpoint")
+SPLIT_MODES = ("none", "layer", "row")
+FLASH_ATTN = ("auto", "on", "off")
+# llama.cpp's KV cache types (its --cache-type-k/-v names)
+CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+_FLOAT_CACHE_TYPES = ("f32", "f16", "bf16")
+
+
+def _choice(name: str, value: object, choices: Sequence[str]) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, not {type(value).__name__}")
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+    return value
+
+
+def _endpoint(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"rpc_servers entries must be 'host:port' strings, not {type(value).__name__}")
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"rpc_servers entries must be 'host:port', got {value!r}")
+    return value
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """How the pair is loaded and its contexts are sized."""
+    """How the pair is loaded, where its layers go and how its contexts are
+    sized. Device options apply where a GPU or RPC backend exists; on a CPU-only
+    build the layers stay on the CPU."""
 
     n_ctx: int = 4096
     n_batch: int = 512
-    n_gpu_layers: int = 0
+    n_gpu_layers: int = 0                 # target layers to offload; -1: all
+    draft_n_gpu_layers: Optional[int] = None  # the drafter's; None: as n_gpu_layers
+    main_gpu: int = 0                     # the device used with split_mode "none"
+    split_mode: str = "layer"             # across several GPUs: "none", "layer" or "row"
+    tensor_split: tuple[float, ...] = ()  # share of the model per device; (): by free memory
+    rpc_servers: tuple[str, ...] = ()     # "host:port" of ggml RPC servers (offload targets)
+    flash_attn: str = "auto"              # "auto", "on" or "off" (True/False accepted), both contexts
+    type_k: str = "f16"                   # the target's KV cache types
+    type_v: str = "f16"
+    draft_type_k: str = "f16"             # the drafter's
+    draft_type_v: str = "f16"
     n_threads: Optional[int] = None
     draft_max: Optional[int] = None
     seed: int = 0
@@ -48,15 +85,49 @@ class ModelConfig:
         _int("n_ctx", self.n_ctx, 8)
         _int("n_batch", self.n_batch, 1)
         _int("n_gpu_layers", self.n_gpu_layers, -1)
+        if self.draft_n_gpu_layers is not None:
+            _int("draft_n_gpu_layers", self.draft_n_gpu_layers, -1)
+        _int("main_gpu", self.main_gpu, 0)
+        _choice("split_mode", self.split_mode, SPLIT_MODES)
+        if isinstance(self.tensor_split, (str, bytes)) or not isinstance(self.tensor_split, Sequence):
+            raise TypeError(f"tensor_split must be a sequence of numbers, not {type(self.tensor_split).__name__}")
+        split = tuple(_float("tensor_split entry", x) for x in self.tensor_split)
+        if any(x < 0 for x in split) or (split and not any(split)):
+            raise ValueError(f"tensor_split entries must be >= 0 and not all 0, got {split}")
+        object.__setattr__(self, "tensor_split", split)
+        if isinstance(self.rpc_servers, str):  # llama.cpp's --rpc takes "a:1,b:2"
+            object.__setattr__(self, "rpc_servers", tuple(x for x in self.rpc_servers.split(",") if x))
+        object.__setattr__(self, "rpc_servers", tuple(_endpoint(x) for x in self.rpc_servers))
+        if isinstance(self.flash_attn, bool):
+            object.__setattr__(self, "flash_attn", "on" if self.flash_attn else "off")
+        _choice("flash_attn", self.flash_attn, FLASH_ATTN)
+        for name in ("type_k", "type_v", "draft_type_k", "draft_type_v"):
+            _choice(name, getattr(self, name), CACHE_TYPES)
+            if name.endswith("_v") and self.flash_attn == "off" and getattr(self, name) not in _FLOAT_CACHE_TYPES:
+                raise ValueError(f"{name}={getattr(self, name)!r} is quantized, which needs flash_attn 'on' or 'auto'")
         if self.n_threads is not None:
             _int("n_threads", self.n_threads, 1)
         if self.draft_max is not None:
             _int("draft_max", self.draft_max, 0)
         _int("seed", self.seed, -(2**63))
-        if not isinstance(self.rollback, str):
-            raise TypeError(f"rollback must be a str, not {type(self.rollback).__name__}")
-        if self.rollback not in ROLLBACK_KINDS:
-            raise ValueError(f"rollback must be one of {', '.join(map(repr, ROLLBACK_KINDS))}, got {self.rollback!r}")
+        _choice("rollback", self.rollback, ROLLBACK_KINDS)
+
+    def model_params(self, role: str) -> "_core.ModelParams":
+        """The core's load options for the "target" or the "drafter"."""
+        from . import _core
+
+        ngl = self.n_gpu_layers
+        if role == "drafter" and self.draft_n_gpu_layers is not None:
+            ngl = self.draft_n_gpu_layers
+        return _core.ModelParams(n_gpu_layers=ngl, main_gpu=self.main_gpu, split_mode=self.split_mode,
+                                 tensor_split=list(self.tensor_split), rpc_servers=list(self.rpc_servers))
+
+    def pair_options(self) -> dict[str, object]:
+        """The core ContextPair's keyword options."""
+        return dict(n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=min(self.n_batch, 512),
+                    n_threads=self.n_threads or 0, draft_max=-1 if self.draft_max is None else self.draft_max,
+                    rollback=self.rollback, flash_attn=self.flash_attn, type_k=self.type_k, type_v=self.type_v,
+                    draft_type_k=self.draft_type_k, draft_type_v=self.draft_type_v)
 
 
 VERIFY_MODES = ("rejection", "match")

@@ -52,6 +52,16 @@ class Llama:
         draft: Optional[Union[str, os.PathLike]] = None,
         n_ctx: int = 4096,
         n_gpu_layers: int = 0,
+        draft_n_gpu_layers: Optional[int] = None,
+        main_gpu: int = 0,
+        split_mode: str = "layer",
+        tensor_split: Sequence[float] = (),
+        rpc_servers: Union[str, Sequence[str]] = (),
+        flash_attn: Union[bool, str] = "auto",
+        type_k: str = "f16",
+        type_v: str = "f16",
+        draft_type_k: str = "f16",
+        draft_type_v: str = "f16",
         n_threads: Optional[int] = None,
         draft_max: Optional[int] = None,
         seed: int = 0,
@@ -60,9 +70,17 @@ class Llama:
         verbose: bool = False,
         chat_template: Optional[str] = None,
     ):
+        """Options: see ``ModelConfig`` (devices: ``n_gpu_layers``/``draft_n_gpu_layers``
+        (-1 = all), ``main_gpu``, ``split_mode``, ``tensor_split``, ``rpc_servers``;
+        attention and KV cache: ``flash_attn``, ``type_k``/``type_v`` for the target and
+        ``draft_type_k``/``draft_type_v`` for the drafter)."""
         self._pair_core: Optional[_core.ContextPair] = None
-        self.config = ModelConfig(n_ctx=n_ctx, n_batch=n_batch, n_gpu_layers=n_gpu_layers,
-                                  n_threads=n_threads, draft_max=draft_max, seed=seed, rollback=rollback)
+        self.config = ModelConfig(
+            n_ctx=n_ctx, n_batch=n_batch, n_gpu_layers=n_gpu_layers, draft_n_gpu_layers=draft_n_gpu_layers,
+            main_gpu=main_gpu, split_mode=split_mode, tensor_split=tensor_split,  # type: ignore[arg-type]
+            rpc_servers=rpc_servers, flash_attn=flash_attn, type_k=type_k, type_v=type_v,  # type: ignore[arg-type]
+            draft_type_k=draft_type_k, draft_type_v=draft_type_v, n_threads=n_threads, draft_max=draft_max,
+            seed=seed, rollback=rollback)
         _logging.set_verbose(verbose)
         self._lock = threading.Lock()
         self._owner: Optional[int] = None
@@ -70,13 +88,10 @@ class Llama:
         self._chat_template: Optional["ChatTemplate"] = None
         cfg = self.config
         try:
-            self._target = _core.Model.load(os.fspath(model_path), cfg.n_gpu_layers, True, "target")
+            self._target = _core.Model.load(os.fspath(model_path), cfg.model_params("target"), "target")
             self._draft = (None if draft is None
-                           else _core.Model.load_drafter(os.fspath(draft), cfg.n_gpu_layers, True))
-            self._pair_core = _core.ContextPair(
-                self._target, self._draft, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch,
-                n_ubatch=min(cfg.n_batch, 512), n_threads=cfg.n_threads or 0,
-                draft_max=-1 if cfg.draft_max is None else cfg.draft_max, rollback=cfg.rollback)
+                           else _core.Model.load_drafter(os.fspath(draft), cfg.model_params("drafter")))
+            self._pair_core = _core.ContextPair(self._target, self._draft, **cfg.pair_options())
         finally:
             _logging.flush()
         self._pair = ContextPair(self._pair_core)

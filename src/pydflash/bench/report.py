@@ -110,47 +110,43 @@ def write_csv(path: Path, rows: list[dict]) -> None:
         w.writerows(rows)
 
 
-def write_charts(directory: Path, rows: list[dict], ctx_draft_max: int) -> list[Path]:
-    """speedup_vs_context.png and tok_s_vs_draft_max.png; needs matplotlib."""
+def _chart(path: Path, series: dict[str, list[tuple[float, float]]], hline: Optional[tuple[float, str]],
+           xlabel: str, ylabel: str, title: str, log_x: bool = False) -> Path:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    written = []
     fig, ax = plt.subplots(figsize=(6.4, 4))
-    for engine in (DFLASH, NATIVE):
-        pts = sorted((r["isl"], r["speedup"]) for r in rows
-                     if r["engine"] == engine and r["draft_max"] == ctx_draft_max and r["speedup"])
+    for label, pts in series.items():
         if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=engine)
-    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("context (ISL = OSL, tokens)")
-    ax.set_ylabel("decode speed-up over target-only")
-    ax.set_title(f"DFlash speed-up vs context (draft_max {ctx_draft_max})")
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+    if hline is not None:
+        ax.axhline(hline[0], color="grey", lw=0.8, ls="--", label=hline[1] or None)
+    if log_x:
+        ax.set_xscale("log", base=2)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.legend()
     fig.tight_layout()
-    p = directory / "speedup_vs_context.png"
-    fig.savefig(p, dpi=120)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
-    written.append(p)
+    return path
 
+
+def write_charts(directory: Path, rows: list[dict], ctx_draft_max: int) -> list[Path]:
+    """speedup_vs_context.png and tok_s_vs_draft_max.png; needs matplotlib."""
+    speedup = {e: sorted((r["isl"], r["speedup"]) for r in rows
+                         if r["engine"] == e and r["draft_max"] == ctx_draft_max and r["speedup"])
+               for e in (DFLASH, NATIVE)}
     isl0 = min(r["isl"] for r in rows)
-    fig, ax = plt.subplots(figsize=(6.4, 4))
-    for engine in (DFLASH, NATIVE):
-        pts = sorted((r["draft_max"], r["decode_tok_s"]) for r in rows if r["engine"] == engine and r["isl"] == isl0)
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=engine)
+    tok_s = {e: sorted((r["draft_max"], r["decode_tok_s"]) for r in rows if r["engine"] == e and r["isl"] == isl0)
+             for e in (DFLASH, NATIVE)}
     base = [r["decode_tok_s"] for r in rows if r["engine"] == TARGET_ONLY and r["isl"] == isl0]
-    if base:
-        ax.axhline(base[0], color="grey", ls="--", label="target only")
-    ax.set_xlabel("draft_max")
-    ax.set_ylabel("decode tokens/s")
-    ax.set_title(f"decode tok/s vs draft_max (ISL = {isl0})")
-    ax.legend()
-    fig.tight_layout()
-    p = directory / "tok_s_vs_draft_max.png"
-    fig.savefig(p, dpi=120)
-    plt.close(fig)
-    written.append(p)
-    return written
+    return [
+        _chart(directory / "speedup_vs_context.png", speedup, (1.0, ""), "context (ISL = OSL, tokens)",
+               "decode speed-up over target-only", f"DFlash speed-up vs context (draft_max {ctx_draft_max})",
+               log_x=True),
+        _chart(directory / "tok_s_vs_draft_max.png", tok_s, (base[0], "target only") if base else None, "draft_max",
+               "decode tokens/s", f"decode tok/s vs draft_max (ISL = {isl0})"),
+    ]

@@ -12,19 +12,28 @@ import sysconfig
 from pathlib import Path
 from typing import Callable
 
-SKIP_PARTS = {"site-packages", "test", "tests", "idle_test", "lib2to3", "__pycache__"}  # as in training
+# The embedded pair's train / held-out split (tools/train/corpus.py uses it too).
+SKIP_PARTS = {"site-packages", "test", "tests", "idle_test", "lib2to3", "__pycache__"}
 NOT_CODE = {"pydoc_data", "encodings"}
+
+
+def stdlib_files() -> list[Path]:
+    """This interpreter's standard-library sources, in a stable order."""
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    files = [p for p in lib.rglob("*.py") if not SKIP_PARTS.intersection(p.relative_to(lib).parts)]
+    return sorted(files, key=lambda p: str(p.relative_to(lib)))
+
+
+def is_heldout(path: Path, percent: int = 5) -> bool:
+    """A stable hash of the path relative to the standard library."""
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    return hashlib.sha256(str(path.relative_to(lib)).encode()).digest()[0] * 100 // 256 < percent
 
 
 def heldout_stdlib_text(percent: int = 5) -> str:
     lib = Path(sysconfig.get_paths()["stdlib"])
-    parts = []
-    for p in sorted(lib.rglob("*.py"), key=lambda p: str(p.relative_to(lib))):
-        rel = p.relative_to(lib)
-        if SKIP_PARTS.intersection(rel.parts) or NOT_CODE.intersection(rel.parts):
-            continue
-        if hashlib.sha256(str(rel).encode()).digest()[0] * 100 // 256 < percent:
-            parts.append(p.read_text(encoding="utf-8", errors="replace"))
+    parts = [p.read_text(encoding="utf-8", errors="replace") for p in stdlib_files()
+             if not NOT_CODE.intersection(p.relative_to(lib).parts) and is_heldout(p, percent)]
     if not parts:
         raise RuntimeError(f"no standard-library source found under {lib}")
     return "\n\n".join(parts)

@@ -1,0 +1,123 @@
+"""ggml's RPC backend: `pydflash rpc-server` on loopback, a Llama offloading
+to it, and the failures that ggml's client would otherwise abort on."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import pydflash
+from pydflash import Llama, ModelLoadError
+
+PROMPT = "def read_lines(path):\n"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(port: int) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-m", "pydflash", "rpc-server", "--port", str(port), "--threads", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[0]
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise AssertionError("rpc-server did not start listening")
+
+
+@pytest.fixture(scope="module")
+def endpoint():
+    port = free_port()
+    proc = start_server(port)
+    yield f"127.0.0.1:{port}"
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=30)[0]
+    assert proc.returncode == 0, out
+    assert "Starting RPC server" in out and "Accepted client connection" in out
+
+
+@pytest.fixture(scope="module")
+def pair() -> tuple[str, str]:
+    return pydflash.embedded_pair()
+
+
+def test_rpc_is_built_in():
+    assert pydflash._core.rpc_available()
+
+
+def test_lossless_through_an_rpc_server(pair, endpoint):
+    target, draft = pair
+    with Llama(target, draft=draft, n_ctx=512) as local:
+        ref = local.generate(PROMPT, max_tokens=48, ignore_eos=True).tokens
+    with Llama(target, draft=draft, n_ctx=512, rpc_servers=[endpoint], n_gpu_layers=-1) as llm:
+        rows = llm.memory().rows
+        spec = llm.generate(PROMPT, max_tokens=48, ignore_eos=True)
+        alone = llm.generate(PROMPT, max_tokens=48, ignore_eos=True, draft_max=0)
+    # both models' layers live on the server
+    for role in ("target", "drafter"):
+        assert any(r.buffer.startswith("RPC") and endpoint in r.buffer and r.model > 0 for r in rows if r.role == role)
+    assert spec.tokens == alone.tokens
+    assert spec.tokens == ref  # the server runs the same CPU kernels
+    assert spec.stats.n_accepted > 0
+    assert any(b["backend"] == "RPC" and b["description"] == endpoint for b in pydflash.backends())
+
+
+def test_models_without_rpc_servers_stay_local(pair, endpoint):
+    target, draft = pair
+    with Llama(target, draft=draft, n_ctx=256, rpc_servers=endpoint, n_gpu_layers=-1) as remote, \
+            Llama(target, draft=draft, n_ctx=256, n_gpu_layers=-1) as local:
+        assert any(r.buffer.startswith("RPC") for r in remote.memory().rows)
+        assert not any(r.buffer.startswith("RPC") for r in local.memory().rows)
+        assert remote.generate(PROMPT, max_tokens=16).tokens == local.generate(PROMPT, max_tokens=16).tokens
+
+
+def test_nobody_listening(pair):
+    t0 = time.monotonic()
+    with pytest.raises(ModelLoadError, match=r"RPC server 127\.0\.0\.1:\d+: cannot connect \(Connection refused\)"):
+        Llama(pair[0], rpc_servers=[f"127.0.0.1:{free_port()}"], n_gpu_layers=-1)
+    assert time.monotonic() - t0 < 5
+
+
+def test_a_peer_that_is_not_an_rpc_server(pair):
+    # ggml's own client aborts the process on a failed handshake; pydflash asks first
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+
+        def answer_wrongly() -> None:
+            conn, _ = srv.accept()
+            with conn:
+                conn.recv(64)
+                conn.sendall((5).to_bytes(8, "little") + b"hello")
+
+        t = threading.Thread(target=answer_wrongly)
+        t.start()
+        with pytest.raises(ModelLoadError, match="answered, but not as a ggml RPC server"):
+            Llama(pair[0], rpc_servers=[f"127.0.0.1:{srv.getsockname()[1]}"], n_gpu_layers=-1)
+        t.join()
+    with Llama(pair[0], n_ctx=128) as llm:  # the process is fine
+        assert len(llm.generate("x", max_tokens=3, ignore_eos=True).tokens) == 3
+
+
+def test_server_on_a_busy_port_exits_with_an_error():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        out = subprocess.run([sys.executable, "-m", "pydflash", "rpc-server", "--port", str(s.getsockname()[1])],
+                             capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert "Failed to create server socket" in out.stdout + out.stderr

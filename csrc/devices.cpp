@@ -171,7 +171,9 @@ std::vector<DeviceInfo> list_devices() {
         d.description = ggml_backend_dev_description(dev);
         d.type = device_type_name(ggml_backend_dev_type(dev));
         d.backend = ggml_backend_reg_name(ggml_backend_dev_backend_reg(dev));
-        ggml_backend_dev_memory(dev, &d.memory_free, &d.memory_total);
+        // an RPC device's memory is a network call, which aborts in ggml's
+        // client if the server has gone: report 0 rather than ask
+        if (!is_rpc(dev)) ggml_backend_dev_memory(dev, &d.memory_free, &d.memory_total);
         out.push_back(std::move(d));
     }
     return out;

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -83,6 +84,29 @@ def test_models_without_rpc_servers_stay_local(pair, endpoint):
         assert any(r.buffer.startswith("RPC") for r in remote.memory().rows)
         assert not any(r.buffer.startswith("RPC") for r in local.memory().rows)
         assert remote.generate(PROMPT, max_tokens=16).tokens == local.generate(PROMPT, max_tokens=16).tokens
+
+
+SERVER_GONE = """
+import subprocess, sys, time
+sys.path.insert(0, sys.argv[2])
+from test_rpc import start_server
+from pydflash import Llama, backends
+proc = start_server(int(sys.argv[1]))
+with Llama(sys.argv[3], rpc_servers=[f"127.0.0.1:{sys.argv[1]}"], n_gpu_layers=-1, n_ctx=128) as llm:
+    llm.generate("x", max_tokens=2)
+proc.kill(); proc.wait()
+print(sorted(b["name"] for b in backends()))
+with Llama(sys.argv[3], n_gpu_layers=-1, n_ctx=128) as llm:
+    print(len(llm.generate("x", max_tokens=2, ignore_eos=True).tokens))
+"""
+
+
+def test_a_server_gone_after_use_does_not_break_the_process(pair):
+    # asking a dead server for its memory would abort in ggml's client
+    out = subprocess.run([sys.executable, "-c", SERVER_GONE, str(free_port()), str(Path(__file__).parent), pair[0]],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines() == ["['CPU', 'RPC0']", "2"], out.stdout
 
 
 def test_nobody_listening(pair):

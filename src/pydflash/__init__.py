@@ -47,7 +47,8 @@ __all__ = [
 def backends() -> list[dict[str, Any]]:
     """The compute devices llama.cpp can use in this build: name, description,
     type ("cpu", "gpu", "igpu", "accel"), backend, memory_free, memory_total
-    (bytes). Devices of RPC servers appear once a Llama has connected to them."""
+    (bytes). Devices of RPC servers appear once a Llama has connected to them;
+    their memory reads 0 (asking would need the server to be up)."""
     return list(_core.devices())
 
 

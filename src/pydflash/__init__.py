@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from . import _backends  # noqa: F401  (first: loads ggml's backends in the CUDA build)
 from . import _core
 from .embedded import embedded_pair
 from .errors import (ChatTemplateError, ContextLimitError, DecodeError, DraftCompatibilityError, GenerationInterrupted,

@@ -20,8 +20,9 @@ import os
 
 from . import _core
 
-#: Where the dynamic build installs llama.cpp's libraries and ggml's backend modules.
-LIB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib")
+#: Where the dynamic build installs llama.cpp's libraries and ggml's backend modules;
+#: PYDFLASH_BACKEND_DIR loads the backend modules from another folder instead.
+LIB_DIR = os.environ.get("PYDFLASH_BACKEND_DIR") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib")
 
 # In dependency order (cuBLAS needs cuBLASLt).
 _CUDA_LIBS = ("libcudart.so.13", "libcublasLt.so.13", "libcublas.so.13")

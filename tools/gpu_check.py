@@ -12,7 +12,8 @@ One run, about 10 minutes including the build, always leaving JSON behind:
   4. import    the backends that loaded (CUDA must have a device), devices, memory
   5. lossless  DFlash greedy == target greedy on the embedded pair, full offload
                (n_gpu_layers=-1), several prompts and draft lengths
-  6. pytest    the repo's tests/test_lossless.py against this build (if time is left)
+  6. pytest    the repo's tests/test_backend_dl.py and tests/test_lossless.py against this
+               build (if time is left)
   7. bench     target-only vs DFlash (tokens/s, tau, speed-up), full offload, on the
                embedded pair and on a synthetic memory-bound copy of its target (FFN
                zero-padded; identical outputs) sized to the GPU's memory
@@ -193,7 +194,7 @@ def cuda_toolkit_lib_dirs() -> list[str]:
 
 
 def build(run: Run, env_info: dict, arch: str, carry: Path | None, venv: Path, build_root: Path,
-          timeout: float) -> dict:
+          timeout: float, build_dir_override: Path | None = None) -> dict:
     info: dict = {"arch": arch}
     if not (venv / "bin" / "python").exists():
         sh([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], 120).check_returncode()
@@ -226,6 +227,9 @@ def build(run: Run, env_info: dict, arch: str, carry: Path | None, venv: Path, b
         info["vmm"] = has_libcuda
     if cmake_args:
         env["CMAKE_ARGS"] = " ".join(cmake_args)
+    if build_dir_override is not None:
+        build_dir = build_dir_override
+    info["build_dir"] = str(build_dir)
     log = run.out / "build.log"
     t = time.monotonic()
     try:
@@ -273,7 +277,8 @@ def worker(run: Run, py: str, task: str, timeout: float, extra: list[str]) -> di
 def run_pytest(run: Run, py: str, timeout: float) -> dict:
     log = run.out / "pytest.log"
     try:
-        p = sh([py, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "tests/test_lossless.py"], timeout,
+        p = sh([py, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "tests/test_backend_dl.py",
+            "tests/test_lossless.py"], timeout,
                log=log, cwd=ROOT)
     finally:
         tail = log.read_text()[-1500:] if log.exists() else ""
@@ -325,9 +330,9 @@ def orchestrate(a: argparse.Namespace) -> int:
     py = sys.executable
     if not a.no_build:
         run.phase("sources", ensure_sources, a.carry)
-        venv = work / "gpu-venv"
+        venv = (a.venv or work / "gpu-venv").resolve()
         b = run.phase("build", build, run, env_info, arch, a.carry, venv, work,
-                      min(a.build_timeout, run.left() - 150))
+                      min(a.build_timeout, run.left() - 150), a.build_dir)
         if b is None:
             run.res["ok"] = False
             run.save()
@@ -653,6 +658,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=float, default=570, help="seconds for the whole run (default 570)")
     ap.add_argument("--build-timeout", type=float, default=420)
     ap.add_argument("--no-build", action="store_true", help="use the pydflash this Python imports")
+    ap.add_argument("--venv", type=Path, default=None,
+                    help="install into this venv (default: create build/gpu-venv with system site-packages)")
+    ap.add_argument("--build-dir", type=Path, default=None, help="scikit-build build folder (default build/gpu-*)")
     ap.add_argument("--no-pytest", action="store_true")
     ap.add_argument("--n-gpu-layers", type=int, default=-1)
     ap.add_argument("--tokens", type=int, default=256, help="tokens per bench generation")

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-
 from . import _core
 from . import _backends  # noqa: F401  (before any use of _core: loads ggml's backends in the CUDA build)
 from .embedded import embedded_pair

@@ -11,6 +11,7 @@ PYBIND11_MODULE(_core, m) {
     m.attr("__version__") = PYDFLASH_VERSION;
     pydflash::bindings::register_errors(m);
     pydflash::bindings::register_backend(m);
+    pydflash::bindings::register_backend_dl(m);
     pydflash::bindings::register_model(m);
     pydflash::bindings::register_context_pair(m);
     pydflash::bindings::register_chat(m);

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import _core
+from . import _backends  # noqa: F401  (before any use of _core: loads ggml's backends in the CUDA build)
 from .embedded import embedded_pair
 from .errors import (ChatTemplateError, ContextLimitError, DecodeError, DraftCompatibilityError, GenerationInterrupted,
                      ModelLoadError, PyDFlashError, RollbackError)

@@ -68,7 +68,7 @@ def test_broken_backend_module_falls_back_to_cpu(tmp_path: Path):
     cuda = [b for b in out["report"] if b["path"].endswith("libggml-cuda.so")]
     assert cuda and not cuda[0]["loaded"] and cuda[0]["error"]
     assert "cuda" in out["errors"]
-    assert [d[0] for d in out["devices"]] == ["CPU"]
+    assert [d["name"] for d in out["devices"]] == ["CPU"]
     assert out["n"] == 8
 
 

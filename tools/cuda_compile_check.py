@@ -233,7 +233,7 @@ def check_probe(c: Check, tag: str, site: Path, data: dict, stderr: str) -> None
     cuda = [b for b in data["report"] if b["path"].endswith("libggml-cuda.so")]
     c.check(f"{tag}: CUDA backend tried, no device, reason recorded",
             bool(cuda) and cuda[0]["n_devices"] == 0 and cuda[0]["error"] != "", cuda)
-    c.check(f"{tag}: only CPU devices", [d[0] for d in data["devices"]] == ["CPU"], data["devices"])
+    c.check(f"{tag}: only CPU devices", [d["name"] for d in data["devices"]] == ["CPU"], data["devices"])
 
 
 def pack_cuda_module(work: Path, site: Path, arch: str) -> dict:

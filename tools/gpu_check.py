@@ -416,7 +416,7 @@ def w_import(a, out: Partial) -> None:
     out["errors"] = _core.backend_load_errors()
     out["preloaded"] = _backends.preloaded
     out["devices"] = _core.devices()
-    out["cuda_devices"] = [d for d in _core.devices() if d[0].startswith("CUDA")]
+    out["cuda_devices"] = [d for d in _core.devices() if str(d["name"]).startswith("CUDA")]
     out["supports_gpu_offload"] = _core.supports_gpu_offload()
     out["system_info"] = _core.system_info()
     target, draft = pydflash.embedded_pair()

@@ -201,7 +201,9 @@ _ROLLBACK_NOTES = {
 def _cmd_info(a: argparse.Namespace) -> int:
     from . import _logging
     _logging.set_verbose(a.verbose)
-    out: dict = {"backends": backends(), "rpc": _core.rpc_available(), "system_info": _core.system_info().strip()}
+    out: dict = {"backends": backends(), "backend_modules": _core.backend_load_report(),
+                 "dynamic_backends": _core.dynamic_backends(), "rpc": _core.rpc_available(),
+                 "system_info": _core.system_info().strip()}
     target = draft = None
     try:
         if a.model:
@@ -223,6 +225,13 @@ def _cmd_info(a: argparse.Namespace) -> int:
         return 0 if out.get("compatible", True) else 1
     print("backends: " + ", ".join(f"{b['name']} ({b['description']}; {b['type']}, {b['memory_total'] / 2**30:.1f} GiB)"
                                    for b in out["backends"]))
+    if out["dynamic_backends"]:
+        for m in out["backend_modules"]:
+            state = f"{m['n_devices']} device(s)" if m["loaded"] else "not loaded"
+            why = f" - {m['error']}" if m["error"] else ""
+            print(f"module:   {m['name']} ({m['path'] or 'built in'}): {state}{why}")
+    else:
+        print("modules:  linked in (" + ", ".join(str(m["name"]) for m in out["backend_modules"]) + ")")
     print(f"rpc:      {'built in (pydflash rpc-server; Llama(rpc_servers=...))' if out['rpc'] else 'not built'}")
     print("system:   " + out["system_info"])
     for role in ("target", "drafter"):

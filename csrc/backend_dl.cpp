@@ -40,6 +40,17 @@ std::vector<BackendLoad> registry_report(const std::vector<BackendLoad>& known) 
     return out;
 }
 
+// g_report (under g_mutex) with device counts as they are now: an RPC backend
+// gains devices when a model connects to its servers.
+std::vector<BackendLoad> current_report() {
+    std::vector<BackendLoad> out = g_report;
+    for (auto& b : out) {
+        if (!b.loaded) continue;
+        if (ggml_backend_reg_t reg = ggml_backend_reg_by_name(b.name.c_str())) b.n_devices = ggml_backend_reg_dev_count(reg);
+    }
+    return registry_report(out);
+}
+
 #ifdef GGML_BACKEND_DL
 namespace fs = std::filesystem;
 
@@ -171,7 +182,7 @@ bool dynamic_backends() {
 
 std::vector<BackendLoad> load_backends(const std::string& dir) {
     std::lock_guard<std::mutex> lock(g_mutex);
-    if (g_done) return g_report;
+    if (g_done) return current_report();
     std::vector<BackendLoad> loaded;
 #ifdef GGML_BACKEND_DL
     // Skip loading if something registered backends already (ggml_backend_load_all
@@ -190,8 +201,7 @@ std::vector<BackendLoad> load_backends(const std::string& dir) {
 
 std::vector<BackendLoad> backend_load_report() {
     std::lock_guard<std::mutex> lock(g_mutex);
-    if (g_done) return g_report;
-    return registry_report({});
+    return g_done ? current_report() : registry_report({});
 }
 
 }  // namespace pydflash

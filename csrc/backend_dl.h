@@ -25,10 +25,12 @@ bool dynamic_backends();
 // for a family with variants, the best-scoring one, as ggml does), with llama.cpp's
 // log captured into the report instead of stderr; then initialise llama.cpp.
 // Must run before anything else touches llama.cpp. Idempotent: later calls return
-// the first report. In the static build: initialises and reports the linked backends.
+// the first report (with today's device counts). In the static build: initialises
+// llama.cpp and reports the linked backends.
 std::vector<BackendLoad> load_backends(const std::string& dir);
 
-// The report of load_backends (or of the registered backends if it was not called).
+// The report of load_backends with today's device counts, plus any backend registered
+// since (or the registered backends if load_backends was not called).
 std::vector<BackendLoad> backend_load_report();
 
 }  // namespace pydflash

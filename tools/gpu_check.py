@@ -193,11 +193,29 @@ def cuda_toolkit_lib_dirs() -> list[str]:
     return dirs
 
 
+def make_venv(venv: Path, force_without_pip: bool = False) -> str:
+    """A venv that sees the system's packages (numpy, pybind11, scikit-build-core, the
+    nvidia wheels). Without ensurepip (Debian's python3 without python3-venv) it is made
+    --without-pip and the system's pip, visible through the system site-packages, installs
+    into it."""
+    if (venv / "bin" / "python").exists():
+        return "existing"
+    if not force_without_pip:
+        p = sh([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], 180)
+        if p.returncode == 0:
+            return "created"
+        shutil.rmtree(venv, ignore_errors=True)
+    sh([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], 60).check_returncode()
+    p = sh([str(venv / "bin" / "python"), "-m", "pip", "--version"], 60)
+    if p.returncode != 0:
+        raise RuntimeError(f"no pip for the venv: {p.stderr[-500:]}")
+    return "created --without-pip (system pip)"
+
+
 def build(run: Run, env_info: dict, arch: str, carry: Path | None, venv: Path, build_root: Path,
           timeout: float, build_dir_override: Path | None = None) -> dict:
     info: dict = {"arch": arch}
-    if not (venv / "bin" / "python").exists():
-        sh([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], 120).check_returncode()
+    info["venv"] = make_venv(venv)
     py = str(venv / "bin" / "python")
     env = dict(os.environ)
     env["CMAKE_BUILD_PARALLEL_LEVEL"] = str(os.cpu_count() or 4)

@@ -96,18 +96,16 @@ class Metrics:
                    c["draft_tokens_accepted_total"])
             metric("target_passes_total", "counter", "Target verification passes (speculative steps).",
                    c["target_passes_total"])
-            drafted = c["draft_tokens_total"]
-            metric("draft_acceptance_rate", "gauge", "Accepted / drafted tokens since start.",
-                   c["draft_tokens_accepted_total"] / drafted if drafted else 0.0)
-            passes = c["target_passes_total"]
-            metric("tokens_per_target_pass", "gauge", "Generated tokens per target pass (tau) since start.",
-                   c["tokens_predicted_total"] / passes if passes else 0.0)
-            secs = c["tokens_predicted_seconds_total"]
-            metric("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.",
-                   c["tokens_predicted_total"] / secs if secs else 0.0)
-            secs = c["prompt_seconds_total"]
-            metric("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.",
-                   c["prompt_tokens_total"] / secs if secs else 0.0)
+            for gname, help_, num, den in (
+                    ("draft_acceptance_rate", "Accepted / drafted tokens since start.",
+                     "draft_tokens_accepted_total", "draft_tokens_total"),
+                    ("tokens_per_target_pass", "Generated tokens per target pass (tau) since start.",
+                     "tokens_predicted_total", "target_passes_total"),
+                    ("predicted_tokens_seconds", "Average generation throughput in tokens/s.",
+                     "tokens_predicted_total", "tokens_predicted_seconds_total"),
+                    ("prompt_tokens_seconds", "Average prompt throughput in tokens/s.",
+                     "prompt_tokens_total", "prompt_seconds_total")):
+                metric(gname, "gauge", help_, c[num] / c[den] if c[den] else 0.0)
             name = f"{PREFIX}accepted_length"
             out.append(f"# HELP {name} Drafted tokens accepted per speculative step.")
             out.append(f"# TYPE {name} histogram")

@@ -75,15 +75,22 @@ bool send_all(int fd, const void* data, size_t n) {
     return true;
 }
 
-bool recv_all(int fd, void* data, size_t n) {
+// Why a read came up short, worded for the user: a timeout, the peer hanging
+// up, or the socket error. Empty when all n bytes arrived.
+std::string recv_all(int fd, void* data, size_t n) {
     auto* p = static_cast<char*>(data);
     while (n > 0) {
         const ssize_t k = ::recv(fd, p, n, 0);
-        if (k <= 0) return false;
+        if (k == 0) return "closed the connection";
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return "timeout";
+            return std::strerror(errno);
+        }
         p += k;
         n -= static_cast<size_t>(k);
     }
-    return true;
+    return {};
 }
 
 // ggml's RPC client aborts the process when it cannot connect or the peer
@@ -136,18 +143,23 @@ void probe_rpc_server(const std::string& endpoint) {
     ::setsockopt(s.fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
     constexpr uint8_t kHello = 14;
     constexpr uint64_t kCapsSize = 24;  // RPC_CONN_CAPS_SIZE: zero caps = plain TCP
-    const uint8_t caps[kCapsSize] = {};
+    // One write: a peer that reads once and hangs up must see the whole HELLO,
+    // or its close resets the connection before its answer can be read.
+    uint8_t hello[1 + sizeof(kCapsSize) + kCapsSize] = {kHello};
+    std::memcpy(hello + 1, &kCapsSize, sizeof(kCapsSize));
+    const std::string busy = "no RPC handshake within 10 s (not an RPC server, or busy serving another client: a "
+                             "ggml RPC server takes one client at a time)";
+    if (!send_all(s.fd, hello, sizeof(hello))) {
+        throw ModelLoadError(where + (errno == EAGAIN || errno == EWOULDBLOCK ? busy : std::strerror(errno)));
+    }
+    const std::string not_rpc =
+        "answered, but not as a ggml RPC server (protocol v" + std::to_string(RPC_PROTO_MAJOR_VERSION) + ")";
     uint64_t size = 0;
     uint8_t rsp[4 + kCapsSize] = {};
-    if (!send_all(s.fd, &kHello, 1) || !send_all(s.fd, &kCapsSize, sizeof(kCapsSize)) ||
-        !send_all(s.fd, caps, sizeof(caps)) || !recv_all(s.fd, &size, sizeof(size))) {
-        throw ModelLoadError(where + "no RPC handshake within 10 s (not an RPC server, or busy serving "
-                             "another client: a ggml RPC server takes one client at a time)");
+    if (const std::string e = recv_all(s.fd, &size, sizeof(size)); !e.empty()) {
+        throw ModelLoadError(where + (e == "timeout" ? busy : e + " during the RPC handshake (not a ggml RPC server?)"));
     }
-    if (size != sizeof(rsp) || !recv_all(s.fd, rsp, sizeof(rsp))) {
-        throw ModelLoadError(where + "answered, but not as a ggml RPC server (protocol v" +
-                             std::to_string(RPC_PROTO_MAJOR_VERSION) + ")");
-    }
+    if (size != sizeof(rsp) || !recv_all(s.fd, rsp, sizeof(rsp)).empty()) throw ModelLoadError(where + not_rpc);
     if (rsp[0] != RPC_PROTO_MAJOR_VERSION || rsp[1] > RPC_PROTO_MINOR_VERSION) {
         throw ModelLoadError(where + "speaks RPC protocol v" + std::to_string(rsp[0]) + "." + std::to_string(rsp[1]) +
                              "; this build speaks v" + std::to_string(RPC_PROTO_MAJOR_VERSION) + "." +

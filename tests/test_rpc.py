@@ -116,25 +116,72 @@ def test_nobody_listening(pair):
     assert time.monotonic() - t0 < 5
 
 
-def test_a_peer_that_is_not_an_rpc_server(pair):
+HELLO_BYTES = 1 + 8 + 24  # command, payload size, connection caps (ggml-rpc.cpp)
+
+
+def _fake_peer(answer: bytes | None):
+    """A TCP peer that reads a whole HELLO, then answers `answer` or hangs up."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            got = b""
+            while len(got) < HELLO_BYTES and (chunk := conn.recv(HELLO_BYTES - len(got))):
+                got += chunk
+            if answer is not None:
+                conn.sendall(answer)
+
+    t = threading.Thread(target=serve)
+    t.start()
+    return srv, t
+
+
+@pytest.mark.parametrize(
+    ("answer", "message"),
+    [
+        ((5).to_bytes(8, "little") + b"hello", "answered, but not as a ggml RPC server"),
+        (None, "closed the connection during the RPC handshake"),
+    ],
+    ids=["wrong-answer", "hangs-up"],
+)
+def test_a_peer_that_is_not_an_rpc_server(pair, answer, message):
     # ggml's own client aborts the process on a failed handshake; pydflash asks first
+    srv, t = _fake_peer(answer)
+    with srv:
+        t0 = time.monotonic()
+        with pytest.raises(ModelLoadError, match=message):
+            Llama(pair[0], rpc_servers=[f"127.0.0.1:{srv.getsockname()[1]}"], n_gpu_layers=-1)
+        assert time.monotonic() - t0 < 5  # told at once, not after the 10 s timeout
+        t.join()
+    with Llama(pair[0], n_ctx=128) as llm:  # the process is fine
+        assert len(llm.generate("x", max_tokens=3, ignore_eos=True).tokens) == 3
+
+
+def test_a_peer_that_reads_one_chunk_and_answers(pair):
+    # CI failure of stop 12: a peer that answers after its first recv() and hangs
+    # up resets the connection when the HELLO comes in several writes, and the
+    # answer is lost; repeated because it was a race
+    rounds = 20
     with socket.socket() as srv:
         srv.bind(("127.0.0.1", 0))
         srv.listen()
 
-        def answer_wrongly() -> None:
-            conn, _ = srv.accept()
-            with conn:
-                conn.recv(64)
-                conn.sendall((5).to_bytes(8, "little") + b"hello")
+        def answer_at_once() -> None:
+            for _ in range(rounds):
+                conn, _ = srv.accept()
+                with conn:
+                    conn.recv(64)
+                    conn.sendall((5).to_bytes(8, "little") + b"hello")
 
-        t = threading.Thread(target=answer_wrongly)
+        t = threading.Thread(target=answer_at_once)
         t.start()
-        with pytest.raises(ModelLoadError, match="answered, but not as a ggml RPC server"):
-            Llama(pair[0], rpc_servers=[f"127.0.0.1:{srv.getsockname()[1]}"], n_gpu_layers=-1)
+        for _ in range(rounds):
+            with pytest.raises(ModelLoadError, match="answered, but not as a ggml RPC server"):
+                Llama(pair[0], rpc_servers=[f"127.0.0.1:{srv.getsockname()[1]}"], n_gpu_layers=-1)
         t.join()
-    with Llama(pair[0], n_ctx=128) as llm:  # the process is fine
-        assert len(llm.generate("x", max_tokens=3, ignore_eos=True).tokens) == 3
 
 
 def test_server_on_a_busy_port_exits_with_an_error():

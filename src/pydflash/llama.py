@@ -383,6 +383,7 @@ class _Run:
                 remaining = cfg.max_tokens - len(self.tokens)
                 if remaining <= 0 or core.n_past >= core.n_ctx:
                     self.finish = "length"
+                    self._cut_at_stop()
                     yield self._event(None)
                     break
                 dm = remaining - 1 if draft_max is None else min(draft_max, remaining - 1)
@@ -408,8 +409,11 @@ class _Run:
             if len(self.tokens) >= self.cfg.max_tokens:
                 self.finish = "length"
                 break
+        self._cut_at_stop()
+
+    def _cut_at_stop(self) -> None:
         if self.text.stop_strings:
-            keep = self.text.find_stop()
+            keep = self.text.find_stop(final=self.finish is not None)
             if keep is not None:
                 del self.tokens[keep:]
                 self.finish = "stop"

@@ -72,6 +72,17 @@ def test_cli_writes_json_csv(tmp_path, capsys):
         assert len(list(csv.DictReader(f))) == len(data["rows"])
 
 
+def test_target_only_engines(tmp_path, capsys):
+    # no engine drafts: there is no draft_max sweep to run (was a ZeroDivisionError)
+    j = tmp_path / "b.json"
+    rc = cli(["bench", "--isl", "16", "--repeats", "2", "--warmup", "0", "--pad-ffn", "0",
+              "--engines", "pydflash-target", "--no-bandwidth", "--json", str(j)])
+    assert rc == 0
+    rows = json.loads(j.read_text())["rows"]
+    assert [(r["engine"], r["isl"], r["repeats"]) for r in rows] == [("pydflash-target", 16, 2)]
+    assert "pydflash-target" in capsys.readouterr().out
+
+
 def test_bad_bench_arguments(capsys):
     assert cli(["bench", "--engines", "nonsense"]) == 2
     assert "unknown engines" in capsys.readouterr().err

@@ -75,6 +75,8 @@ def run(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict:
                     max_draft = probe.pair.max_draft
             ctx_dm = cfg.ctx_draft_max or max_draft
             sweep = sorted({d for d in (cfg.draft_max or DRAFT_MAX_SWEEP) if d <= max_draft} | {ctx_dm})
+            if not any(e.uses_draft for e in engines):
+                sweep = []  # only target-only engines: nothing to sweep
             plan = _plan(cfg.isl, osls, ctx_dm, sweep)
             prompts = _prompts(source, cfg, max(cfg.repeats, 1))
             measurements = _measure(engines, plan, prompts, cfg, log)

@@ -76,16 +76,19 @@ def test_target_only_engines(tmp_path, capsys):
     # no engine drafts: there is no draft_max sweep to run (was a ZeroDivisionError)
     j = tmp_path / "b.json"
     rc = cli(["bench", "--isl", "16", "--repeats", "2", "--warmup", "0", "--pad-ffn", "0",
-              "--engines", "pydflash-target", "--no-bandwidth", "--json", str(j)])
+              "--engines", "pydflash-target", "--no-bandwidth", "--json", str(j), "--flash-attn", "off"])
     assert rc == 0
-    rows = json.loads(j.read_text())["rows"]
-    assert [(r["engine"], r["isl"], r["repeats"]) for r in rows] == [("pydflash-target", 16, 2)]
+    data = json.loads(j.read_text())
+    assert [(r["engine"], r["isl"], r["repeats"]) for r in data["rows"]] == [("pydflash-target", 16, 2)]
+    assert data["meta"]["command_config"]["flash_attn"] == "off"
     assert "pydflash-target" in capsys.readouterr().out
 
 
 def test_bad_bench_arguments(capsys):
     assert cli(["bench", "--engines", "nonsense"]) == 2
     assert "unknown engines" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="flash_attn must be auto, on or off"):
+        BenchConfig(flash_attn="yes").validate()
     assert cli(["bench", "-m", "only-target.gguf"]) == 2
 
 

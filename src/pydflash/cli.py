@@ -360,6 +360,9 @@ def _add_bench(sub) -> None:
                                                     "build/native/bin/ here, then PATH)")
     b.add_argument("--threads", type=int, default=0, help="CPU threads for every engine (default: all cores)")
     b.add_argument("--no-bandwidth", action="store_true", help="skip the memory-bandwidth measurement")
+    b.add_argument("-fa", "--flash-attn", choices=FLASH_ATTN,
+                   help="flash attention in every engine alike (default: auto, llama.cpp's default, which is "
+                        "on for the CPU; llama-cpp-python takes a bool: on unless off)")
     b.add_argument("--json", type=Path, metavar="PATH", help="write rows + metadata as JSON")
     b.add_argument("--csv", type=Path, metavar="PATH", help="write rows as CSV")
     b.add_argument("--charts", type=Path, metavar="DIR", help="write PNG charts here (needs matplotlib)")
@@ -373,7 +376,7 @@ def _cmd_bench(a: argparse.Namespace) -> int:
     changes = {k: v for k, v in dict(
         target=a.model, draft=a.draft, pad_ffn=a.pad_ffn, isl=a.isl, osl=a.osl, draft_max=a.draft_max,
         ctx_draft_max=a.ctx_draft_max, repeats=a.repeats, warmup=a.warmup, engines=a.engines, native=a.native,
-        threads=a.threads).items() if v is not None}
+        threads=a.threads, flash_attn=a.flash_attn).items() if v is not None}
     changes["bandwidth"] = not a.no_bandwidth
     cfg = BenchConfig.quick(**changes) if a.quick else BenchConfig(**changes)
     res = run(cfg)

@@ -24,11 +24,12 @@ class WorkerEngine:
     """An engine in a long-lived child process (pydflash.bench.worker)."""
 
     def __init__(self, name: str, kind: str, target: str, draft: Optional[str], n_ctx: int, threads: int,
-                 n_batch: int):
+                 n_batch: int, flash_attn: str):
         self.name = name
         self.uses_draft = draft is not None
         cmd = [sys.executable, "-m", "pydflash.bench.worker", "--engine", kind, "--target", target,
-               "--n-ctx", str(n_ctx), "--threads", str(threads), "--n-batch", str(n_batch)]
+               "--n-ctx", str(n_ctx), "--threads", str(threads), "--n-batch", str(n_batch),
+               "--flash-attn", flash_attn]
         if draft:
             cmd += ["--draft", draft]
         self._stderr = tempfile.TemporaryFile(mode="w+")  # a pipe nobody reads could fill up and block
@@ -96,13 +97,15 @@ class NativeEngine:
     (it loads the models each time; the figures are its own timings, which
     exclude loading)."""
 
-    def __init__(self, exe: Optional[str], target: str, draft: str, n_ctx: int, threads: int):
+    def __init__(self, exe: Optional[str], target: str, draft: str, n_ctx: int, threads: int,
+                 flash_attn: str = "auto"):
         if exe is None or not os.access(exe, os.X_OK):
             raise EngineUnavailable("llama-speculative-simple not found (build it: python tools/build_native.py, "
                                     "or pass --native PATH)")
         self.name = "llama.cpp-dflash"
         self.uses_draft = True
         self.exe, self.target, self.draft, self.n_ctx, self.threads = exe, target, draft, n_ctx, threads
+        self.flash_attn = flash_attn
         self.info: dict = {"exe": exe}
         self._dir = tempfile.TemporaryDirectory(prefix="pydflash-bench-native-")
 
@@ -114,7 +117,7 @@ class NativeEngine:
                "-f", str(prompt), "-n", str(osl), "-c", str(self.n_ctx),
                "-b", str(self.n_ctx),  # its prompt must fit one batch
                "-ub", "512", "-t", str(self.threads), "--temp", "0", "--top-k", "1", "--seed", "0",
-               "--ignore-eos", "--no-escape", "-ngl", "0", "-ngld", "0"]
+               "--ignore-eos", "--no-escape", "-ngl", "0", "-ngld", "0", "-fa", self.flash_attn]
         # Its logger is asynchronous and never flushed at exit (upstream issue
         # 22142): under load the final figures can be lost. Rerun then; the
         # count of such reruns is reported.

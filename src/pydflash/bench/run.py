@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from . import report
+from ..config import FLASH_ATTN
 from .engines import EngineUnavailable, NativeEngine, WorkerEngine, find_native
 from .roofline import bytes_per_pass, measure_bandwidth
 from .workload import heldout_stdlib_text, make_prompts
@@ -38,6 +39,8 @@ class BenchConfig:
     native: Optional[str] = None          # llama-speculative-simple (None: look for it)
     threads: int = 0                      # 0: all cores
     bandwidth: bool = True                # measure memory bandwidth for the roofline
+    flash_attn: str = "auto"              # every engine alike: "auto" (llama.cpp's default; enabled
+                                          # on the CPU), "on" or "off" (llama-cpp-python: on unless "off")
 
     @staticmethod
     def quick(**changes) -> "BenchConfig":
@@ -54,6 +57,8 @@ class BenchConfig:
         unknown = set(self.engines) - set(ENGINES)
         if unknown:
             raise ValueError(f"unknown engines {sorted(unknown)}; choose from {list(ENGINES)}")
+        if self.flash_attn not in FLASH_ATTN:
+            raise ValueError(f"flash_attn must be auto, on or off, not {self.flash_attn!r}")
         if (self.target is None) != (self.draft is None):
             raise ValueError("give both target and draft, or neither (the embedded pair)")
 
@@ -125,13 +130,13 @@ def _start(cfg, target, draft, n_ctx, threads, log):
     for name in cfg.engines:
         try:
             if name == report.TARGET_ONLY:
-                e = WorkerEngine(name, "pydflash", target, None, n_ctx, threads, n_batch=n_ctx)
+                e = WorkerEngine(name, "pydflash", target, None, n_ctx, threads, n_ctx, cfg.flash_attn)
             elif name == report.DFLASH:
-                e = WorkerEngine(name, "pydflash", target, draft, n_ctx, threads, n_batch=n_ctx)
+                e = WorkerEngine(name, "pydflash", target, draft, n_ctx, threads, n_ctx, cfg.flash_attn)
             elif name == report.NATIVE:
-                e = NativeEngine(find_native(cfg.native), target, draft, n_ctx, threads)
+                e = NativeEngine(find_native(cfg.native), target, draft, n_ctx, threads, cfg.flash_attn)
             else:
-                e = WorkerEngine(name, "llama-cpp-python", target, None, n_ctx, threads, n_batch=n_ctx)
+                e = WorkerEngine(name, "llama-cpp-python", target, None, n_ctx, threads, n_ctx, cfg.flash_attn)
             engines.append(e)
         except EngineUnavailable as ex:
             skipped[name] = str(ex)

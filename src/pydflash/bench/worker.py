@@ -29,7 +29,8 @@ def peak_rss_bytes() -> int:
 def pydflash_engine(a: argparse.Namespace) -> tuple[Callable[[dict], dict], dict]:
     from pydflash import Llama
 
-    llm = Llama(a.target, draft=a.draft, n_ctx=a.n_ctx, n_threads=a.threads, n_batch=a.n_batch)
+    llm = Llama(a.target, draft=a.draft, n_ctx=a.n_ctx, n_threads=a.threads, n_batch=a.n_batch,
+                flash_attn=a.flash_attn)
     mem = llm.memory()
     info = {"memory": {"target_bytes": mem.target_bytes, "drafter_bytes": mem.drafter_bytes,
                        "rows": [dict(role=r.role, buffer=r.buffer, model=r.model, context=r.context,
@@ -55,7 +56,9 @@ def llama_cpp_python_engine(a: argparse.Namespace) -> tuple[Callable[[dict], dic
     import llama_cpp
 
     llm = llama_cpp.Llama(model_path=a.target, n_ctx=a.n_ctx, n_threads=a.threads, n_threads_batch=a.threads,
-                          n_batch=a.n_batch, verbose=False)
+                          n_batch=a.n_batch, verbose=False,
+                          # a bool there; "auto" resolves to enabled on the CPU (llama.cpp logs it)
+                          flash_attn=a.flash_attn != "off")
 
     def run(req: dict) -> dict:
         prompt = llm.tokenize(req["text"].encode(), add_bos=True, special=True)
@@ -89,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft")
     ap.add_argument("--n-ctx", type=int, required=True)
     ap.add_argument("--n-batch", type=int, default=512)
+    ap.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto")
     ap.add_argument("--threads", type=int, required=True)
     a = ap.parse_args(argv)
     out = sys.stdout

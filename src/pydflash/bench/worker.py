@@ -12,6 +12,8 @@ import sys
 import time
 from typing import Any, Callable
 
+from ..config import FLASH_ATTN
+
 
 def peak_rss_bytes() -> int:
     """The process's peak resident set (VmHWM)."""
@@ -92,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft")
     ap.add_argument("--n-ctx", type=int, required=True)
     ap.add_argument("--n-batch", type=int, default=512)
-    ap.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto")
+    ap.add_argument("--flash-attn", choices=FLASH_ATTN, default="auto")
     ap.add_argument("--threads", type=int, required=True)
     a = ap.parse_args(argv)
     out = sys.stdout

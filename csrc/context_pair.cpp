@@ -4,9 +4,9 @@
 #include <chrono>
 #include <cstring>
 #include <string>
-#include <thread>
 
 #include "backend.h"
+#include "batch.h"
 #include "errors.h"
 #include "llama-ext.h"
 
@@ -19,50 +19,6 @@ double ms_since(Clock::time_point t0) {
     return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
-// llama.cpp's KV cache types (its -ctk/-ctv names)
-ggml_type cache_type(const std::string& name, const char* what) {
-    static const std::pair<const char*, ggml_type> kTypes[] = {
-        {"f32", GGML_TYPE_F32},   {"f16", GGML_TYPE_F16},   {"bf16", GGML_TYPE_BF16},
-        {"q8_0", GGML_TYPE_Q8_0}, {"q4_0", GGML_TYPE_Q4_0}, {"q4_1", GGML_TYPE_Q4_1},
-        {"iq4_nl", GGML_TYPE_IQ4_NL}, {"q5_0", GGML_TYPE_Q5_0}, {"q5_1", GGML_TYPE_Q5_1},
-    };
-    std::string names;
-    for (const auto& [n, t] : kTypes) {
-        if (name == n) return t;
-        names += names.empty() ? n : std::string(", ") + n;
-    }
-    throw InvalidArgument(std::string(what) + " must be one of " + names + "; got '" + name + "'");
-}
-
-llama_flash_attn_type flash_attn_type(const std::string& name) {
-    if (name == "auto") return LLAMA_FLASH_ATTN_TYPE_AUTO;
-    if (name == "on") return LLAMA_FLASH_ATTN_TYPE_ENABLED;
-    if (name == "off") return LLAMA_FLASH_ATTN_TYPE_DISABLED;
-    throw InvalidArgument("flash_attn must be 'auto', 'on' or 'off', got '" + name + "'");
-}
-
-llama_context_params context_params(const PairParams& p, bool drafter) {
-    llama_context_params cp = llama_context_default_params();
-    cp.flash_attn_type = flash_attn_type(p.flash_attn);
-    cp.type_k = cache_type(drafter ? p.draft_type_k : p.type_k, drafter ? "draft_type_k" : "type_k");
-    cp.type_v = cache_type(drafter ? p.draft_type_v : p.type_v, drafter ? "draft_type_v" : "type_v");
-    if (cp.flash_attn_type == LLAMA_FLASH_ATTN_TYPE_DISABLED && ggml_is_quantized(cp.type_v)) {
-        throw InvalidArgument(std::string(drafter ? "draft_type_v" : "type_v") + " '" + ggml_type_name(cp.type_v) +
-                              "' is quantized, which needs flash_attn 'on' or 'auto', not 'off'");
-    }
-    cp.n_ctx = p.n_ctx;
-    cp.n_batch = p.n_batch;
-    cp.n_ubatch = p.n_ubatch;
-    cp.n_seq_max = 1;
-    cp.n_rs_seq = 0;
-    int32_t threads = p.n_threads;
-    if (threads <= 0) threads = std::max(1u, std::thread::hardware_concurrency());
-    cp.n_threads = threads;
-    cp.n_threads_batch = threads;
-    cp.no_perf = true;
-    return cp;
-}
-
 // a block holds the anchor plus at most block_size - 1 drafted tokens; asking
 // for more is a caller error (llama.cpp clamps silently, which hides typos)
 void check_draft_max(int32_t draft_max, const DraftSpec& spec) {
@@ -72,31 +28,20 @@ void check_draft_max(int32_t draft_max, const DraftSpec& spec) {
     }
 }
 
-void add_token(llama_batch_ext* b, llama_token id, llama_pos pos, bool output) {
-    const int32_t idx = llama_batch_ext_add_token(b, 0, id);
-    if (idx < 0) throw Error("batch is full (llama_batch_ext_add_token returned " + std::to_string(idx) + ")");
-    const llama_pos p4[4] = {pos, pos, pos, 0};
-    if (!llama_batch_ext_set_pos(b, idx, p4)) throw Error("llama_batch_ext_set_pos failed");
-    if (output && !llama_batch_ext_set_output_logits(b, idx, true)) {
-        throw Error("llama_batch_ext_set_output_logits failed");
-    }
-}
-
 }  // namespace
 
 ContextPair::ContextPair(std::shared_ptr<Model> target, std::shared_ptr<Model> drafter,
                          const PairParams& params)
     : target_(std::move(target)), drafter_(std::move(drafter)), params_(params) {
     if (!target_) throw InvalidArgument("a target model is required");
-    if (params_.n_ctx < 8) throw InvalidArgument("n_ctx must be >= 8, got " + std::to_string(params_.n_ctx));
-    if (params_.n_ubatch == 0 || params_.n_batch == 0) throw InvalidArgument("n_batch and n_ubatch must be > 0");
+    params_.validate();  // refuse bad options before any work
     params_.n_batch = std::min(params_.n_batch, params_.n_ctx);
     params_.n_ubatch = std::min(params_.n_ubatch, params_.n_batch);
 
     if (drafter_) {
         spec_ = check_drafter(*target_, *drafter_);
         // a verification batch is block_size tokens; a drafter decode must fit one ubatch
-        const auto need = static_cast<uint32_t>(spec_.block_size);
+        const int32_t need = spec_.block_size;
         params_.n_batch = std::max(params_.n_batch, need);
         params_.n_ubatch = std::max(params_.n_ubatch, need);
         check_draft_max(params_.draft_max, spec_);
@@ -105,9 +50,6 @@ ContextPair::ContextPair(std::shared_ptr<Model> target, std::shared_ptr<Model> d
         draft_max_ = 0;
     }
 
-    check_rollback_request(params_.rollback);
-    context_params(params_, false);  // refuse bad cache / flash-attention options before any work
-    context_params(params_, true);
     ensure_backend();
     create_target_context();
     if (drafter_) {
@@ -350,140 +292,12 @@ void ContextPair::inject(int32_t n_rows, llama_pos pos0) {
     }
 }
 
-std::vector<llama_token> ContextPair::recent_tokens() const {
-    const SamplingParams& sp = sampler_->params();
-    if (!sp.has_penalties() || sp.penalty_last_n == 0) return {};
-    // the last penalty_last_n tokens of history + pending, without copying the whole history
-    const size_t n_hist = std::min(history_.size(), static_cast<size_t>(sp.penalty_last_n) - 1);
-    std::vector<llama_token> out(history_.end() - static_cast<std::ptrdiff_t>(n_hist), history_.end());
-    out.push_back(*pending_);
-    return out;
-}
-
-namespace {
-
-void push_recent(std::vector<llama_token>& win, llama_token t, int32_t last_n) {
-    if (last_n <= 0) return;
-    win.push_back(t);
-    if (win.size() > static_cast<size_t>(last_n)) win.erase(win.begin());
-}
-
-}  // namespace
-
-std::vector<llama_token> ContextPair::draft_block(int32_t n, const DraftControl& control,
-                                                  std::vector<Distribution>& q) {
-    llama_batch_ext* b = batch_dft_.get();
-    llama_batch_ext_clear(b);
-    // every row outputs: the dflash graph does not select output rows, so a
-    // row without output would shift the logits of the rows after it
-    add_token(b, *pending_, n_past_, true);
-    for (int32_t i = 1; i <= n; ++i) add_token(b, spec_.mask_token, n_past_ + i, true);
-    const int32_t rc = llama_process(ctx_dft_.get(), LLAMA_PROCESS_TYPE_DECODE, b);
-    if (rc != 0) fail_decode("drafter block decode", rc);
-
-    const SamplingParams& sp = sampler_->params();
-    const bool rejection = !sp.greedy() && sp.verify == VerifyMode::Rejection;
-    const int32_t n_vocab = target_->n_vocab();
-    const bool plain = !sp.has_penalties() && sp.logit_bias.empty();
-    std::vector<llama_token> out;
-    std::vector<llama_token> win = plain ? std::vector<llama_token>() : recent_tokens();
-    for (int32_t i = 1; i <= n; ++i) {
-        const float* logits = llama_get_logits_ith(ctx_dft_.get(), i);
-        if (logits == nullptr) fail_decode("reading drafter logits", -1);
-        llama_token t;
-        float conf;
-        if (plain && sp.greedy()) {
-            t = argmax(logits, n_vocab);
-            conf = control.draft_p_min > 0.0f ? softmax_prob(logits, n_vocab, t) : 1.0f;
-        } else {
-            // q: the drafter's row under the target's transform
-            sampler_->distribution(logits, win, dist_);
-            if (rejection) {
-                t = sampler_->sample(dist_);
-                conf = dist_.prob_of(t);
-            } else {
-                t = dist_.ids[0];  // the transformed argmax: greedy drafts
-                conf = sp.greedy() ? (control.draft_p_min > 0.0f ? softmax_prob(logits, n_vocab, t) : 1.0f)
-                                   : dist_.probs[0];
-            }
-        }
-        if (conf < control.draft_p_min) break;
-        if (rejection) q.push_back(dist_);
-        out.push_back(t);
-        push_recent(win, t, sp.penalty_last_n);
-    }
-    // the block's K/V are noise: the drafter cache must hold only injected features
-    llama_memory_seq_rm(llama_get_memory(ctx_dft_.get()), 0, n_past_, -1);
-    if (static_cast<int32_t>(out.size()) < control.draft_min) {
-        out.clear();
-        q.clear();
-    }
-    return out;
-}
-
-std::vector<llama_token> ContextPair::accept(const std::vector<llama_token>& draft,
-                                             const std::vector<Distribution>& q, bool external,
-                                             int32_t& n_acc) {
-    const SamplingParams& sp = sampler_->params();
-    const auto k = static_cast<int32_t>(draft.size());
-    const int32_t n_vocab = target_->n_vocab();
-    const bool plain = !sp.has_penalties() && sp.logit_bias.empty();
-    const bool rejection = !sp.greedy() && sp.verify == VerifyMode::Rejection;
-    std::vector<llama_token> win = plain ? std::vector<llama_token>() : recent_tokens();
-    std::vector<llama_token> out;
-    n_acc = 0;
-    Distribution one_hot;
-    for (int32_t i = 0; i <= k; ++i) {
-        const float* logits = llama_get_logits_ith(ctx_tgt_.get(), i);
-        if (logits == nullptr) fail_decode("reading target logits", -1);
-        if (plain && sp.greedy()) {
-            const llama_token t = argmax(logits, n_vocab);
-            out.push_back(t);
-            if (i == k || t != draft[static_cast<size_t>(i)]) break;
-            ++n_acc;
-            continue;
-        }
-        sampler_->distribution(logits, win, dist_);  // p_i
-        if (i == k) {  // every draft accepted: one more token of the target's own
-            out.push_back(sampler_->sample(dist_));
-            break;
-        }
-        const llama_token x = draft[static_cast<size_t>(i)];
-        if (!rejection) {  // match: the target's own sample must equal the draft
-            const llama_token t = sampler_->sample(dist_);
-            out.push_back(t);
-            if (t != x) break;
-        } else {
-            // speculative sampling: accept x with probability min(1, p(x)/q(x)),
-            // else draw from the residual max(0, p - q); exact for the target's p
-            const Distribution* qi = &one_hot;
-            if (!external && static_cast<size_t>(i) < q.size()) {
-                qi = &q[static_cast<size_t>(i)];
-            } else {  // an external draft is deterministic: q is one-hot at x
-                one_hot.ids.assign(1, x);
-                one_hot.probs.assign(1, 1.0f);
-            }
-            const double px = dist_.prob_of(x);
-            const double qx = qi->prob_of(x);
-            if (qx > 0.0 && sampler_->uniform() < std::min(1.0, px / qx)) {
-                out.push_back(x);
-            } else {
-                out.push_back(sampler_->sample_residual(dist_, *qi));
-                break;
-            }
-        }
-        ++n_acc;
-        push_recent(win, x, sp.penalty_last_n);
-    }
-    return out;
-}
-
 double ContextPair::prefill(const std::vector<llama_token>& tokens) {
     std::lock_guard<std::mutex> lock(mu_);
     require_open();
     if (tokens.empty()) throw InvalidArgument("prefill needs at least one token");
     for (llama_token t : tokens) target_->check_token(t);
-    if (tokens.size() > params_.n_ctx - 1) {
+    if (tokens.size() > static_cast<size_t>(params_.n_ctx) - 1) {
         throw ContextLimitError("prompt has " + std::to_string(tokens.size()) +
                                 " tokens but the context holds " + std::to_string(params_.n_ctx) +
                                 " (at most " + std::to_string(params_.n_ctx - 1) +
@@ -493,7 +307,7 @@ double ContextPair::prefill(const std::vector<llama_token>& tokens) {
     clear_memory();
     last_check_ = t0;
     const auto n = static_cast<int32_t>(tokens.size()) - 1;
-    const auto chunk = static_cast<int32_t>(params_.n_batch);
+    const int32_t chunk = params_.n_batch;
     for (int32_t off = 0; off < n; off += chunk) {
         const int32_t m = std::min(chunk, n - off);
         decode_target(tokens.data() + off, m, off, false);
@@ -510,7 +324,7 @@ std::vector<float> ContextPair::score(const std::vector<llama_token>& tokens) {
     require_open();
     if (tokens.empty()) throw InvalidArgument("score needs at least one token");
     for (llama_token t : tokens) target_->check_token(t);
-    if (tokens.size() > params_.n_ctx) {
+    if (tokens.size() > static_cast<size_t>(params_.n_ctx)) {
         throw ContextLimitError("score: " + std::to_string(tokens.size()) + " tokens do not fit in n_ctx " +
                                 std::to_string(params_.n_ctx));
     }
@@ -518,7 +332,7 @@ std::vector<float> ContextPair::score(const std::vector<llama_token>& tokens) {
     const auto n = static_cast<int32_t>(tokens.size());
     const auto n_vocab = static_cast<size_t>(target_->n_vocab());
     std::vector<float> out(static_cast<size_t>(n) * n_vocab);
-    const auto chunk = static_cast<int32_t>(params_.n_batch);
+    const int32_t chunk = params_.n_batch;
     for (int32_t off = 0; off < n; off += chunk) {
         const int32_t m = std::min(chunk, n - off);
         decode_target(tokens.data() + off, m, off, true);
@@ -537,11 +351,8 @@ StepResult ContextPair::step(const DraftControl& control,
     std::lock_guard<std::mutex> lock(mu_);
     require_open();
     if (!pending_) throw InvalidArgument("nothing to continue from: call prefill() first");
-    if (control.draft_min < 0) throw InvalidArgument("draft_min must be >= 0");
-    if (!(control.draft_p_min >= 0.0f && control.draft_p_min <= 1.0f)) {
-        throw InvalidArgument("draft_p_min must be in [0, 1]");
-    }
-    const int32_t room = static_cast<int32_t>(params_.n_ctx) - n_past_ - 1;
+    control.validate();
+    const int32_t room = params_.n_ctx - n_past_ - 1;
     if (room < 0) {
         throw ContextLimitError("the context is full (" + std::to_string(params_.n_ctx) + " tokens)");
     }
@@ -550,7 +361,7 @@ StepResult ContextPair::step(const DraftControl& control,
     std::vector<Distribution> q;
     if (external) {
         for (llama_token t : *external) target_->check_token(t);
-        if (external->size() + 1 > params_.n_batch) {
+        if (external->size() + 1 > static_cast<size_t>(params_.n_batch)) {
             throw InvalidArgument("external draft of " + std::to_string(external->size()) +
                                   " tokens exceeds n_batch - 1 = " + std::to_string(params_.n_batch - 1));
         }

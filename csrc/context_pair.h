@@ -17,29 +17,11 @@
 #include "drafter.h"
 #include "handles.h"
 #include "model.h"
+#include "pair_params.h"
 #include "rollback.h"
 #include "sampler.h"
 
 namespace pydflash {
-
-struct PairParams {
-    uint32_t n_ctx = 4096;
-    uint32_t n_batch = 512;   // largest single decode (prefill chunk)
-    uint32_t n_ubatch = 512;  // physical batch; also the drafter's injection chunk
-    int32_t n_threads = 0;    // 0 = number of hardware threads
-    int32_t draft_max = -1;   // default draft length; -1 = block_size - 1
-    std::string rollback = "auto";  // or a RollbackKind name, to force one
-    std::string flash_attn = "auto";  // "auto", "on" or "off", for both contexts
-    std::string type_k = "f16", type_v = "f16";              // the target's KV cache
-    std::string draft_type_k = "f16", draft_type_v = "f16";  // the drafter's
-};
-
-// Draft-length controls of one step.
-struct DraftControl {
-    int32_t draft_max = -1;     // < 0: the pair's default; 0: plain target decoding
-    int32_t draft_min = 0;      // a shorter draft is dropped (plain decoding this step)
-    float draft_p_min = 0.0f;   // cut the block where the drafter's confidence falls below this
-};
 
 struct StepResult {
     std::vector<llama_token> tokens;   // new tokens: the accepted drafts, then the target's own
@@ -99,7 +81,7 @@ public:
     bool closed() const { return !ctx_tgt_; }
     bool has_drafter() const { return drafter_ != nullptr; }
     int32_t n_past() const { return n_past_; }
-    int32_t n_ctx() const { return static_cast<int32_t>(params_.n_ctx); }
+    int32_t n_ctx() const { return params_.n_ctx; }
     int32_t block_size() const { return drafter_ ? spec_.block_size : 0; }
     int32_t max_draft() const { return drafter_ ? spec_.max_draft() : 0; }
     int32_t default_draft_max() const { return draft_max_; }

@@ -12,6 +12,7 @@
 #include "backend.h"
 #include "devices.h"
 #include "errors.h"
+#include "options.h"
 
 namespace fs = std::filesystem;
 
@@ -102,13 +103,6 @@ void validate_header(const gguf_context* g, const GgufInfo& info, const std::str
     }
 }
 
-llama_split_mode split_mode_from_name(const std::string& name) {
-    if (name == "none") return LLAMA_SPLIT_MODE_NONE;
-    if (name == "layer") return LLAMA_SPLIT_MODE_LAYER;
-    if (name == "row") return LLAMA_SPLIT_MODE_ROW;
-    throw InvalidArgument("split_mode must be 'none', 'layer' or 'row', got '" + name + "'");
-}
-
 // llama.cpp reads llama_max_devices() floats from the pointer
 std::vector<float> tensor_split_array(const std::vector<float>& shares) {
     if (shares.empty()) return {};
@@ -117,15 +111,37 @@ std::vector<float> tensor_split_array(const std::vector<float>& shares) {
         throw InvalidArgument("tensor_split has " + std::to_string(shares.size()) + " entries; this build supports " +
                               std::to_string(max) + " devices");
     }
-    for (float f : shares) {
-        if (!(f >= 0.0f) || std::isinf(f)) throw InvalidArgument("tensor_split entries must be finite and >= 0");
-    }
     std::vector<float> out(shares);
     out.resize(max, 0.0f);
     return out;
 }
 
+bool is_endpoint(const std::string& e) {
+    const size_t colon = e.rfind(':');
+    if (colon == std::string::npos || colon == 0 || colon + 1 == e.size()) return false;
+    const std::string port = e.substr(colon + 1);
+    if (port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos) return false;
+    const int n = std::stoi(port);
+    return n > 0 && n < 65536;
+}
+
 }  // namespace
+
+void ModelParams::validate() const {
+    if (n_gpu_layers < -1) throw InvalidArgument("n_gpu_layers must be >= -1, got " + std::to_string(n_gpu_layers));
+    if (main_gpu < 0) throw InvalidArgument("main_gpu must be >= 0, got " + std::to_string(main_gpu));
+    check_choice("split_mode", split_mode);
+    bool any = false;
+    for (float f : tensor_split) {
+        if (!std::isfinite(f)) throw InvalidArgument("tensor_split entries must be finite and >= 0, got " + std::to_string(f));
+        if (f < 0.0f) throw InvalidArgument("tensor_split entries must be >= 0, got " + std::to_string(f));
+        any = any || f > 0.0f;
+    }
+    if (!tensor_split.empty() && !any) throw InvalidArgument("tensor_split entries must be >= 0 and not all 0");
+    for (const auto& e : rpc_servers) {
+        if (!is_endpoint(e)) throw InvalidArgument("rpc_servers entries must be 'host:port', got '" + e + "'");
+    }
+}
 
 bool GgufInfo::has_tensor(const std::string& name) const {
     return std::find(tensor_names.begin(), tensor_names.end(), name) != tensor_names.end();
@@ -175,6 +191,7 @@ GgufInfo inspect_gguf(const std::string& path) {
 
 std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& params,
                                    const std::string& role) {
+    params.validate();
     GgufInfo info = inspect_gguf(path);
     if (info.architecture == "dflash-draft") {
         throw ModelLoadError(
@@ -186,7 +203,7 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& p
     mp.n_gpu_layers = params.n_gpu_layers;
     if (!params.use_mmap) mp.load_mode = LLAMA_LOAD_MODE_NONE;
     mp.main_gpu = params.main_gpu;
-    mp.split_mode = split_mode_from_name(params.split_mode);
+    mp.split_mode = parse_split_mode(params.split_mode);
     std::vector<float> split = tensor_split_array(params.tensor_split);
     if (!split.empty()) mp.tensor_split = split.data();
     std::vector<ggml_backend_dev_t> devices = offload_devices(params.rpc_servers);

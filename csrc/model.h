@@ -19,6 +19,8 @@ struct ModelParams {
     std::string split_mode = "layer";      // "none", "layer" or "row" (across GPUs)
     std::vector<float> tensor_split;       // share per device; empty: by free memory
     std::vector<std::string> rpc_servers;  // "host:port" of llama.cpp RPC servers
+
+    void validate() const;  // InvalidArgument naming the first bad value
 };
 
 // What the GGUF header says, read without loading any weights.

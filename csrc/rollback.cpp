@@ -14,13 +14,6 @@ const char* rollback_name(RollbackKind kind) {
     return "?";
 }
 
-void check_rollback_request(const std::string& request) {
-    if (request != "auto" && request != "kv-trim" && request != "recurrent-planes" && request != "checkpoint") {
-        throw InvalidArgument("rollback must be 'auto', 'kv-trim', 'recurrent-planes' or 'checkpoint', got '" +
-                              request + "'");
-    }
-}
-
 bool has_recurrent_state(const Model& target) { return target.is_recurrent() || target.is_hybrid(); }
 
 std::string auto_rollback_for_drafting(const Model& target) {

@@ -23,10 +23,6 @@ enum class RollbackKind { KvTrim, RecurrentPlanes, Checkpoint };
 // "kv-trim", "recurrent-planes", "checkpoint"
 const char* rollback_name(RollbackKind kind);
 
-// The caller's choice: "auto", or one of the names above. Throws
-// InvalidArgument for anything else.
-void check_rollback_request(const std::string& request);
-
 // Whether the target keeps a recurrent state a KV trim cannot roll back.
 bool has_recurrent_state(const Model& target);
 

@@ -6,8 +6,16 @@
 #include <unordered_map>
 
 #include "errors.h"
+#include "options.h"
 
 namespace pydflash {
+
+VerifyMode parse_verify(const std::string& name) {
+    check_choice("verify", name);
+    return name == "match" ? VerifyMode::Match : VerifyMode::Rejection;
+}
+
+const char* verify_name(VerifyMode mode) { return mode == VerifyMode::Match ? "match" : "rejection"; }
 
 void SamplingParams::validate(int32_t n_vocab) const {
     auto finite = [](float v) { return std::isfinite(v); };
@@ -25,9 +33,9 @@ void SamplingParams::validate(int32_t n_vocab) const {
     }
     if (penalty_last_n < 0) throw InvalidArgument("penalty_last_n must be >= 0");
     for (const auto& [tok, bias] : logit_bias) {
-        if (tok < 0 || tok >= n_vocab) {
+        if (tok < 0 || (n_vocab > 0 && tok >= n_vocab)) {
             throw InvalidArgument("logit_bias token " + std::to_string(tok) + " is out of range [0, " +
-                                  std::to_string(n_vocab) + ")");
+                                  (n_vocab > 0 ? std::to_string(n_vocab) : std::string("n_vocab")) + ")");
         }
         if (std::isnan(bias)) throw InvalidArgument("logit_bias values must not be NaN");
     }

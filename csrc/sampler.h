@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -14,6 +15,8 @@
 namespace pydflash {
 
 enum class VerifyMode { Match, Rejection };
+VerifyMode parse_verify(const std::string& name);  // "rejection" or "match"
+const char* verify_name(VerifyMode mode);
 
 struct SamplingParams {
     float temperature = 0.0f;
@@ -32,7 +35,8 @@ struct SamplingParams {
     bool has_penalties() const {
         return repeat_penalty != 1.0f || frequency_penalty != 0.0f || presence_penalty != 0.0f;
     }
-    void validate(int32_t n_vocab) const;  // InvalidArgument on nonsense values
+    // InvalidArgument on nonsense values; n_vocab <= 0: token ids checked only for >= 0
+    void validate(int32_t n_vocab) const;
 };
 
 // A distribution over a few tokens; probabilities sum to 1.

@@ -105,22 +105,25 @@ def test_bad_options_are_refused_before_loading(pair, options, error, match):
 
 
 def test_the_core_refuses_bad_options_too(pair):
-    # the C++ layer checks again: nothing unchecked reaches llama.cpp
+    # the C++ layer owns the rules: nothing unchecked reaches llama.cpp, even
+    # through the private module
     target = _core.Model.load(pair[0], _core.ModelParams(), "target")
-    with pytest.raises(ValueError, match="type_k must be one of f32, f16"):
-        _core.ContextPair(target, None, type_k="q3_k")
-    with pytest.raises(ValueError, match="flash_attn must be 'auto', 'on' or 'off'"):
-        _core.ContextPair(target, None, flash_attn="maybe")
-    with pytest.raises(ValueError, match="type_v 'q8_0' is quantized"):
-        _core.ContextPair(target, None, type_v="q8_0", flash_attn="off")
-    with pytest.raises(ValueError, match="split_mode must be 'none', 'layer' or 'row'"):
+    with pytest.raises(ValueError, match="type_k must be one of 'f32', 'f16'"):
+        _core.ContextPair(target, None, _core.PairParams(type_k="q3_k"))
+    with pytest.raises(ValueError, match="flash_attn must be one of 'auto', 'on', 'off'"):
+        _core.ContextPair(target, None, _core.PairParams(flash_attn="maybe"))
+    with pytest.raises(ValueError, match="type_v='q8_0' is quantized"):
+        _core.ContextPair(target, None, _core.PairParams(type_v="q8_0", flash_attn="off"))
+    with pytest.raises(ValueError, match="split_mode must be one of 'none', 'layer', 'row'"):
         _core.Model.load(pair[0], _core.ModelParams(split_mode="tensor"), "target")
     with pytest.raises(ValueError, match="tensor_split has 999 entries"):
         _core.Model.load(pair[0], _core.ModelParams(tensor_split=[1.0] * 999), "target")
     with pytest.raises(ValueError, match="finite and >= 0"):
         _core.Model.load(pair[0], _core.ModelParams(tensor_split=[float("inf")]), "target")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'n_cx'"):
+        _core.PairParams(n_cx=64)
     # and the loaded model is still fine
-    pair_core = _core.ContextPair(target, None, n_ctx=64)
+    pair_core = _core.ContextPair(target, None, _core.PairParams(n_ctx=64))
     pair_core.close()
 
 

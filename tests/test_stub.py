@@ -20,7 +20,8 @@ def stub_names() -> dict[str, set[str]]:
             names[""].add(node.name)
         elif isinstance(node, ast.ClassDef):
             names[""].add(node.name)
-            names[node.name] = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+            names[node.name] = {n.name for n in node.body if isinstance(n, ast.FunctionDef)} | {
+                n.target.id for n in node.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             names[""].add(node.target.id)
     return names

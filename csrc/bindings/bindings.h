@@ -16,10 +16,10 @@ pybind11::str text(const std::string& s);
 pybind11::dict text_map(const std::map<std::string, std::string>& m);
 pybind11::list text_list(const std::vector<std::string>& v);
 
-
 void register_errors(pybind11::module_& m);
 void register_backend(pybind11::module_& m);
 void register_backend_dl(pybind11::module_& m);
+void register_options(pybind11::module_& m);
 void register_model(pybind11::module_& m);
 void register_context_pair(pybind11::module_& m);
 void register_chat(pybind11::module_& m);

@@ -57,28 +57,21 @@ void register_context_pair(py::module_& m) {
         .def("__repr__", &repr);
 
     py::class_<ContextPair>(m, "ContextPair")
-        .def(py::init([](std::shared_ptr<Model> target, std::shared_ptr<Model> drafter, uint32_t n_ctx,
-                         uint32_t n_batch, uint32_t n_ubatch, int32_t n_threads, int32_t draft_max,
-                         std::string rollback, std::string flash_attn, std::string type_k, std::string type_v,
-                         std::string draft_type_k, std::string draft_type_v) {
-                 auto pair = std::make_unique<ContextPair>(
-                     std::move(target), std::move(drafter),
-                     PairParams{n_ctx, n_batch, n_ubatch, n_threads, draft_max, std::move(rollback),
-                                std::move(flash_attn), std::move(type_k), std::move(type_v),
-                                std::move(draft_type_k), std::move(draft_type_v)});
+        .def(py::init([](std::shared_ptr<Model> target, std::shared_ptr<Model> drafter, const PairParams& params) {
+                 auto pair = std::make_unique<ContextPair>(std::move(target), std::move(drafter), params);
                  pair->set_interrupt_check(&python_signal_pending);
                  return pair;
              }),
-             py::arg("target"), py::arg("drafter").none(true), py::arg("n_ctx") = 4096,
-             py::arg("n_batch") = 512, py::arg("n_ubatch") = 512, py::arg("n_threads") = 0,
-             py::arg("draft_max") = -1, py::arg("rollback") = "auto", py::arg("flash_attn") = "auto",
-             py::arg("type_k") = "f16", py::arg("type_v") = "f16", py::arg("draft_type_k") = "f16",
-             py::arg("draft_type_v") = "f16", release())
+             py::arg("target"), py::arg("drafter").none(true), py::arg("params") = PairParams{}, release())
         .def("prefill", &ContextPair::prefill, py::arg("tokens"), release())
         .def("step",
              [](ContextPair& self, int32_t draft_max, int32_t draft_min, float draft_p_min,
                 const std::optional<std::vector<llama_token>>& draft) {
-                 return self.step(DraftControl{draft_max, draft_min, draft_p_min}, draft);
+                 DraftControl control;
+                 control.draft_max = draft_max;
+                 control.draft_min = draft_min;
+                 control.draft_p_min = draft_p_min;
+                 return self.step(control, draft);
              },
              py::arg("draft_max") = -1, py::arg("draft_min") = 0, py::arg("draft_p_min") = 0.0f,
              py::arg("draft") = py::none(), release())
@@ -96,35 +89,7 @@ void register_context_pair(py::module_& m) {
                  return arr;
              },
              py::arg("tokens"), "Target logits (n, n_vocab) for every position; leaves the pair reset.")
-        .def("set_sampling",
-             [](ContextPair& self, float temperature, int32_t top_k, float top_p, float min_p,
-                float repeat_penalty, float frequency_penalty, float presence_penalty, int32_t penalty_last_n,
-                std::vector<std::pair<llama_token, float>> logit_bias, uint64_t seed, const std::string& verify) {
-                 SamplingParams p;
-                 p.temperature = temperature;
-                 p.top_k = top_k;
-                 p.top_p = top_p;
-                 p.min_p = min_p;
-                 p.repeat_penalty = repeat_penalty;
-                 p.frequency_penalty = frequency_penalty;
-                 p.presence_penalty = presence_penalty;
-                 p.penalty_last_n = penalty_last_n;
-                 p.logit_bias = std::move(logit_bias);
-                 p.seed = seed;
-                 if (verify == "rejection") {
-                     p.verify = VerifyMode::Rejection;
-                 } else if (verify == "match") {
-                     p.verify = VerifyMode::Match;
-                 } else {
-                     throw InvalidArgument("verify must be 'rejection' or 'match', got '" + verify + "'");
-                 }
-                 self.set_sampling(p);
-             },
-             py::arg("temperature") = 0.0f, py::arg("top_k") = 0, py::arg("top_p") = 1.0f,
-             py::arg("min_p") = 0.0f, py::arg("repeat_penalty") = 1.0f, py::arg("frequency_penalty") = 0.0f,
-             py::arg("presence_penalty") = 0.0f, py::arg("penalty_last_n") = 64,
-             py::arg("logit_bias") = std::vector<std::pair<llama_token, float>>{}, py::arg("seed") = 0,
-             py::arg("verify") = "rejection", release())
+        .def("set_sampling", &ContextPair::set_sampling, py::arg("params"), release())
         .def("memory",
              [](const ContextPair& self) {
                  py::list out;

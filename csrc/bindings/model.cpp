@@ -12,22 +12,6 @@ using release = py::call_guard<py::gil_scoped_release>;
 namespace pydflash::bindings {
 
 void register_model(py::module_& m) {
-    py::class_<ModelParams>(m, "ModelParams", "How a model is loaded and where its layers go.")
-        .def(py::init([](int n_gpu_layers, bool use_mmap, int main_gpu, std::string split_mode,
-                         std::vector<float> tensor_split, std::vector<std::string> rpc_servers) {
-                 return ModelParams{n_gpu_layers, use_mmap, main_gpu, std::move(split_mode), std::move(tensor_split),
-                                    std::move(rpc_servers)};
-             }),
-             py::arg("n_gpu_layers") = 0, py::arg("use_mmap") = true, py::arg("main_gpu") = 0,
-             py::arg("split_mode") = "layer", py::arg("tensor_split") = std::vector<float>{},
-             py::arg("rpc_servers") = std::vector<std::string>{})
-        .def_readonly("n_gpu_layers", &ModelParams::n_gpu_layers)
-        .def_readonly("use_mmap", &ModelParams::use_mmap)
-        .def_readonly("main_gpu", &ModelParams::main_gpu)
-        .def_readonly("split_mode", &ModelParams::split_mode)
-        .def_readonly("tensor_split", &ModelParams::tensor_split)
-        .def_readonly("rpc_servers", &ModelParams::rpc_servers);
-
     m.def(
         "inspect_gguf",
         [](const std::string& path) {

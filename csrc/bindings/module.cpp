@@ -12,6 +12,7 @@ PYBIND11_MODULE(_core, m) {
     pydflash::bindings::register_errors(m);
     pydflash::bindings::register_backend(m);
     pydflash::bindings::register_backend_dl(m);
+    pydflash::bindings::register_options(m);
     pydflash::bindings::register_model(m);
     pydflash::bindings::register_context_pair(m);
     pydflash::bindings::register_chat(m);

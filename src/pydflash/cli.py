@@ -15,34 +15,35 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from . import _core, backends
-from .config import CACHE_TYPES, FLASH_ATTN, SPLIT_MODES
+from .config import CACHE_TYPES, FLASH_ATTN, SPLIT_MODES, ModelConfig
 from .errors import PyDFlashError
 from .llama import Llama
 from .results import GenerationResult
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--n-ctx", type=int, default=4096, help="context size in tokens (default: %(default)s)")
+    d = ModelConfig()  # the core's defaults
+    p.add_argument("--n-ctx", type=int, default=d.n_ctx, help="context size in tokens (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
     dev = p.add_argument_group("devices and KV cache (as llama.cpp's options of the same names)")
-    dev.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, help="target layers to offload; -1 = all "
-                     "(default: 0)")
+    dev.add_argument("-ngl", "--n-gpu-layers", type=int, default=d.n_gpu_layers,
+                     help="target layers to offload; -1 = all (default: %(default)s)")
     dev.add_argument("-ngld", "--draft-n-gpu-layers", type=int, default=None,
                      help="drafter layers to offload (default: as --n-gpu-layers)")
-    dev.add_argument("-sm", "--split-mode", choices=SPLIT_MODES, default="layer",
+    dev.add_argument("-sm", "--split-mode", choices=SPLIT_MODES, default=d.split_mode,
                      help="how layers spread over several GPUs (default: %(default)s)")
-    dev.add_argument("-mg", "--main-gpu", type=int, default=0, help="the GPU used with --split-mode none")
+    dev.add_argument("-mg", "--main-gpu", type=int, default=d.main_gpu, help="the GPU used with --split-mode none")
     dev.add_argument("-ts", "--tensor-split", type=lambda t: tuple(float(x) for x in t.split(",")), default=(),
                      metavar="SHARES", help="share of the model per GPU, e.g. 3,1 (default: by free memory)")
     dev.add_argument("--rpc", default="", metavar="SERVERS",
                      help="host:port of RPC servers, comma-separated (see `pydflash rpc-server`)")
-    dev.add_argument("-fa", "--flash-attn", choices=FLASH_ATTN, default="auto", help="(default: %(default)s)")
-    dev.add_argument("-ctk", "--cache-type-k", choices=CACHE_TYPES, default="f16", help="target K cache type")
-    dev.add_argument("-ctv", "--cache-type-v", choices=CACHE_TYPES, default="f16",
+    dev.add_argument("-fa", "--flash-attn", choices=FLASH_ATTN, default=d.flash_attn, help="(default: %(default)s)")
+    dev.add_argument("-ctk", "--cache-type-k", choices=CACHE_TYPES, default=d.type_k, help="target K cache type")
+    dev.add_argument("-ctv", "--cache-type-v", choices=CACHE_TYPES, default=d.type_v,
                      help="target V cache type (quantized needs flash attention)")
-    dev.add_argument("-ctkd", "--cache-type-k-draft", choices=CACHE_TYPES, default="f16", help="drafter K cache type")
-    dev.add_argument("-ctvd", "--cache-type-v-draft", choices=CACHE_TYPES, default="f16", help="drafter V cache type")
+    dev.add_argument("-ctkd", "--cache-type-k-draft", choices=CACHE_TYPES, default=d.draft_type_k, help="drafter K cache type")
+    dev.add_argument("-ctvd", "--cache-type-v-draft", choices=CACHE_TYPES, default=d.draft_type_v, help="drafter V cache type")
 
 
 def _llama_options(a: argparse.Namespace) -> dict:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 __all__ = ["Llama"]
 
 Prompt = Union[str, Sequence[int]]
+_DEFAULTS = ModelConfig()  # the core's defaults, shown in help(Llama)
 
 
 class Llama:
@@ -50,23 +51,23 @@ class Llama:
         model_path: Union[str, os.PathLike],
         *,
         draft: Optional[Union[str, os.PathLike]] = None,
-        n_ctx: int = 4096,
-        n_gpu_layers: int = 0,
+        n_ctx: int = _DEFAULTS.n_ctx,
+        n_gpu_layers: int = _DEFAULTS.n_gpu_layers,
         draft_n_gpu_layers: Optional[int] = None,
-        main_gpu: int = 0,
-        split_mode: str = "layer",
+        main_gpu: int = _DEFAULTS.main_gpu,
+        split_mode: str = _DEFAULTS.split_mode,
         tensor_split: Sequence[float] = (),
         rpc_servers: Union[str, Sequence[str]] = (),
-        flash_attn: Union[bool, str] = "auto",
-        type_k: str = "f16",
-        type_v: str = "f16",
-        draft_type_k: str = "f16",
-        draft_type_v: str = "f16",
+        flash_attn: Union[bool, str] = _DEFAULTS.flash_attn,
+        type_k: str = _DEFAULTS.type_k,
+        type_v: str = _DEFAULTS.type_v,
+        draft_type_k: str = _DEFAULTS.draft_type_k,
+        draft_type_v: str = _DEFAULTS.draft_type_v,
         n_threads: Optional[int] = None,
         draft_max: Optional[int] = None,
-        seed: int = 0,
-        n_batch: int = 512,
-        rollback: str = "auto",
+        seed: int = _DEFAULTS.seed,
+        n_batch: int = _DEFAULTS.n_batch,
+        rollback: str = _DEFAULTS.rollback,
         verbose: bool = False,
         chat_template: Optional[str] = None,
     ):
@@ -91,7 +92,7 @@ class Llama:
             self._target = _core.Model.load(os.fspath(model_path), cfg.model_params("target"), "target")
             self._draft = (None if draft is None
                            else _core.Model.load_drafter(os.fspath(draft), cfg.model_params("drafter")))
-            self._pair_core = _core.ContextPair(self._target, self._draft, **cfg.pair_options())
+            self._pair_core = _core.ContextPair(self._target, self._draft, cfg.pair_params())
         finally:
             _logging.flush()
         self._pair = ContextPair(self._pair_core)
@@ -373,7 +374,7 @@ class _Run:
             seed = cfg.seed if cfg.seed is not None else llm.config.seed
             if seed < 0:
                 seed = random.getrandbits(63)
-            core.set_sampling(**cfg.sampling_args(seed))
+            core.set_sampling(cfg.core_params(seed))
             t0 = time.perf_counter()
             llm.pair.prefill(self.prompt)
             self.prefill_s = time.perf_counter() - t0

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
 from . import _core, _logging
-from .config import SamplingConfig, _int
+from .config import SamplingConfig, _float, _int
 from .results import StepResult
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ class ContextPair:
         instead of the drafter's block (any external draft source)."""
         dm = -1 if draft_max is None else _int("draft_max", draft_max, 0)
         try:
-            return self._core.step(dm, _int("draft_min", draft_min, 0), float(draft_p_min),
+            return self._core.step(dm, _int("draft_min", draft_min), _float("draft_p_min", draft_p_min),
                                    None if draft is None else list(draft))
         finally:
             _logging.flush()
@@ -76,7 +76,7 @@ class ContextPair:
                                    repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                                    presence_penalty=presence_penalty, penalty_last_n=penalty_last_n,
                                    logit_bias=logit_bias, verify=verify)
-        self._core.set_sampling(**cfg.sampling_args(seed))
+        self._core.set_sampling(cfg.core_params(seed))
 
     def interrupt(self) -> None:
         """Stop the running (or the next) decode from any thread; that call

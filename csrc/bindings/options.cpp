@@ -1,0 +1,112 @@
+// The option structs that cross the binding (PairParams, SamplingParams,
+// DraftControl, ModelParams) and the core's choice lists. Each struct is
+// built by field name from its C++ defaults, never by position: the Python
+// layer reads its defaults from `_core.PairParams()` etc. and checks values
+// with the core's own `validate()`.
+#include <pybind11/stl.h>
+
+#include <string>
+
+#include "bindings.h"
+#include "model.h"
+#include "options.h"
+#include "pair_params.h"
+#include "sampler.h"
+
+namespace py = pybind11;
+
+namespace pydflash::bindings {
+namespace {
+
+// Keyword constructor from the C++ defaults (an unknown name is a TypeError)
+// and a repr that lists every field, for a struct whose fields are bound
+// with def_readwrite / def_property.
+template <class T>
+void def_fields_api(py::class_<T>& cls, const char* name) {
+    cls.def(py::init([name](const py::kwargs& kw) {
+        py::object obj = py::cast(T{});
+        py::object props = py::type::of(obj).attr("__dict__");
+        py::object property = py::module_::import("builtins").attr("property");
+        for (const auto& [key, value] : kw) {
+            if (!props.contains(key) || !py::isinstance(props[key], property)) {
+                throw py::type_error(std::string(name) + "() got an unexpected keyword argument '" +
+                                     py::str(key).cast<std::string>() + "'");
+            }
+            py::setattr(obj, key, value);
+        }
+        return obj.cast<T>();
+    }));
+    cls.def("__repr__", [name](const py::object& self) {
+        py::object property = py::module_::import("builtins").attr("property");
+        std::string out = std::string(name) + "(";
+        bool first = true;
+        for (const auto& item : py::type::of(self).attr("__dict__").attr("items")()) {
+            const auto kv = item.cast<py::tuple>();
+            if (!py::isinstance(kv[1], property)) continue;
+            out += (first ? "" : ", ") + kv[0].cast<std::string>() + "=" +
+                   py::repr(self.attr(kv[0])).cast<std::string>();
+            first = false;
+        }
+        return out + ")";
+    });
+}
+
+}  // namespace
+
+void register_options(py::module_& m) {
+    py::dict choices;
+    for (const auto& [option, names] : option_choices()) choices[py::str(option)] = py::tuple(py::cast(names));
+    m.attr("CHOICES") = choices;
+
+    py::class_<PairParams> pair(m, "PairParams", "Options of a ContextPair, fixed at creation.");
+    pair.def_readwrite("n_ctx", &PairParams::n_ctx)
+        .def_readwrite("n_batch", &PairParams::n_batch)
+        .def_readwrite("n_ubatch", &PairParams::n_ubatch)
+        .def_readwrite("n_threads", &PairParams::n_threads)
+        .def_readwrite("draft_max", &PairParams::draft_max)
+        .def_readwrite("rollback", &PairParams::rollback)
+        .def_readwrite("flash_attn", &PairParams::flash_attn)
+        .def_readwrite("type_k", &PairParams::type_k)
+        .def_readwrite("type_v", &PairParams::type_v)
+        .def_readwrite("draft_type_k", &PairParams::draft_type_k)
+        .def_readwrite("draft_type_v", &PairParams::draft_type_v)
+        .def("validate", &PairParams::validate, "ValueError naming the first bad value.");
+    def_fields_api(pair, "PairParams");
+
+    py::class_<SamplingParams> sampling(m, "SamplingParams", "How tokens are chosen and drafts verified.");
+    sampling.def_readwrite("temperature", &SamplingParams::temperature)
+        .def_readwrite("top_k", &SamplingParams::top_k)
+        .def_readwrite("top_p", &SamplingParams::top_p)
+        .def_readwrite("min_p", &SamplingParams::min_p)
+        .def_readwrite("repeat_penalty", &SamplingParams::repeat_penalty)
+        .def_readwrite("frequency_penalty", &SamplingParams::frequency_penalty)
+        .def_readwrite("presence_penalty", &SamplingParams::presence_penalty)
+        .def_readwrite("penalty_last_n", &SamplingParams::penalty_last_n)
+        .def_readwrite("logit_bias", &SamplingParams::logit_bias)
+        .def_readwrite("seed", &SamplingParams::seed)
+        .def_property(
+            "verify", [](const SamplingParams& p) { return std::string(verify_name(p.verify)); },
+            [](SamplingParams& p, const std::string& name) { p.verify = parse_verify(name); })
+        .def("validate", &SamplingParams::validate, py::arg("n_vocab") = 0,
+             "ValueError naming the first bad value (token ids against n_vocab when > 0).");
+    def_fields_api(sampling, "SamplingParams");
+
+    py::class_<DraftControl> control(m, "DraftControl", "Draft-length controls of one step.");
+    control.def_readwrite("draft_max", &DraftControl::draft_max)
+        .def_readwrite("draft_min", &DraftControl::draft_min)
+        .def_readwrite("draft_p_min", &DraftControl::draft_p_min)
+        .def("validate", &DraftControl::validate);
+    def_fields_api(control, "DraftControl");
+
+    py::class_<ModelParams> model(m, "ModelParams", "How a model is loaded and where its layers go.");
+    model.def_readwrite("n_gpu_layers", &ModelParams::n_gpu_layers)
+        .def_readwrite("use_mmap", &ModelParams::use_mmap)
+        .def_readwrite("main_gpu", &ModelParams::main_gpu)
+        .def_readwrite("split_mode", &ModelParams::split_mode)
+        .def_readwrite("tensor_split", &ModelParams::tensor_split)
+        .def_readwrite("rpc_servers", &ModelParams::rpc_servers)
+        .def("validate", &ModelParams::validate);
+    def_fields_api(model, "ModelParams");
+}
+
+}  // namespace pydflash::bindings

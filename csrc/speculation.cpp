@@ -1,0 +1,140 @@
+// The drafting and acceptance rules of one step: the drafter's block (greedy,
+// or sampled from q for rejection sampling) and its verification against the
+// target's rows (longest agreeing prefix, llama.cpp's match rule, or
+// speculative sampling with residual resampling).
+#include <algorithm>
+
+#include "batch.h"
+#include "context_pair.h"
+
+namespace pydflash {
+
+std::vector<llama_token> ContextPair::recent_tokens() const {
+    const SamplingParams& sp = sampler_->params();
+    if (!sp.has_penalties() || sp.penalty_last_n == 0) return {};
+    // the last penalty_last_n tokens of history + pending, without copying the whole history
+    const size_t n_hist = std::min(history_.size(), static_cast<size_t>(sp.penalty_last_n) - 1);
+    std::vector<llama_token> out(history_.end() - static_cast<std::ptrdiff_t>(n_hist), history_.end());
+    out.push_back(*pending_);
+    return out;
+}
+
+namespace {
+
+void push_recent(std::vector<llama_token>& win, llama_token t, int32_t last_n) {
+    if (last_n <= 0) return;
+    win.push_back(t);
+    if (win.size() > static_cast<size_t>(last_n)) win.erase(win.begin());
+}
+
+}  // namespace
+
+std::vector<llama_token> ContextPair::draft_block(int32_t n, const DraftControl& control,
+                                                  std::vector<Distribution>& q) {
+    llama_batch_ext* b = batch_dft_.get();
+    llama_batch_ext_clear(b);
+    // every row outputs: the dflash graph does not select output rows, so a
+    // row without output would shift the logits of the rows after it
+    add_token(b, *pending_, n_past_, true);
+    for (int32_t i = 1; i <= n; ++i) add_token(b, spec_.mask_token, n_past_ + i, true);
+    const int32_t rc = llama_process(ctx_dft_.get(), LLAMA_PROCESS_TYPE_DECODE, b);
+    if (rc != 0) fail_decode("drafter block decode", rc);
+
+    const SamplingParams& sp = sampler_->params();
+    const bool rejection = !sp.greedy() && sp.verify == VerifyMode::Rejection;
+    const int32_t n_vocab = target_->n_vocab();
+    const bool plain = !sp.has_penalties() && sp.logit_bias.empty();
+    std::vector<llama_token> out;
+    std::vector<llama_token> win = plain ? std::vector<llama_token>() : recent_tokens();
+    for (int32_t i = 1; i <= n; ++i) {
+        const float* logits = llama_get_logits_ith(ctx_dft_.get(), i);
+        if (logits == nullptr) fail_decode("reading drafter logits", -1);
+        llama_token t;
+        float conf;
+        if (plain && sp.greedy()) {
+            t = argmax(logits, n_vocab);
+            conf = control.draft_p_min > 0.0f ? softmax_prob(logits, n_vocab, t) : 1.0f;
+        } else {
+            // q: the drafter's row under the target's transform
+            sampler_->distribution(logits, win, dist_);
+            if (rejection) {
+                t = sampler_->sample(dist_);
+                conf = dist_.prob_of(t);
+            } else {
+                t = dist_.ids[0];  // the transformed argmax: greedy drafts
+                conf = sp.greedy() ? (control.draft_p_min > 0.0f ? softmax_prob(logits, n_vocab, t) : 1.0f)
+                                   : dist_.probs[0];
+            }
+        }
+        if (conf < control.draft_p_min) break;
+        if (rejection) q.push_back(dist_);
+        out.push_back(t);
+        push_recent(win, t, sp.penalty_last_n);
+    }
+    // the block's K/V are noise: the drafter cache must hold only injected features
+    llama_memory_seq_rm(llama_get_memory(ctx_dft_.get()), 0, n_past_, -1);
+    if (static_cast<int32_t>(out.size()) < control.draft_min) {
+        out.clear();
+        q.clear();
+    }
+    return out;
+}
+
+std::vector<llama_token> ContextPair::accept(const std::vector<llama_token>& draft,
+                                             const std::vector<Distribution>& q, bool external,
+                                             int32_t& n_acc) {
+    const SamplingParams& sp = sampler_->params();
+    const auto k = static_cast<int32_t>(draft.size());
+    const int32_t n_vocab = target_->n_vocab();
+    const bool plain = !sp.has_penalties() && sp.logit_bias.empty();
+    const bool rejection = !sp.greedy() && sp.verify == VerifyMode::Rejection;
+    std::vector<llama_token> win = plain ? std::vector<llama_token>() : recent_tokens();
+    std::vector<llama_token> out;
+    n_acc = 0;
+    Distribution one_hot;
+    for (int32_t i = 0; i <= k; ++i) {
+        const float* logits = llama_get_logits_ith(ctx_tgt_.get(), i);
+        if (logits == nullptr) fail_decode("reading target logits", -1);
+        if (plain && sp.greedy()) {
+            const llama_token t = argmax(logits, n_vocab);
+            out.push_back(t);
+            if (i == k || t != draft[static_cast<size_t>(i)]) break;
+            ++n_acc;
+            continue;
+        }
+        sampler_->distribution(logits, win, dist_);  // p_i
+        if (i == k) {  // every draft accepted: one more token of the target's own
+            out.push_back(sampler_->sample(dist_));
+            break;
+        }
+        const llama_token x = draft[static_cast<size_t>(i)];
+        if (!rejection) {  // match: the target's own sample must equal the draft
+            const llama_token t = sampler_->sample(dist_);
+            out.push_back(t);
+            if (t != x) break;
+        } else {
+            // speculative sampling: accept x with probability min(1, p(x)/q(x)),
+            // else draw from the residual max(0, p - q); exact for the target's p
+            const Distribution* qi = &one_hot;
+            if (!external && static_cast<size_t>(i) < q.size()) {
+                qi = &q[static_cast<size_t>(i)];
+            } else {  // an external draft is deterministic: q is one-hot at x
+                one_hot.ids.assign(1, x);
+                one_hot.probs.assign(1, 1.0f);
+            }
+            const double px = dist_.prob_of(x);
+            const double qx = qi->prob_of(x);
+            if (qx > 0.0 && sampler_->uniform() < std::min(1.0, px / qx)) {
+                out.push_back(x);
+            } else {
+                out.push_back(sampler_->sample_residual(dist_, *qi));
+                break;
+            }
+        }
+        ++n_acc;
+        push_recent(win, x, sp.penalty_last_n);
+    }
+    return out;
+}
+
+}  // namespace pydflash

@@ -346,36 +346,49 @@ std::vector<float> ContextPair::score(const std::vector<llama_token>& tokens) {
     return out;
 }
 
-StepResult ContextPair::step(const DraftControl& control,
-                              const std::optional<std::vector<llama_token>>& external) {
-    std::lock_guard<std::mutex> lock(mu_);
-    require_open();
-    if (!pending_) throw InvalidArgument("nothing to continue from: call prefill() first");
+void ContextPair::check(const DraftControl& control) const {
     control.validate();
-    const int32_t room = params_.n_ctx - n_past_ - 1;
-    if (room < 0) {
-        throw ContextLimitError("the context is full (" + std::to_string(params_.n_ctx) + " tokens)");
-    }
-    StepResult r;
-    std::vector<llama_token> draft;
-    std::vector<Distribution> q;
+    if (drafter_) check_draft_max(control.draft_max, spec_);
+}
+
+std::vector<llama_token> ContextPair::choose_draft(const DraftControl& control,
+                                                   const std::optional<std::vector<llama_token>>& external,
+                                                   int32_t room, std::vector<Distribution>& q, StepResult& r) {
     if (external) {
         for (llama_token t : *external) target_->check_token(t);
         if (external->size() + 1 > static_cast<size_t>(params_.n_batch)) {
             throw InvalidArgument("external draft of " + std::to_string(external->size()) +
                                   " tokens exceeds n_batch - 1 = " + std::to_string(params_.n_batch - 1));
         }
-        draft.assign(external->begin(), external->begin() + std::min<size_t>(external->size(), static_cast<size_t>(room)));
-    } else {
-        if (drafter_) check_draft_max(control.draft_max, spec_);
-        int32_t k = control.draft_max < 0 ? draft_max_ : control.draft_max;
-        k = std::min({k, max_draft(), room});
-        if (drafter_ && k > 0 && k >= control.draft_min) {
-            const auto t0 = Clock::now();
-            draft = draft_block(k, control, q);
-            r.t_draft_ms = ms_since(t0);
-        }
+        const auto n = std::min<size_t>(external->size(), static_cast<size_t>(room));
+        return {external->begin(), external->begin() + static_cast<std::ptrdiff_t>(n)};
     }
+    int32_t k = control.draft_max < 0 ? draft_max_ : control.draft_max;
+    k = std::min({k, max_draft(), room});
+    if (!drafter_ || k <= 0 || k < control.draft_min) return {};
+    const auto t0 = Clock::now();
+    std::vector<llama_token> draft = draft_block(k, control, q);
+    r.t_draft_ms = ms_since(t0);
+    return draft;
+}
+
+StepResult ContextPair::step(const DraftControl& control,
+                              const std::optional<std::vector<llama_token>>& external) {
+    std::lock_guard<std::mutex> lock(mu_);
+    require_open();
+    if (!pending_) throw InvalidArgument("nothing to continue from: call prefill() first");
+    if (external) {
+        control.validate();  // an external draft is not bounded by the block
+    } else {
+        check(control);
+    }
+    const int32_t room = params_.n_ctx - n_past_ - 1;
+    if (room < 0) {
+        throw ContextLimitError("the context is full (" + std::to_string(params_.n_ctx) + " tokens)");
+    }
+    StepResult r;
+    std::vector<Distribution> q;
+    std::vector<llama_token> draft = choose_draft(control, external, room, q, r);
     const auto k = static_cast<int32_t>(draft.size());
 
     // a recurrent state rolls back at most n_rs_seq tokens through its planes;

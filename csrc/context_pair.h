@@ -65,6 +65,9 @@ public:
     // evaluated from an empty cache; the pair is left reset.
     std::vector<float> score(const std::vector<llama_token>& tokens);
 
+    // InvalidArgument unless `control` suits this pair (draft_max within the block).
+    void check(const DraftControl& control) const;
+
     std::vector<MemoryRow> memory() const;
 
     void set_sampling(const SamplingParams& params);
@@ -104,6 +107,10 @@ private:
     void roll_back_target(const std::vector<llama_token>& batch, int32_t n_keep, bool checkpointed);
     // Drafts up to n tokens; fills q with the drafter's distributions when the
     // sampler verifies by rejection.
+    // The tokens to verify this step: `external`, the drafter's block, or none.
+    std::vector<llama_token> choose_draft(const DraftControl& control,
+                                          const std::optional<std::vector<llama_token>>& external, int32_t room,
+                                          std::vector<Distribution>& q, StepResult& r);
     std::vector<llama_token> draft_block(int32_t n, const DraftControl& control, std::vector<Distribution>& q);
     // Accept/reject `draft` against the target rows of the last decode.
     std::vector<llama_token> accept(const std::vector<llama_token>& draft, const std::vector<Distribution>& q,

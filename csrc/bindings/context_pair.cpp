@@ -90,6 +90,8 @@ void register_context_pair(py::module_& m) {
              },
              py::arg("tokens"), "Target logits (n, n_vocab) for every position; leaves the pair reset.")
         .def("set_sampling", &ContextPair::set_sampling, py::arg("params"), release())
+        .def("check", &ContextPair::check, py::arg("control"),
+             "ValueError unless the draft controls suit this pair (draft_max within the block).")
         .def("memory",
              [](const ContextPair& self) {
                  py::list out;

@@ -352,10 +352,7 @@ class _Run:
         self.cfg = cfg
         self.prompt = llm._prompt_tokens(prompt)
         model = llm._model()
-        pair = llm.pair
-        if pair.has_drafter and cfg.draft_max is not None and cfg.draft_max > pair.max_draft:
-            raise ValueError(f"draft_max={cfg.draft_max} exceeds this drafter's block size "
-                             f"{pair.block_size} minus 1 = {pair.max_draft}")
+        llm.pair.check_draft(cfg)  # before any work: draft_max within the block
         self.model = model
         self.text = TextAssembler(lambda t: model.token_to_piece(t, False), cfg.stop)
         self.tokens: list[int] = []

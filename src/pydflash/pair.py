@@ -64,6 +64,11 @@ class ContextPair:
         finally:
             _logging.flush()
 
+    def check_draft(self, config: SamplingConfig) -> None:
+        """ValueError unless ``config``'s draft-length options suit this pair
+        (``draft_max`` within the drafter's block); nothing is decoded."""
+        self._core.check(config.draft_control())
+
     def set_sampling(self, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, *, min_p: float = 0.0,
                      repeat_penalty: float = 1.0, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
                      penalty_last_n: int = 64, logit_bias: Optional[Mapping[int, float]] = None, seed: int = 0,

@@ -150,6 +150,7 @@ void ContextPair::clear_memory() {
     pending_.reset();
     history_.clear();
     n_past_ = 0;
+    n_cached_ = 0;
 }
 
 void ContextPair::reset() {
@@ -292,7 +293,28 @@ void ContextPair::inject(int32_t n_rows, llama_pos pos0) {
     }
 }
 
-double ContextPair::prefill(const std::vector<llama_token>& tokens) {
+int32_t ContextPair::keep_common_prefix(const std::vector<llama_token>& tokens, int32_t n) {
+    // the longest prefix of the cached history that the new prompt repeats
+    int32_t common = 0;
+    const auto n_hist = static_cast<int32_t>(history_.size());
+    while (common < n && common < n_hist && history_[static_cast<size_t>(common)] == tokens[static_cast<size_t>(common)]) {
+        ++common;
+    }
+    // a recurrent state cannot be cut back to an arbitrary position: it is kept
+    // only when the whole history is a prefix (a conversation's next turn)
+    const bool recurrent = rollback_ != RollbackKind::KvTrim;
+    if (common == 0 || (recurrent && common < n_hist)) return 0;
+    if (common < n_hist) {
+        // K/V and the drafter's injected features are per position: drop the rest
+        if (!llama_memory_seq_rm(llama_get_memory(ctx_tgt_.get()), 0, common, -1)) return 0;
+        if (ctx_dft_ && !llama_memory_seq_rm(llama_get_memory(ctx_dft_.get()), 0, common, -1)) return 0;
+    }
+    history_.resize(static_cast<size_t>(common));
+    n_past_ = common;
+    return common;
+}
+
+double ContextPair::prefill(const std::vector<llama_token>& tokens, bool reuse) {
     std::lock_guard<std::mutex> lock(mu_);
     require_open();
     if (tokens.empty()) throw InvalidArgument("prefill needs at least one token");
@@ -304,11 +326,13 @@ double ContextPair::prefill(const std::vector<llama_token>& tokens) {
                                 " prompt tokens leave room to generate)");
     }
     const auto t0 = Clock::now();
-    clear_memory();
     last_check_ = t0;
-    const auto n = static_cast<int32_t>(tokens.size()) - 1;
+    const auto n = static_cast<int32_t>(tokens.size()) - 1;  // the last token stays pending
+    n_cached_ = reuse ? keep_common_prefix(tokens, n) : 0;
+    if (n_cached_ == 0) clear_memory();
+    pending_.reset();
     const int32_t chunk = params_.n_batch;
-    for (int32_t off = 0; off < n; off += chunk) {
+    for (int32_t off = n_cached_; off < n; off += chunk) {
         const int32_t m = std::min(chunk, n - off);
         decode_target(tokens.data() + off, m, off, false);
         if (drafter_) inject(m, off);

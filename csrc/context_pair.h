@@ -52,9 +52,11 @@ public:
     ContextPair(const ContextPair&) = delete;
     ContextPair& operator=(const ContextPair&) = delete;
 
-    // Clear both caches and evaluate `tokens` (all but the last, which is kept
-    // pending for the first step). Returns the time spent in ms.
-    double prefill(const std::vector<llama_token>& tokens);
+    // Evaluate `tokens` (all but the last, which is kept pending for the first
+    // step) from empty caches; with `reuse`, the longest prefix the caches
+    // already hold is kept (prompt cache; see n_cached()). Returns the time
+    // spent in ms.
+    double prefill(const std::vector<llama_token>& tokens, bool reuse = false);
 
     // One speculative step. draft_max < 0 uses the pair's default; 0 is plain
     // target decoding. With `external`, those tokens are verified instead of
@@ -84,6 +86,7 @@ public:
     bool closed() const { return !ctx_tgt_; }
     bool has_drafter() const { return drafter_ != nullptr; }
     int32_t n_past() const { return n_past_; }
+    int32_t n_cached() const { return n_cached_; }  // prompt tokens the last prefill took from the cache
     int32_t n_ctx() const { return params_.n_ctx; }
     int32_t block_size() const { return drafter_ ? spec_.block_size : 0; }
     int32_t max_draft() const { return drafter_ ? spec_.max_draft() : 0; }
@@ -98,6 +101,9 @@ public:
 private:
     void require_open() const;
     void clear_memory();
+    // Keeps the cached prefix shared with tokens[0..n) in both contexts (all or
+    // nothing for a recurrent target); returns its length (0: caller clears).
+    int32_t keep_common_prefix(const std::vector<llama_token>& tokens, int32_t n);
     void decode_target(const llama_token* tokens, int32_t n, llama_pos pos0, bool all_logits);
     void inject(int32_t n_rows, llama_pos pos0);
     // Picks the rollback for this target, creating the target context.
@@ -138,6 +144,7 @@ private:
     std::vector<llama_token> history_;  // tokens in the target cache
     std::optional<llama_token> pending_;
     int32_t n_past_ = 0;
+    int32_t n_cached_ = 0;
     mutable std::mutex mu_;
     std::atomic<bool> interrupt_{false};
     std::function<bool()> interrupt_check_;

@@ -63,7 +63,7 @@ void register_context_pair(py::module_& m) {
                  return pair;
              }),
              py::arg("target"), py::arg("drafter").none(true), py::arg("params") = PairParams{}, release())
-        .def("prefill", &ContextPair::prefill, py::arg("tokens"), release())
+        .def("prefill", &ContextPair::prefill, py::arg("tokens"), py::arg("reuse") = false, release())
         .def("step",
              [](ContextPair& self, int32_t draft_max, int32_t draft_min, float draft_p_min,
                 const std::optional<std::vector<llama_token>>& draft) {
@@ -109,6 +109,8 @@ void register_context_pair(py::module_& m) {
         .def_property_readonly("closed", &ContextPair::closed)
         .def_property_readonly("has_drafter", &ContextPair::has_drafter)
         .def_property_readonly("n_past", &ContextPair::n_past)
+        .def_property_readonly("n_cached", &ContextPair::n_cached,
+                               "Prompt tokens the last prefill took from the cache (prefill(reuse=True)).")
         .def_property_readonly("n_ctx", &ContextPair::n_ctx)
         .def_property_readonly("n_batch", [](const ContextPair& s) { return s.params().n_batch; })
         .def_property_readonly("block_size", &ContextPair::block_size)

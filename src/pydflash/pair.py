@@ -35,10 +35,14 @@ class ContextPair:
     def __init__(self, core: _core.ContextPair):
         self._core = core
 
-    def prefill(self, tokens: Sequence[int]) -> float:
-        """Reset and evaluate ``tokens``; returns the time spent in ms."""
+    def prefill(self, tokens: Sequence[int], *, reuse: bool = False) -> float:
+        """Evaluate ``tokens`` from empty caches; returns the time spent in ms.
+        With ``reuse``, the longest prefix of ``tokens`` that both caches
+        already hold is kept and only the rest is evaluated (``n_cached`` says
+        how many were kept; a recurrent target keeps its state only when the
+        prompt extends the whole history)."""
         try:
-            return self._core.prefill(list(tokens))
+            return self._core.prefill(list(tokens), bool(reuse))
         finally:
             _logging.flush()
 
@@ -96,6 +100,11 @@ class ContextPair:
     def n_past(self) -> int:
         """Tokens in the target cache (the pending token is not counted)."""
         return self._core.n_past
+
+    @property
+    def n_cached(self) -> int:
+        """Prompt tokens the last prefill took from the cache."""
+        return self._core.n_cached
 
     @property
     def n_ctx(self) -> int:

@@ -137,3 +137,38 @@ def test_a_recurrent_state_is_not_cut_back(hybrid_models, name, back):
         got, cached = greedy_after(pair, prompt, reuse=True)
         assert cached == 0
         assert got == greedy_after(pair, prompt, reuse=False)[0]
+
+
+# -- through Llama: generate()/stream() and the completions reuse the cache by default
+
+
+def test_generate_reuses_the_cache_by_default(dflash_b8, baseline):
+    prompt = dflash_b8.tokenize("class Stack:\n    def __init__(self):")
+    first = dflash_b8.generate(prompt, max_tokens=24, ignore_eos=True, cache_prompt=False)
+    assert first.stats.cached_tokens == 0
+    turn2 = prompt + first.tokens + dflash_b8.tokenize("\n    def push(self, x):", add_special=False)
+    fresh = dflash_b8.generate(turn2, max_tokens=24, ignore_eos=True, cache_prompt=False)
+    dflash_b8.generate(prompt, max_tokens=24, ignore_eos=True, cache_prompt=False)  # turn 1 again
+    cached = dflash_b8.generate(turn2, max_tokens=24, ignore_eos=True)
+    assert cached.stats.cached_tokens >= len(prompt) - 1 + len(first.tokens) - 1
+    assert fresh.stats.cached_tokens == 0
+    assert cached.tokens == fresh.tokens == baseline.generate(turn2, max_tokens=24, ignore_eos=True).tokens
+    assert [s.n_accepted for s in cached.stats.steps] == [s.n_accepted for s in fresh.stats.steps]
+
+
+def test_stream_and_completion_report_cache_n(dflash_b8):
+    prompt = "def parse(text):\n    "
+    dflash_b8.generate(prompt, max_tokens=4, cache_prompt=False)
+    list(dflash_b8.stream(prompt, max_tokens=4))
+    assert dflash_b8.pair.n_cached == len(dflash_b8.tokenize(prompt)) - 1
+    res = dflash_b8.create_completion(prompt, max_tokens=4, temperature=0)
+    t = res["timings"]
+    assert t["cache_n"] == len(dflash_b8.tokenize(prompt)) - 1
+    assert t["prompt_n"] + t["cache_n"] == res["usage"]["prompt_tokens"]
+    res = dflash_b8.create_completion(prompt, max_tokens=4, temperature=0, cache_prompt=False)
+    assert res["timings"]["cache_n"] == 0
+
+
+def test_cache_prompt_must_be_a_bool(dflash_b8):
+    with pytest.raises(TypeError, match="cache_prompt"):
+        dflash_b8.generate("x", max_tokens=2, cache_prompt="yes")  # type: ignore[arg-type]

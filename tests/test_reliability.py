@@ -46,7 +46,7 @@ def test_ctrl_c_stops_a_long_prefill(big, python_sigint):
     t0 = time.perf_counter()
     timer.start()
     with pytest.raises(KeyboardInterrupt):
-        big.generate(long_prompt(), max_tokens=4)
+        big.generate(long_prompt(), max_tokens=4, cache_prompt=False)
     took = time.perf_counter() - t0
     timer.join()
     assert took < 0.05 + max(0.5 * full, 0.2), f"interrupt took {took:.2f}s, full prefill {full:.2f}s"
@@ -62,7 +62,7 @@ def test_a_sigint_handler_that_does_not_raise_lets_the_work_finish(big):
     try:
         timer = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT))
         timer.start()
-        out = big.generate(long_prompt(), max_tokens=4, ignore_eos=True)
+        out = big.generate(long_prompt(), max_tokens=4, ignore_eos=True, cache_prompt=False)
         timer.join()
     finally:
         signal.signal(signal.SIGINT, old)
@@ -82,7 +82,7 @@ with Llama(sys.argv[1], n_ctx=8064, n_batch=2048) as llm:
     threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
     t0 = time.perf_counter()
     try:
-        llm.generate(prompt, max_tokens=4)
+        llm.generate(prompt, max_tokens=4, cache_prompt=False)
     except KeyboardInterrupt:
         print("interrupted", time.perf_counter() - t0, full)
     print(len(llm.generate("ok", max_tokens=3, ignore_eos=True).tokens))
@@ -104,7 +104,7 @@ def test_interrupt_from_another_thread(big):
     t0 = time.perf_counter()
     timer.start()
     with pytest.raises(GenerationInterrupted, match="interrupted"):
-        big.generate(long_prompt(), max_tokens=4)
+        big.generate(long_prompt(), max_tokens=4, cache_prompt=False)
     timer.join()
     assert time.perf_counter() - t0 < 5
     assert len(big.generate("ok", max_tokens=5, ignore_eos=True).tokens) == 5

@@ -121,6 +121,23 @@ def test_completion(client, local):
     assert timings["draft_n"] > 0 and 0 <= timings["draft_n_accepted"] <= timings["draft_n"]
 
 
+def test_cache_prompt_and_id_slot(client):
+    # llama-server's request fields: the second identical prompt comes from the cache
+    # unless cache_prompt is false; the one slot is id_slot 0 (or -1: any)
+    def timings(**extra):
+        res = client.completions.create(model="tiny-pair", prompt="import os\nimport sys\n", max_tokens=3,
+                                        temperature=0, extra_body=extra)
+        return res.to_dict()["timings"]
+
+    timings(cache_prompt=False)
+    assert timings(id_slot=0)["cache_n"] > 0
+    assert timings(cache_prompt=False, id_slot=-1)["cache_n"] == 0
+    with pytest.raises(openai.BadRequestError, match="id_slot"):
+        timings(id_slot=3)
+    with pytest.raises(openai.BadRequestError, match="cache_prompt"):
+        timings(cache_prompt="yes")
+
+
 def test_completion_stream(client, local):
     want = local.generate("def f():", max_tokens=24, ignore_eos=True)
     chunks = list(client.completions.create(model="tiny-pair", prompt="def f():", max_tokens=24, temperature=0,

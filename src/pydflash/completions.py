@@ -92,10 +92,13 @@ class _Generation:
         return {"prompt_tokens": n_prompt, "completion_tokens": n_gen, "total_tokens": n_prompt + n_gen}
 
     def timings(self) -> Timings:
+        """llama-server's: prompt_n counts the prompt tokens evaluated, cache_n
+        those taken from the prompt cache."""
         r = self.run
-        n_p, n_g = len(r.prompt), len(r.tokens)
+        n_p, n_g = len(r.prompt) - r.n_cached, len(r.tokens)
         p_ms, g_ms = r.prefill_s * 1e3, r.decode_s * 1e3
         return {
+            "cache_n": r.n_cached,
             "prompt_n": n_p, "prompt_ms": p_ms,
             "prompt_per_token_ms": p_ms / n_p if n_p else 0.0,
             "prompt_per_second": n_p / r.prefill_s if r.prefill_s > 0 else 0.0,
@@ -111,11 +114,12 @@ class _Generation:
 
 def _sampling(temperature: float, top_p: float, top_k: int, min_p: float, seed: Optional[int], stop: list[str],
               frequency_penalty: float, presence_penalty: float, repeat_penalty: float,
-              logit_bias: Optional[Mapping[Any, float]], ignore_eos: bool, draft_max: Optional[int]) -> dict:
+              logit_bias: Optional[Mapping[Any, float]], ignore_eos: bool, draft_max: Optional[int],
+              cache_prompt: bool) -> dict:
     return dict(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed, stop=stop,
                 frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                 repeat_penalty=repeat_penalty, logit_bias=_logit_bias(logit_bias), ignore_eos=ignore_eos,
-                draft_max=draft_max)
+                draft_max=draft_max, cache_prompt=cache_prompt)
 
 
 def _unsupported(**kw: Any) -> None:
@@ -149,6 +153,7 @@ def create_completion(
     *,
     ignore_eos: bool = False,
     draft_max: Optional[int] = None,
+    cache_prompt: bool = True,
     cancel: Optional[Callable[[], bool]] = None,
 ) -> Union[Completion, Iterator[CompletionChunk]]:
     """An OpenAI-style text completion of ``prompt`` (text or token ids).
@@ -158,7 +163,7 @@ def create_completion(
     tokens = llm._prompt_tokens(prompt)
     gen = _Generation(llm, tokens, max_tokens, cancel, **_sampling(
         temperature, top_p, top_k, min_p, seed, _stops(stop), frequency_penalty, presence_penalty,
-        repeat_penalty, logit_bias, ignore_eos, draft_max))
+        repeat_penalty, logit_bias, ignore_eos, draft_max, cache_prompt))
     meta = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or model_name(llm)}
     head = (prompt if isinstance(prompt, str) else llm.detokenize(tokens)) if echo else ""
     if stream:
@@ -225,6 +230,7 @@ def create_chat_completion(
     chat_template_kwargs: Optional[Mapping[str, Any]] = None,
     ignore_eos: bool = False,
     draft_max: Optional[int] = None,
+    cache_prompt: bool = True,
     cancel: Optional[Callable[[], bool]] = None,
 ) -> Union[ChatCompletion, Iterator[ChatCompletionChunk]]:
     """An OpenAI-style chat completion: ``messages`` go through the model's chat
@@ -240,7 +246,7 @@ def create_chat_completion(
     tokens = llm._prompt_tokens(cp.prompt)
     gen = _Generation(llm, tokens, max_tokens, cancel, **_sampling(
         temperature, top_p, top_k, min_p, seed, _stops(stop, cp.stop), frequency_penalty, presence_penalty,
-        repeat_penalty, logit_bias, ignore_eos, draft_max))
+        repeat_penalty, logit_bias, ignore_eos, draft_max, cache_prompt))
     meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or model_name(llm)}
     if stream:
         return _chat_chunks(gen, cp, meta)

@@ -144,9 +144,12 @@ class SamplingConfig:
     draft_max: Optional[int] = None
     draft_min: int = 0
     draft_p_min: float = 0.0
+    cache_prompt: bool = True  # keep the prefix the caches already hold (llama-server's cache_prompt)
 
     def __post_init__(self) -> None:
         _int("max_tokens", self.max_tokens, 0)
+        if not isinstance(self.cache_prompt, bool):
+            raise TypeError(f"cache_prompt must be a bool, not {type(self.cache_prompt).__name__}")
         for name in ("top_k", "penalty_last_n", "draft_min"):
             _int(name, getattr(self, name))
         for name in ("temperature", "top_p", "min_p", "repeat_penalty", "frequency_penalty", "presence_penalty",

@@ -208,6 +208,7 @@ class Llama:
         draft_max: Optional[int] = None,
         draft_min: int = 0,
         draft_p_min: float = 0.0,
+        cache_prompt: bool = True,
     ) -> GenerationResult:
         """Generate up to ``max_tokens`` tokens after ``prompt`` (text or ids).
 
@@ -221,12 +222,18 @@ class Llama:
 
         finish_reason is "eos" (end of generation token, not included), "stop"
         (a stop string appeared; it and what follows are cut) or "length"
-        (max_tokens reached, or the context is full)."""
+        (max_tokens reached, or the context is full).
+
+        ``cache_prompt`` (default True, as in llama-server and llama-cpp-python):
+        the longest prefix of the prompt that the contexts already hold (the
+        previous prompt and its output) is not evaluated again; the output is
+        the same either way. ``stats.cached_tokens`` says how many were kept."""
         cfg = SamplingConfig.build(
             max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
             repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
             penalty_last_n=penalty_last_n, logit_bias=logit_bias, seed=seed, stop=stop, ignore_eos=ignore_eos,
-            verify=verify, draft_max=draft_max, draft_min=draft_min, draft_p_min=draft_p_min)
+            verify=verify, draft_max=draft_max, draft_min=draft_min, draft_p_min=draft_p_min,
+            cache_prompt=cache_prompt)
         run = _Run(self, prompt, cfg)
         for _ in run:
             pass
@@ -253,6 +260,7 @@ class Llama:
         draft_max: Optional[int] = None,
         draft_min: int = 0,
         draft_p_min: float = 0.0,
+        cache_prompt: bool = True,
     ) -> Iterator[StreamStep]:
         """Like ``generate`` (same options), one ``StreamStep`` per speculative
         step. The last step carries the finish_reason."""
@@ -260,7 +268,8 @@ class Llama:
             max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
             repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
             penalty_last_n=penalty_last_n, logit_bias=logit_bias, seed=seed, stop=stop, ignore_eos=ignore_eos,
-            verify=verify, draft_max=draft_max, draft_min=draft_min, draft_p_min=draft_p_min)
+            verify=verify, draft_max=draft_max, draft_min=draft_min, draft_p_min=draft_p_min,
+            cache_prompt=cache_prompt)
         return iter(_Run(self, prompt, cfg))
 
     def __repr__(self) -> str:
@@ -361,6 +370,7 @@ class _Run:
         self.finish: Optional[FinishReason] = None
         self.prefill_s = 0.0
         self.decode_s = 0.0
+        self.n_cached = 0  # prompt tokens taken from the prompt cache
 
     def __iter__(self) -> Iterator[StreamStep]:
         llm, cfg = self.llm, self.cfg
@@ -373,8 +383,9 @@ class _Run:
                 seed = random.getrandbits(63)
             core.set_sampling(cfg.core_params(seed))
             t0 = time.perf_counter()
-            llm.pair.prefill(self.prompt)
+            llm.pair.prefill(self.prompt, reuse=cfg.cache_prompt)
             self.prefill_s = time.perf_counter() - t0
+            self.n_cached = llm.pair.n_cached
             draft_max = cfg.draft_max
             t0 = time.perf_counter()
             while self.finish is None:
@@ -433,7 +444,8 @@ class _Run:
         stats = GenerationStats(
             prompt_tokens=len(self.prompt), n_tokens=len(self.tokens), n_steps=len(self.steps),
             n_drafted=sum(s.n_drafted for s in self.steps), n_accepted=sum(s.n_accepted for s in self.steps),
-            prefill_seconds=self.prefill_s, decode_seconds=self.decode_s, steps=tuple(self.steps))
+            prefill_seconds=self.prefill_s, decode_seconds=self.decode_s, steps=tuple(self.steps),
+            cached_tokens=self.n_cached)
         assert self.finish is not None
         return GenerationResult(text=self.text.text(), tokens=list(self.tokens),
                                 finish_reason=self.finish, stats=stats)

@@ -49,7 +49,8 @@ class CompletionUsage(TypedDict):
 class Timings(TypedDict):
     """llama-server's ``timings`` object, plus the DFlash step counts."""
 
-    prompt_n: int
+    cache_n: int                 # prompt tokens taken from the prompt cache
+    prompt_n: int                # prompt tokens evaluated
     prompt_ms: float
     prompt_per_token_ms: float
     prompt_per_second: float

@@ -25,6 +25,7 @@ class GenerationStats:
     prefill_seconds: float
     decode_seconds: float
     steps: Sequence[StepResult] = dataclasses.field(repr=False)
+    cached_tokens: int = 0          # prompt tokens taken from the prompt cache (not prefilled)
 
     @property
     def acceptance_rate(self) -> float:
@@ -42,7 +43,9 @@ class GenerationStats:
 
     @property
     def prefill_tokens_per_second(self) -> float:
-        return self.prompt_tokens / self.prefill_seconds if self.prefill_seconds > 0 else 0.0
+        """Prompt tokens evaluated (those not taken from the cache) per second."""
+        n = self.prompt_tokens - self.cached_tokens
+        return n / self.prefill_seconds if self.prefill_seconds > 0 else 0.0
 
     @property
     def draft_seconds(self) -> float:

@@ -42,7 +42,8 @@ def pydflash_engine(a: argparse.Namespace) -> tuple[Callable[[dict], dict], dict
     def run(req: dict) -> dict:
         prompt = llm.tokenize(req["text"])
         dm = req.get("draft_max") if a.draft else 0
-        res = llm.generate(prompt, max_tokens=req["osl"], ignore_eos=True, draft_max=dm)
+        # a cold prefill every time, as the other engines do (repeats reuse prompts)
+        res = llm.generate(prompt, max_tokens=req["osl"], ignore_eos=True, draft_max=dm, cache_prompt=False)
         s = res.stats
         first = s.steps[0] if s.steps else None
         first_ms = (first.t_draft_ms + first.t_verify_ms + first.t_inject_ms + first.t_sample_ms) if first else 0.0

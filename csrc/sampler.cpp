@@ -113,11 +113,13 @@ void Sampler::distribution(const float* logits, const std::vector<llama_token>& 
     }
     // drop -inf (banned by bias) candidates
     while (n > 1 && !std::isfinite(cand_[n - 1].first)) --n;
+    // llama.cpp's chain: top-p and min-p cut the untempered distribution; the
+    // temperature applies last, to the tokens they keep
     const double mx = cand_[0].first;
     std::vector<double> p(n);
     double sum = 0.0;
     for (size_t i = 0; i < n; ++i) {
-        p[i] = std::exp((static_cast<double>(cand_[i].first) - mx) / params_.temperature);
+        p[i] = std::exp(static_cast<double>(cand_[i].first) - mx);
         sum += p[i];
     }
     size_t keep = n;
@@ -138,7 +140,10 @@ void Sampler::distribution(const float* logits, const std::vector<llama_token>& 
         keep = m;
     }
     double kept = 0.0;
-    for (size_t i = 0; i < keep; ++i) kept += p[i];
+    for (size_t i = 0; i < keep; ++i) {
+        p[i] = std::exp((static_cast<double>(cand_[i].first) - mx) / params_.temperature);
+        kept += p[i];
+    }
     out.ids.reserve(keep);
     out.probs.reserve(keep);
     for (size_t i = 0; i < keep; ++i) {

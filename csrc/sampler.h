@@ -1,5 +1,6 @@
-// Token distributions and sampling. One transform (penalties, logit bias,
-// temperature, top-k, top-p, min-p) turns a row of logits into a sparse
+// Token distributions and sampling. One transform, in llama.cpp's default
+// order (penalties, logit bias, top-k, top-p, min-p, then temperature: the
+// cuts see the untempered distribution), turns a row of logits into a sparse
 // distribution; the target's p and the drafter's q go through the same
 // transform, which keeps speculative rejection sampling exact.
 #pragma once

@@ -4,7 +4,8 @@ verification modes.
 Each test draws N short generations with DFlash and compares the empirical
 distribution of the first two generated tokens (the joint distribution and
 both marginals) with the EXACT distribution of the target, computed from its
-logits with pydflash's transform re-implemented here in numpy, by chi-square
+logits with llama.cpp's default sampler chain (penalties, top-k, top-p,
+min-p, temperature last) re-implemented here in numpy, by chi-square
 goodness-of-fit tests. Each of the three checks fails by chance with
 probability ALPHA = 1e-4 when the sampler is exact, so a test's false-alarm
 rate is at most 3e-4; a bias of a few percent of probability mass is detected
@@ -40,8 +41,10 @@ def spread_pair(tmp_path_factory):
 
 
 def transform(logits: np.ndarray, recent: list[int], *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
-              repeat_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0) -> np.ndarray:
-    """Reference for the C++ transform: penalties, temperature, top-k, top-p, min-p."""
+              repeat_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0, old_order=False) -> np.ndarray:
+    """Reference of llama.cpp's default chain: penalties, top-k, top-p, min-p on
+    the untempered distribution, temperature last. ``old_order``: pydflash's
+    chain before it matched llama.cpp (temperature before top-p and min-p)."""
     x = logits.astype(np.float64).copy()
     for t in set(recent):
         c = recent.count(t)
@@ -50,15 +53,16 @@ def transform(logits: np.ndarray, recent: list[int], *, temperature=1.0, top_k=0
     order = np.lexsort((np.arange(len(x)), -x))  # by logit, ties to the lower id
     if top_k:
         order = order[:top_k]
-    p = np.exp((x[order] - x[order[0]]) / temperature)
+    p = np.exp((x[order] - x[order[0]]) / (temperature if old_order else 1.0))
     p /= p.sum()
     keep = len(order)
     if top_p < 1.0:
         keep = int(np.searchsorted(np.cumsum(p), top_p) + 1)
     if min_p > 0:
         keep = min(keep, int(np.sum(p[:keep] >= min_p * p[0])))
+    q = np.exp((x[order[:keep]] - x[order[0]]) / temperature)
     out = np.zeros(len(x))
-    out[order[:keep]] = p[:keep] / p[:keep].sum()
+    out[order[:keep]] = q / q.sum()
     return out
 
 
@@ -123,6 +127,7 @@ def sample_pairs(llm: Llama, n: int, **kw) -> tuple[dict, float]:
 
 SETTINGS = {
     "T1-topk6": dict(temperature=1.0, top_k=6),
+    "T0.5-topp0.3-minp": dict(temperature=0.5, top_p=0.3, min_p=0.05),  # cuts before the temperature
     "T0.7-topp0.8": dict(temperature=0.7, top_p=0.8),
     "T1.3-minp-penalties": dict(temperature=1.3, top_k=12, min_p=0.05, repeat_penalty=1.5,
                                 presence_penalty=0.5, frequency_penalty=0.3),
@@ -173,6 +178,21 @@ def test_plain_sampling_matches_target_distribution(spread_pair):
     kw = SETTINGS["T1-topk6"]
     counts, _ = sample_pairs(base, N, **kw)
     assert fit_pvalue(counts, exact_joint(base, PROMPT, 64, **kw), N) > ALPHA
+
+
+ORDER_SENSITIVE = SETTINGS["T0.5-topp0.3-minp"]
+
+
+def test_the_order_is_llama_cpps_and_the_old_one_is_detected(spread_pair):
+    # at temperature != 1, cutting before or after the temperature gives
+    # different distributions: the target alone must fit llama.cpp's chain,
+    # and the same samples must fail against the old order (power)
+    llm, base = spread_pair
+    counts, _ = sample_pairs(base, N, **ORDER_SENSITIVE)
+    assert fit_pvalue(counts, exact_joint(base, PROMPT, 64, **ORDER_SENSITIVE), N) > ALPHA
+    old = exact_joint(base, PROMPT, 64, old_order=True, **ORDER_SENSITIVE)
+    outside = sum(c for k, c in counts.items() if k not in old)  # samples the old chain cannot produce
+    assert outside > 0 or fit_pvalue(counts, old, N) < ALPHA
 
 
 def test_a_biased_sampler_is_detected(spread_pair):

@@ -46,7 +46,8 @@ std::vector<BackendLoad> current_report() {
     std::vector<BackendLoad> out = g_report;
     for (auto& b : out) {
         if (!b.loaded) continue;
-        if (ggml_backend_reg_t reg = ggml_backend_reg_by_name(b.name.c_str())) b.n_devices = ggml_backend_reg_dev_count(reg);
+        if (ggml_backend_reg_t reg = ggml_backend_reg_by_name(b.name.c_str()))
+            b.n_devices = ggml_backend_reg_dev_count(reg);
     }
     return registry_report(out);
 }
@@ -55,7 +56,7 @@ std::vector<BackendLoad> current_report() {
 namespace fs = std::filesystem;
 
 // ggml_backend_load_all_from_path's order (ggml-backend-reg.cpp); CPU last.
-const char* const kFamilies[] = {"blas", "zendnn", "cann", "cuda", "hip", "metal", "rpc", "sycl",
+const char* const kFamilies[] = {"blas",   "zendnn",  "cann",   "cuda",    "hip",  "metal",    "rpc", "sycl",
                                  "vulkan", "virtgpu", "opencl", "hexagon", "musa", "openvino", "cpu"};
 
 // llama.cpp's messages while loading (info and above), kept instead of printed.
@@ -80,9 +81,9 @@ using score_fn = int (*)();
 
 // One backend family in the folder: its module files, and the one to load.
 struct Candidate {
-    bool present = false;   // some libggml-<family>[-variant].so is there
-    fs::path path;          // what to load; empty if no variant suits this machine
-    std::string notes;      // why variants were passed over
+    bool present = false;  // some libggml-<family>[-variant].so is there
+    fs::path path;         // what to load; empty if no variant suits this machine
+    std::string notes;     // why variants were passed over
 };
 
 // The best of a family's variants (libggml-cpu-haswell.so, ...) by their own score,

@@ -11,11 +11,11 @@
 namespace pydflash {
 
 struct BackendLoad {
-    std::string name;        // ggml's registry name ("CPU", "CUDA"), or the file's family ("cuda") if it did not load
-    std::string path;        // the module file tried; empty for a backend linked into the build
-    bool loaded = false;     // registered with ggml
-    size_t n_devices = 0;    // devices it brought (a CUDA backend without a GPU/driver has none)
-    std::string error;       // why it did not load, or why it has no device; empty otherwise
+    std::string name;      // ggml's registry name ("CPU", "CUDA"), or the file's family ("cuda") if it did not load
+    std::string path;      // the module file tried; empty for a backend linked into the build
+    bool loaded = false;   // registered with ggml
+    size_t n_devices = 0;  // devices it brought (a CUDA backend without a GPU/driver has none)
+    std::string error;     // why it did not load, or why it has no device; empty otherwise
 };
 
 // True when built with GGML_BACKEND_DL (backends are separate modules).

@@ -45,9 +45,7 @@ std::vector<common_chat_msg> parse_messages(const std::string& messages_json) {
 
 }  // namespace
 
-void ChatTemplatesDeleter::operator()(common_chat_templates* t) const noexcept {
-    common_chat_templates_free(t);
-}
+void ChatTemplatesDeleter::operator()(common_chat_templates* t) const noexcept { common_chat_templates_free(t); }
 
 ChatTemplate::ChatTemplate(std::shared_ptr<Model> model, const std::string& source, const std::string& bos_token,
                            const std::string& eos_token)
@@ -58,8 +56,8 @@ ChatTemplate::ChatTemplate(std::shared_ptr<Model> model, const std::string& sour
     }
     jinja_ = !is_builtin_name(source) || source == "chatml";
     try {
-        tmpls_.reset(common_chat_templates_init(model_ ? model_->get() : nullptr, source, bos_token, eos_token)
-                         .release());
+        tmpls_.reset(
+            common_chat_templates_init(model_ ? model_->get() : nullptr, source, bos_token, eos_token).release());
     } catch (const std::exception& e) {
         throw ChatTemplateError(std::string("chat template does not parse: ") + e.what());
     }

@@ -22,7 +22,7 @@ struct ChatPrompt {
     std::string generation_prompt;              // the assistant prefix the template appended
     std::string format;                         // llama.cpp's name of the reply format
     int format_id = 0;
-    std::string parser;                         // serialized reply parser (may be empty)
+    std::string parser;  // serialized reply parser (may be empty)
     bool supports_thinking = false;
     std::string thinking_start_tag;
     std::vector<std::string> thinking_end_tags;
@@ -68,8 +68,7 @@ public:
 
     // Split a generated reply into content, reasoning and tool calls with the parser
     // that apply() returned. `is_partial`: text may stop mid-way (streaming).
-    static ChatReply parse(const std::string& text, const ChatPrompt& prompt, bool extract_reasoning,
-                           bool is_partial);
+    static ChatReply parse(const std::string& text, const ChatPrompt& prompt, bool extract_reasoning, bool is_partial);
 
 private:
     std::shared_ptr<Model> model_;  // keeps the vocabulary alive

@@ -15,9 +15,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double ms_since(Clock::time_point t0) {
-    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
 // a block holds the anchor plus at most block_size - 1 drafted tokens; asking
 // for more is a caller error (llama.cpp clamps silently, which hides typos)
@@ -30,8 +28,7 @@ void check_draft_max(int32_t draft_max, const DraftSpec& spec) {
 
 }  // namespace
 
-ContextPair::ContextPair(std::shared_ptr<Model> target, std::shared_ptr<Model> drafter,
-                         const PairParams& params)
+ContextPair::ContextPair(std::shared_ptr<Model> target, std::shared_ptr<Model> drafter, const PairParams& params)
     : target_(std::move(target)), drafter_(std::move(drafter)), params_(params) {
     if (!target_) throw InvalidArgument("a target model is required");
     params_.validate();  // refuse bad options before any work
@@ -62,8 +59,7 @@ ContextPair::ContextPair(std::shared_ptr<Model> target, std::shared_ptr<Model> d
         dp.ctx_other = ctx_tgt_.get();  // the drafter borrows the target's embeddings and head
         ctx_dft_.reset(llama_init_from_model(drafter_->get(), dp));
         if (!ctx_dft_) {
-            throw ModelLoadError(drafter_->path() + ": failed to create the drafter context: " +
-                                 take_thread_errors());
+            throw ModelLoadError(drafter_->path() + ": failed to create the drafter context: " + take_thread_errors());
         }
         llama_set_causal_attn(ctx_dft_.get(), spec_.causal);
         batch_dft_.reset(llama_batch_ext_init(ctx_dft_.get()));
@@ -86,7 +82,8 @@ void ContextPair::create_target_context() {
         throw InvalidArgument(arch + " has no recurrent state: its rollback is 'kv-trim', not '" + want + "'");
     }
     if (recurrent && want == "kv-trim") {
-        throw DraftCompatibilityError(arch + " keeps a recurrent state, which trimming the KV cache cannot roll "
+        throw DraftCompatibilityError(arch +
+                                      " keeps a recurrent state, which trimming the KV cache cannot roll "
                                       "back; use rollback 'auto'");
     }
     if (want == "recurrent-planes" && !drafter_) {
@@ -111,8 +108,8 @@ void ContextPair::create_target_context() {
     } else if (want == "recurrent-planes") {
         ctx_tgt_.reset();
         throw DraftCompatibilityError(arch + " has no partial recurrent-state rollback in llama.cpp (n_rs_seq " +
-                                      std::to_string(cp.n_rs_seq) + " was clamped to " +
-                                      std::to_string(n_rs_seq_) + "); use rollback 'auto' or 'checkpoint'");
+                                      std::to_string(cp.n_rs_seq) + " was clamped to " + std::to_string(n_rs_seq_) +
+                                      "); use rollback 'auto' or 'checkpoint'");
     } else {
         // save the recurrent state before each verification, restore + replay
         n_rs_seq_ = 0;
@@ -120,7 +117,8 @@ void ContextPair::create_target_context() {
         if (llama_get_memory(ctx_tgt_.get()) == nullptr ||
             llama_state_seq_get_size_ext(ctx_tgt_.get(), 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) == 0) {
             ctx_tgt_.reset();
-            throw DraftCompatibilityError(arch + " keeps a recurrent state that llama.cpp can neither roll back "
+            throw DraftCompatibilityError(arch +
+                                          " keeps a recurrent state that llama.cpp can neither roll back "
                                           "partially nor save and restore; rejected draft tokens cannot be removed");
         }
     }
@@ -218,8 +216,8 @@ void ContextPair::roll_back_target(const std::vector<llama_token>& batch, int32_
         // tokens back, and refuses (false) when that is beyond n_rs_seq
         if (!llama_memory_seq_rm(mem, 0, n_past_ + n_keep, -1)) {
             fail_rollback("llama.cpp refused to remove " + std::to_string(n_batch - n_keep) +
-                          " rejected tokens from the target's memory (" + rollback_name(rollback_) +
-                          ", n_rs_seq " + std::to_string(n_rs_seq_) + ")");
+                          " rejected tokens from the target's memory (" + rollback_name(rollback_) + ", n_rs_seq " +
+                          std::to_string(n_rs_seq_) + ")");
         }
         return;
     }
@@ -275,7 +273,8 @@ void ContextPair::inject(int32_t n_rows, llama_pos pos0) {
         for (int32_t i = 0; i < n_chunk; ++i) {
             float* dst = features_.data() + static_cast<size_t>(i) * n_enc;
             for (size_t k = 0; k < n_ids; ++k) {
-                std::memcpy(dst + k * n_embd, layers[k] + static_cast<size_t>(off + i) * n_embd, n_embd * sizeof(float));
+                std::memcpy(dst + k * n_embd, layers[k] + static_cast<size_t>(off + i) * n_embd,
+                            n_embd * sizeof(float));
             }
         }
         llama_batch_ext* b = batch_dft_.get();
@@ -297,7 +296,8 @@ int32_t ContextPair::keep_common_prefix(const std::vector<llama_token>& tokens, 
     // the longest prefix of the cached history that the new prompt repeats
     int32_t common = 0;
     const auto n_hist = static_cast<int32_t>(history_.size());
-    while (common < n && common < n_hist && history_[static_cast<size_t>(common)] == tokens[static_cast<size_t>(common)]) {
+    while (common < n && common < n_hist &&
+           history_[static_cast<size_t>(common)] == tokens[static_cast<size_t>(common)]) {
         ++common;
     }
     // a recurrent state cannot be cut back to an arbitrary position: it is kept
@@ -320,9 +320,8 @@ double ContextPair::prefill(const std::vector<llama_token>& tokens, bool reuse) 
     if (tokens.empty()) throw InvalidArgument("prefill needs at least one token");
     for (llama_token t : tokens) target_->check_token(t);
     if (tokens.size() > static_cast<size_t>(params_.n_ctx) - 1) {
-        throw ContextLimitError("prompt has " + std::to_string(tokens.size()) +
-                                " tokens but the context holds " + std::to_string(params_.n_ctx) +
-                                " (at most " + std::to_string(params_.n_ctx - 1) +
+        throw ContextLimitError("prompt has " + std::to_string(tokens.size()) + " tokens but the context holds " +
+                                std::to_string(params_.n_ctx) + " (at most " + std::to_string(params_.n_ctx - 1) +
                                 " prompt tokens leave room to generate)");
     }
     const auto t0 = Clock::now();
@@ -396,8 +395,7 @@ std::vector<llama_token> ContextPair::choose_draft(const DraftControl& control,
     return draft;
 }
 
-StepResult ContextPair::step(const DraftControl& control,
-                              const std::optional<std::vector<llama_token>>& external) {
+StepResult ContextPair::step(const DraftControl& control, const std::optional<std::vector<llama_token>>& external) {
     std::lock_guard<std::mutex> lock(mu_);
     require_open();
     if (!pending_) throw InvalidArgument("nothing to continue from: call prefill() first");

@@ -28,11 +28,11 @@ struct StepResult {
     std::vector<llama_token> drafted;  // what the drafter proposed
     int32_t n_drafted = 0;
     int32_t n_accepted = 0;
-    int32_t n_past = 0;        // tokens in the target cache after the step
-    double t_draft_ms = 0.0;   // drafter block pass
-    double t_verify_ms = 0.0;  // target verification pass
-    double t_inject_ms = 0.0;  // feature injection into the drafter
-    double t_sample_ms = 0.0;  // acceptance / sampling
+    int32_t n_past = 0;          // tokens in the target cache after the step
+    double t_draft_ms = 0.0;     // drafter block pass
+    double t_verify_ms = 0.0;    // target verification pass
+    double t_inject_ms = 0.0;    // feature injection into the drafter
+    double t_sample_ms = 0.0;    // acceptance / sampling
     double t_rollback_ms = 0.0;  // removing rejected tokens (checkpoint: save, restore and replay)
 };
 
@@ -132,7 +132,7 @@ private:
     DraftSpec spec_;
     int32_t draft_max_ = 0;
     RollbackKind rollback_ = RollbackKind::KvTrim;
-    uint32_t n_rs_seq_ = 0;     // rollback depth of the target's state planes
+    uint32_t n_rs_seq_ = 0;  // rollback depth of the target's state planes
     StateCheckpoint checkpoint_;
     ContextPtr ctx_tgt_;
     ContextPtr ctx_dft_;

@@ -147,8 +147,9 @@ void probe_rpc_server(const std::string& endpoint) {
     // or its close resets the connection before its answer can be read.
     uint8_t hello[1 + sizeof(kCapsSize) + kCapsSize] = {kHello};
     std::memcpy(hello + 1, &kCapsSize, sizeof(kCapsSize));
-    const std::string busy = "no RPC handshake within 10 s (not an RPC server, or busy serving another client: a "
-                             "ggml RPC server takes one client at a time)";
+    const std::string busy =
+        "no RPC handshake within 10 s (not an RPC server, or busy serving another client: a "
+        "ggml RPC server takes one client at a time)";
     if (!send_all(s.fd, hello, sizeof(hello))) {
         throw ModelLoadError(where + (errno == EAGAIN || errno == EWOULDBLOCK ? busy : std::strerror(errno)));
     }
@@ -157,7 +158,8 @@ void probe_rpc_server(const std::string& endpoint) {
     uint64_t size = 0;
     uint8_t rsp[4 + kCapsSize] = {};
     if (const std::string e = recv_all(s.fd, &size, sizeof(size)); !e.empty()) {
-        throw ModelLoadError(where + (e == "timeout" ? busy : e + " during the RPC handshake (not a ggml RPC server?)"));
+        throw ModelLoadError(where +
+                             (e == "timeout" ? busy : e + " during the RPC handshake (not a ggml RPC server?)"));
     }
     if (size != sizeof(rsp) || !recv_all(s.fd, rsp, sizeof(rsp)).empty()) throw ModelLoadError(where + not_rpc);
     if (rsp[0] != RPC_PROTO_MAJOR_VERSION || rsp[1] > RPC_PROTO_MINOR_VERSION) {
@@ -222,7 +224,7 @@ std::vector<ggml_backend_dev_t> rpc_devices(const std::vector<std::string>& endp
 
 std::vector<ggml_backend_dev_t> offload_devices(const std::vector<std::string>& rpc_endpoints) {
     std::vector<ggml_backend_dev_t> devs = rpc_devices(rpc_endpoints);  // remote first, as llama.cpp does
-    if (!g_rpc_registered) return {};  // llama.cpp's default selection is right
+    if (!g_rpc_registered) return {};                                   // llama.cpp's default selection is right
     std::vector<ggml_backend_dev_t> igpus;
     bool gpu = false;
     for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {

@@ -12,10 +12,10 @@ namespace pydflash {
 
 // One ggml device, as `pydflash.backends()` shows it.
 struct DeviceInfo {
-    std::string name;         // "CPU", "CUDA0", "RPC0"
+    std::string name;  // "CPU", "CUDA0", "RPC0"
     std::string description;
-    std::string type;         // "cpu", "gpu", "igpu", "accel"
-    std::string backend;      // registry name: "CPU", "CUDA", "RPC[127.0.0.1:50052]"
+    std::string type;     // "cpu", "gpu", "igpu", "accel"
+    std::string backend;  // registry name: "CPU", "CUDA", "RPC[127.0.0.1:50052]"
     size_t memory_free = 0;
     size_t memory_total = 0;
 };

@@ -45,9 +45,8 @@ std::shared_ptr<Model> load_drafter(const std::string& path, const ModelParams& 
 bool target_exposes_layer_inputs(const std::string& arch) {
     // Model graphs in this llama.cpp tree that record res->t_layer_inp[il].
     static const std::set<std::string> kArchs = {
-        "llama",     "qwen3",   "qwen3moe",   "qwen3next", "qwen35",      "qwen35moe",
-        "gpt-oss",   "gemma4",  "lfm2",       "minimax-m2", "nemotron_h", "mimo2",
-        "bailingmoe3",
+        "llama",  "qwen3", "qwen3moe",   "qwen3next",  "qwen35", "qwen35moe",   "gpt-oss",
+        "gemma4", "lfm2",  "minimax-m2", "nemotron_h", "mimo2",  "bailingmoe3",
     };
     return kArchs.count(arch) > 0;
 }
@@ -64,12 +63,12 @@ DraftSpec check_drafter(const Model& target, const Model& drafter) {
              "' does not expose layer inputs in llama.cpp, so DFlash cannot read its features");
     }
     if (drafter.n_embd() != target.n_embd()) {
-        fail("drafter hidden size " + std::to_string(drafter.n_embd()) +
-             " differs from the target's " + std::to_string(target.n_embd()));
+        fail("drafter hidden size " + std::to_string(drafter.n_embd()) + " differs from the target's " +
+             std::to_string(target.n_embd()));
     }
     if (drafter.n_vocab() != target.n_vocab()) {
-        fail("drafter vocabulary size " + std::to_string(drafter.n_vocab()) +
-             " differs from the target's " + std::to_string(target.n_vocab()));
+        fail("drafter vocabulary size " + std::to_string(drafter.n_vocab()) + " differs from the target's " +
+             std::to_string(target.n_vocab()));
     }
 
     DraftSpec spec;
@@ -81,8 +80,8 @@ DraftSpec check_drafter(const Model& target, const Model& drafter) {
         // the graph records inputs of layers 0 .. n_layer-1 only
         if (ids[k] < 0 || ids[k] >= target.n_layer()) {
             fail("target layer id " + std::to_string(ids[k]) + " is out of range: the target has " +
-                 std::to_string(target.n_layer()) + " layers (valid ids 0.." +
-                 std::to_string(target.n_layer() - 1) + ")");
+                 std::to_string(target.n_layer()) + " layers (valid ids 0.." + std::to_string(target.n_layer() - 1) +
+                 ")");
         }
         spec.target_layer_ids.push_back(ids[k]);
     }

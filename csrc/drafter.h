@@ -12,7 +12,7 @@
 namespace pydflash {
 
 struct DraftSpec {
-    int32_t block_size = 16;                // trained block: [last, mask x (block_size - 1)]
+    int32_t block_size = 16;  // trained block: [last, mask x (block_size - 1)]
     llama_token mask_token = -1;
     std::vector<int32_t> target_layer_ids;  // inputs of these target layers are the features
     bool causal = false;                    // block-internal attention (false for DFlash)

@@ -81,9 +81,12 @@ void validate_header(const gguf_context* g, const GgufInfo& info, const std::str
     if (kid >= 0) {
         const auto t = gguf_get_kv_type(g, kid);
         int64_t n = -1;
-        if (t == GGUF_TYPE_UINT32) n = gguf_get_val_u32(g, kid);
-        else if (t == GGUF_TYPE_INT32) n = gguf_get_val_i32(g, kid);
-        else if (t == GGUF_TYPE_UINT64) n = static_cast<int64_t>(std::min<uint64_t>(gguf_get_val_u64(g, kid), INT64_MAX));
+        if (t == GGUF_TYPE_UINT32)
+            n = gguf_get_val_u32(g, kid);
+        else if (t == GGUF_TYPE_INT32)
+            n = gguf_get_val_i32(g, kid);
+        else if (t == GGUF_TYPE_UINT64)
+            n = static_cast<int64_t>(std::min<uint64_t>(gguf_get_val_u64(g, kid), INT64_MAX));
         if (n < 1 || n > 512) {
             throw ModelLoadError(path + ": " + key + " must be an integer in [1, 512] (llama.cpp's layer limit), got " +
                                  info.metadata.at(key));
@@ -133,7 +136,8 @@ void ModelParams::validate() const {
     check_choice("split_mode", split_mode);
     bool any = false;
     for (float f : tensor_split) {
-        if (!std::isfinite(f)) throw InvalidArgument("tensor_split entries must be finite and >= 0, got " + std::to_string(f));
+        if (!std::isfinite(f))
+            throw InvalidArgument("tensor_split entries must be finite and >= 0, got " + std::to_string(f));
         if (f < 0.0f) throw InvalidArgument("tensor_split entries must be >= 0, got " + std::to_string(f));
         any = any || f > 0.0f;
     }
@@ -189,15 +193,14 @@ GgufInfo inspect_gguf(const std::string& path) {
     return info;
 }
 
-std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& params,
-                                   const std::string& role) {
+std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& params, const std::string& role) {
     params.validate();
     GgufInfo info = inspect_gguf(path);
     if (info.architecture == "dflash-draft") {
-        throw ModelLoadError(
-            path + ": architecture 'dflash-draft' is the old pre-merge DFlash format, which this "
-            "llama.cpp cannot load; re-convert the drafter with llama.cpp's converter "
-            "(convert_hf_to_gguf.py --target-model-dir ...) to architecture 'dflash'");
+        throw ModelLoadError(path +
+                             ": architecture 'dflash-draft' is the old pre-merge DFlash format, which this "
+                             "llama.cpp cannot load; re-convert the drafter with llama.cpp's converter "
+                             "(convert_hf_to_gguf.py --target-model-dir ...) to architecture 'dflash'");
     }
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = params.n_gpu_layers;
@@ -211,8 +214,8 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& p
     take_thread_errors();
     llama_model* raw = llama_model_load_from_file(path.c_str(), mp);
     if (raw == nullptr) {
-        throw ModelLoadError(path + ": failed to load " + role + " model (architecture '" +
-                             info.architecture + "'): " + load_failure_reason(take_thread_errors()));
+        throw ModelLoadError(path + ": failed to load " + role + " model (architecture '" + info.architecture +
+                             "'): " + load_failure_reason(take_thread_errors()));
     }
     std::shared_ptr<Model> m(new Model());
     m->model_.reset(raw);
@@ -245,25 +248,23 @@ void Model::check_token(llama_token token) const {
     }
 }
 
-std::vector<llama_token> Model::tokenize(const std::string& text, bool add_special,
-                                         bool parse_special) const {
+std::vector<llama_token> Model::tokenize(const std::string& text, bool add_special, bool parse_special) const {
     if (text.size() > static_cast<size_t>(INT32_MAX / 2)) throw InvalidArgument("text is too long");
     const auto len = static_cast<int32_t>(text.size());
     std::vector<llama_token> out(static_cast<size_t>(len) + 8);
-    int32_t n = llama_tokenize(vocab_, text.data(), len, out.data(), static_cast<int32_t>(out.size()),
-                               add_special, parse_special);
+    int32_t n = llama_tokenize(vocab_, text.data(), len, out.data(), static_cast<int32_t>(out.size()), add_special,
+                               parse_special);
     if (n < 0) {
         out.resize(static_cast<size_t>(-n));
-        n = llama_tokenize(vocab_, text.data(), len, out.data(), static_cast<int32_t>(out.size()),
-                           add_special, parse_special);
+        n = llama_tokenize(vocab_, text.data(), len, out.data(), static_cast<int32_t>(out.size()), add_special,
+                           parse_special);
     }
     if (n < 0) throw Error("tokenization failed");
     out.resize(static_cast<size_t>(n));
     return out;
 }
 
-std::string Model::detokenize(const std::vector<llama_token>& tokens, bool remove_special,
-                              bool unparse_special) const {
+std::string Model::detokenize(const std::vector<llama_token>& tokens, bool remove_special, bool unparse_special) const {
     for (llama_token t : tokens) check_token(t);
     std::string out(tokens.size() * 8 + 16, '\0');
     int32_t n = llama_detokenize(vocab_, tokens.data(), static_cast<int32_t>(tokens.size()), out.data(),

@@ -13,7 +13,7 @@
 namespace pydflash {
 
 struct ModelParams {
-    int n_gpu_layers = 0;                  // < 0: all layers
+    int n_gpu_layers = 0;  // < 0: all layers
     bool use_mmap = true;
     int main_gpu = 0;                      // the device used with split_mode "none"
     std::string split_mode = "layer";      // "none", "layer" or "row" (across GPUs)
@@ -37,8 +37,7 @@ GgufInfo inspect_gguf(const std::string& path);
 class Model {
 public:
     // `role` ("target" or "drafter") only words the error messages.
-    static std::shared_ptr<Model> load(const std::string& path, const ModelParams& params,
-                                       const std::string& role);
+    static std::shared_ptr<Model> load(const std::string& path, const ModelParams& params, const std::string& role);
 
     llama_model* get() const { return model_.get(); }
     const llama_vocab* vocab() const { return vocab_; }
@@ -56,10 +55,8 @@ public:
     bool is_hybrid() const;
     std::string description() const;
 
-    std::vector<llama_token> tokenize(const std::string& text, bool add_special,
-                                      bool parse_special) const;
-    std::string detokenize(const std::vector<llama_token>& tokens, bool remove_special,
-                           bool unparse_special) const;
+    std::vector<llama_token> tokenize(const std::string& text, bool add_special, bool parse_special) const;
+    std::string detokenize(const std::vector<llama_token>& tokens, bool remove_special, bool unparse_special) const;
     std::string token_to_piece(llama_token token, bool special) const;
     bool is_eog(llama_token token) const;
     llama_token bos() const;

@@ -19,7 +19,8 @@ void at_least(const char* name, int32_t value, int32_t minimum) {
 // quantized V needs flash attention in llama.cpp (it refuses the context otherwise)
 void check_v_type(const char* name, const std::string& type, const std::string& flash_attn) {
     if (flash_attn == "off" && ggml_is_quantized(parse_cache_type(name, type))) {
-        throw InvalidArgument(std::string(name) + "='" + type + "' is quantized, which needs flash_attn 'on' or 'auto'");
+        throw InvalidArgument(std::string(name) + "='" + type +
+                              "' is quantized, which needs flash_attn 'on' or 'auto'");
     }
 }
 

@@ -23,8 +23,10 @@ void SamplingParams::validate(int32_t n_vocab) const {
         throw InvalidArgument("temperature must be a finite number >= 0, got " + std::to_string(temperature));
     }
     if (top_k < 0) throw InvalidArgument("top_k must be >= 0, got " + std::to_string(top_k));
-    if (!(top_p > 0.0f && top_p <= 1.0f)) throw InvalidArgument("top_p must be in (0, 1], got " + std::to_string(top_p));
-    if (!(min_p >= 0.0f && min_p < 1.0f)) throw InvalidArgument("min_p must be in [0, 1), got " + std::to_string(min_p));
+    if (!(top_p > 0.0f && top_p <= 1.0f))
+        throw InvalidArgument("top_p must be in (0, 1], got " + std::to_string(top_p));
+    if (!(min_p >= 0.0f && min_p < 1.0f))
+        throw InvalidArgument("min_p must be in [0, 1), got " + std::to_string(min_p));
     if (!finite(repeat_penalty) || repeat_penalty <= 0.0f) {
         throw InvalidArgument("repeat_penalty must be > 0, got " + std::to_string(repeat_penalty));
     }

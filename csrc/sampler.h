@@ -21,9 +21,9 @@ const char* verify_name(VerifyMode mode);
 
 struct SamplingParams {
     float temperature = 0.0f;
-    int32_t top_k = 0;       // 0 = whole vocabulary
-    float top_p = 1.0f;      // 1 = no nucleus cut
-    float min_p = 0.0f;      // drop tokens below min_p * p(best)
+    int32_t top_k = 0;   // 0 = whole vocabulary
+    float top_p = 1.0f;  // 1 = no nucleus cut
+    float min_p = 0.0f;  // drop tokens below min_p * p(best)
     float repeat_penalty = 1.0f;
     float frequency_penalty = 0.0f;
     float presence_penalty = 0.0f;

@@ -80,9 +80,8 @@ std::vector<llama_token> ContextPair::draft_block(int32_t n, const DraftControl&
     return out;
 }
 
-std::vector<llama_token> ContextPair::accept(const std::vector<llama_token>& draft,
-                                             const std::vector<Distribution>& q, bool external,
-                                             int32_t& n_acc) {
+std::vector<llama_token> ContextPair::accept(const std::vector<llama_token>& draft, const std::vector<Distribution>& q,
+                                             bool external, int32_t& n_acc) {
     const SamplingParams& sp = sampler_->params();
     const auto k = static_cast<int32_t>(draft.size());
     const int32_t n_vocab = target_->n_vocab();
@@ -103,7 +102,7 @@ std::vector<llama_token> ContextPair::accept(const std::vector<llama_token>& dra
             continue;
         }
         sampler_->distribution(logits, win, dist_);  // p_i
-        if (i == k) {  // every draft accepted: one more token of the target's own
+        if (i == k) {                                // every draft accepted: one more token of the target's own
             out.push_back(sampler_->sample(dist_));
             break;
         }

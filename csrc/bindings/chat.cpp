@@ -34,8 +34,7 @@ void register_chat(py::module_& m) {
                  py::gil_scoped_release nogil;
                  return std::make_shared<ChatTemplate>(std::move(model), source, bos, eos);
              }),
-             py::arg("model").none(true), py::arg("source") = "", py::arg("bos_token") = "",
-             py::arg("eos_token") = "")
+             py::arg("model").none(true), py::arg("source") = "", py::arg("bos_token") = "", py::arg("eos_token") = "")
         .def(
             "apply",
             [](const ChatTemplate& t, const std::string& messages_json, bool add_generation_prompt,
@@ -60,8 +59,8 @@ void register_chat(py::module_& m) {
         .def_static("builtin_names", &ChatTemplate::builtin_names)
         .def_static(
             "parse",
-            [](const std::string& text, int format_id, const std::string& generation_prompt,
-               const std::string& parser, bool extract_reasoning, bool is_partial) {
+            [](const std::string& text, int format_id, const std::string& generation_prompt, const std::string& parser,
+               bool extract_reasoning, bool is_partial) {
                 ChatPrompt p;
                 p.format_id = format_id;
                 p.generation_prompt = generation_prompt;

@@ -33,8 +33,8 @@ std::string repr(const StepResult& r) {
     os << "StepResult(tokens=[";
     for (size_t i = 0; i < r.tokens.size(); ++i) os << (i ? ", " : "") << r.tokens[i];
     os << "], n_drafted=" << r.n_drafted << ", n_accepted=" << r.n_accepted << ", n_past=" << r.n_past
-       << ", t_draft_ms=" << r.t_draft_ms << ", t_verify_ms=" << r.t_verify_ms
-       << ", t_inject_ms=" << r.t_inject_ms << ")";
+       << ", t_draft_ms=" << r.t_draft_ms << ", t_verify_ms=" << r.t_verify_ms << ", t_inject_ms=" << r.t_inject_ms
+       << ")";
     return os.str();
 }
 
@@ -64,43 +64,46 @@ void register_context_pair(py::module_& m) {
              }),
              py::arg("target"), py::arg("drafter").none(true), py::arg("params") = PairParams{}, release())
         .def("prefill", &ContextPair::prefill, py::arg("tokens"), py::arg("reuse") = false, release())
-        .def("step",
-             [](ContextPair& self, int32_t draft_max, int32_t draft_min, float draft_p_min,
-                const std::optional<std::vector<llama_token>>& draft) {
-                 DraftControl control;
-                 control.draft_max = draft_max;
-                 control.draft_min = draft_min;
-                 control.draft_p_min = draft_p_min;
-                 return self.step(control, draft);
-             },
-             py::arg("draft_max") = -1, py::arg("draft_min") = 0, py::arg("draft_p_min") = 0.0f,
-             py::arg("draft") = py::none(), release())
-        .def("score",
-             [](ContextPair& self, const std::vector<llama_token>& tokens) {
-                 std::vector<float> v;
-                 {
-                     py::gil_scoped_release nogil;
-                     v = self.score(tokens);
-                 }
-                 const auto n = static_cast<py::ssize_t>(tokens.size());
-                 const auto n_vocab = static_cast<py::ssize_t>(v.size()) / std::max<py::ssize_t>(n, 1);
-                 py::array_t<float> arr({n, n_vocab});
-                 std::memcpy(arr.mutable_data(), v.data(), v.size() * sizeof(float));
-                 return arr;
-             },
-             py::arg("tokens"), "Target logits (n, n_vocab) for every position; leaves the pair reset.")
+        .def(
+            "step",
+            [](ContextPair& self, int32_t draft_max, int32_t draft_min, float draft_p_min,
+               const std::optional<std::vector<llama_token>>& draft) {
+                DraftControl control;
+                control.draft_max = draft_max;
+                control.draft_min = draft_min;
+                control.draft_p_min = draft_p_min;
+                return self.step(control, draft);
+            },
+            py::arg("draft_max") = -1, py::arg("draft_min") = 0, py::arg("draft_p_min") = 0.0f,
+            py::arg("draft") = py::none(), release())
+        .def(
+            "score",
+            [](ContextPair& self, const std::vector<llama_token>& tokens) {
+                std::vector<float> v;
+                {
+                    py::gil_scoped_release nogil;
+                    v = self.score(tokens);
+                }
+                const auto n = static_cast<py::ssize_t>(tokens.size());
+                const auto n_vocab = static_cast<py::ssize_t>(v.size()) / std::max<py::ssize_t>(n, 1);
+                py::array_t<float> arr({n, n_vocab});
+                std::memcpy(arr.mutable_data(), v.data(), v.size() * sizeof(float));
+                return arr;
+            },
+            py::arg("tokens"), "Target logits (n, n_vocab) for every position; leaves the pair reset.")
         .def("set_sampling", &ContextPair::set_sampling, py::arg("params"), release())
         .def("check", &ContextPair::check, py::arg("control"),
              "ValueError unless the draft controls suit this pair (draft_max within the block).")
-        .def("memory",
-             [](const ContextPair& self) {
-                 py::list out;
-                 for (const auto& r : self.memory()) {
-                     out.append(py::make_tuple(r.role, r.buffer, r.model, r.context, r.compute));
-                 }
-                 return out;
-             },
-             "llama.cpp's memory breakdown: (role, buffer type, model, context, compute) bytes.")
+        .def(
+            "memory",
+            [](const ContextPair& self) {
+                py::list out;
+                for (const auto& r : self.memory()) {
+                    out.append(py::make_tuple(r.role, r.buffer, r.model, r.context, r.compute));
+                }
+                return out;
+            },
+            "llama.cpp's memory breakdown: (role, buffer type, model, context, compute) bytes.")
         .def("reset", &ContextPair::reset, release())
         .def("interrupt", &ContextPair::interrupt,
              "Stop the running (or the next) decode; that call raises GenerationInterrupted.")
@@ -119,8 +122,9 @@ void register_context_pair(py::module_& m) {
         .def_property_readonly("has_pending", &ContextPair::has_pending)
         .def_property_readonly("target_layer_ids", [](const ContextPair& s) { return s.spec().target_layer_ids; })
         .def_property_readonly("mask_token", [](const ContextPair& s) { return s.spec().mask_token; })
-        .def_property_readonly("rollback", [](const ContextPair& s) { return std::string(rollback_name(s.rollback())); },
-                               "How rejected tokens leave the target: kv-trim, recurrent-planes or checkpoint.")
+        .def_property_readonly(
+            "rollback", [](const ContextPair& s) { return std::string(rollback_name(s.rollback())); },
+            "How rejected tokens leave the target: kv-trim, recurrent-planes or checkpoint.")
         .def_property_readonly("n_rs_seq", &ContextPair::n_rs_seq,
                                "Recurrent-state planes of the target (the deepest partial rollback).");
 }

@@ -55,26 +55,26 @@ void register_model(py::module_& m) {
         .def("tokenize", &Model::tokenize, py::arg("text"), py::arg("add_special") = true,
              py::arg("parse_special") = false, release())
         // bytes: a token boundary may split a UTF-8 character; Python decodes
-        .def("detokenize",
-             [](const Model& self, const std::vector<llama_token>& tokens, bool remove_special,
-                bool unparse_special) {
-                 std::string s;
-                 {
-                     py::gil_scoped_release nogil;
-                     s = self.detokenize(tokens, remove_special, unparse_special);
-                 }
-                 return py::bytes(s);
-             },
-             py::arg("tokens"), py::arg("remove_special") = false, py::arg("unparse_special") = false)
-        .def("token_to_piece",
-             [](const Model& self, llama_token t, bool special) { return py::bytes(self.token_to_piece(t, special)); },
-             py::arg("token"), py::arg("special") = false)
+        .def(
+            "detokenize",
+            [](const Model& self, const std::vector<llama_token>& tokens, bool remove_special, bool unparse_special) {
+                std::string s;
+                {
+                    py::gil_scoped_release nogil;
+                    s = self.detokenize(tokens, remove_special, unparse_special);
+                }
+                return py::bytes(s);
+            },
+            py::arg("tokens"), py::arg("remove_special") = false, py::arg("unparse_special") = false)
+        .def(
+            "token_to_piece",
+            [](const Model& self, llama_token t, bool special) { return py::bytes(self.token_to_piece(t, special)); },
+            py::arg("token"), py::arg("special") = false)
         .def("is_eog", &Model::is_eog, py::arg("token"))
-        .def("drafter_incompatibility", [](const Model& self, const Model& drafter) {
-                 return text(drafter_incompatibility(self, drafter));
-             },
-             py::arg("drafter"),
-             "Why `drafter` cannot drive this target model, or '' when it can.")
+        .def(
+            "drafter_incompatibility",
+            [](const Model& self, const Model& drafter) { return text(drafter_incompatibility(self, drafter)); },
+            py::arg("drafter"), "Why `drafter` cannot drive this target model, or '' when it can.")
         .def("rollback_for_drafting", &auto_rollback_for_drafting, release(),
              "How a DFlash pair on this target removes rejected tokens (rollback 'auto'): "
              "'kv-trim', 'recurrent-planes' or 'checkpoint'. Asks llama.cpp with a small context.")

@@ -43,8 +43,8 @@ void def_fields_api(py::class_<T>& cls, const char* name) {
         for (const auto& item : py::type::of(self).attr("__dict__").attr("items")()) {
             const auto kv = item.cast<py::tuple>();
             if (!py::isinstance(kv[1], property)) continue;
-            out += (first ? "" : ", ") + kv[0].cast<std::string>() + "=" +
-                   py::repr(self.attr(kv[0])).cast<std::string>();
+            out +=
+                (first ? "" : ", ") + kv[0].cast<std::string>() + "=" + py::repr(self.attr(kv[0])).cast<std::string>();
             first = false;
         }
         return out + ")";

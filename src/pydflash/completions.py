@@ -1,24 +1,27 @@
 """``create_completion`` / ``create_chat_completion``: OpenAI-shaped results
-(see ``openai_types``) on top of ``Llama``'s generation loop, as in
-llama-cpp-python, plus llama-server's ``timings`` with DFlash's draft counts."""
+(see ``openai_types``) on top of the generation loop (``_generation``), as in
+llama-cpp-python, plus llama-server's ``timings`` with DFlash's draft counts.
+
+This module does not import ``llama`` (``Llama`` imports it and delegates
+here); it uses ``Llama``'s public members only."""
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
+from ._generation import Generation
 from .chat import ChatPrompt, ChatReply, ChatTemplate
 from .config import SamplingConfig
-from .errors import ChatTemplateError, GenerationInterrupted
+from .errors import ChatTemplateError
 from .openai_types import (ChatCompletion, ChatCompletionChunk, ChatCompletionChunkDelta, ChatCompletionMessage,
                            ChatCompletionToolCall, Completion, CompletionChunk, CompletionUsage, FinishReasonOAI,
                            Timings)
-from .results import FinishReason, StreamStep
+from .results import FinishReason
 
-if TYPE_CHECKING:
-    from .llama import Llama, _Run
+if TYPE_CHECKING:  # for the annotations only: llama imports this module
+    from .llama import Llama
 
 __all__ = ["create_completion", "create_chat_completion"]
 
@@ -59,57 +62,13 @@ def _logit_bias(bias: Optional[Mapping[Any, float]]) -> Optional[dict[int, float
     return out
 
 
-def model_name(llm: "Llama") -> str:
-    return os.path.basename(llm._model().path)
-
-
-class _Generation:
-    """One generation with the numbers a response reports."""
-
-    def __init__(self, llm: "Llama", prompt_tokens: list[int], max_tokens: Optional[int],
-                 cancel: Optional[Callable[[], bool]] = None, **sampling: Any):
-        from .llama import _Run
-
-        self.cancel = cancel
-        if max_tokens is None or max_tokens <= 0:
-            max_tokens = max(1, llm.n_ctx - len(prompt_tokens))
-        cfg = SamplingConfig.build(max_tokens=max_tokens, **sampling)
-        self.run: _Run = _Run(llm, prompt_tokens, cfg)
-
-    def steps(self) -> Iterator[StreamStep]:
-        """The run's steps; ``cancel()`` (when given) is asked after each one."""
-        it = iter(self.run)
-        try:
-            for step in it:
-                yield step
-                if self.cancel is not None and step.finish_reason is None and self.cancel():
-                    raise GenerationInterrupted("the generation was cancelled")
-        finally:
-            it.close()  # a consumer that stops early ends the generation (and frees the model) now
-
-    def usage(self) -> CompletionUsage:
-        n_prompt, n_gen = len(self.run.prompt), len(self.run.tokens)
-        return {"prompt_tokens": n_prompt, "completion_tokens": n_gen, "total_tokens": n_prompt + n_gen}
-
-    def timings(self) -> Timings:
-        """llama-server's: prompt_n counts the prompt tokens evaluated, cache_n
-        those taken from the prompt cache."""
-        r = self.run
-        n_p, n_g = len(r.prompt) - r.n_cached, len(r.tokens)
-        p_ms, g_ms = r.prefill_s * 1e3, r.decode_s * 1e3
-        return {
-            "cache_n": r.n_cached,
-            "prompt_n": n_p, "prompt_ms": p_ms,
-            "prompt_per_token_ms": p_ms / n_p if n_p else 0.0,
-            "prompt_per_second": n_p / r.prefill_s if r.prefill_s > 0 else 0.0,
-            "predicted_n": n_g, "predicted_ms": g_ms,
-            "predicted_per_token_ms": g_ms / n_g if n_g else 0.0,
-            "predicted_per_second": n_g / r.decode_s if r.decode_s > 0 else 0.0,
-            "draft_n": sum(s.n_drafted for s in r.steps),
-            "draft_n_accepted": sum(s.n_accepted for s in r.steps),
-            "n_steps": len(r.steps),
-            "accepted_lengths": [s.n_accepted for s in r.steps],
-        }
+def _generation(llm: "Llama", prompt_tokens: list[int], max_tokens: Optional[int], **sampling: Any) -> Generation:
+    """One generation with the numbers a response reports; ``max_tokens`` None
+    or <= 0 fills the context."""
+    if max_tokens is None or max_tokens <= 0:
+        max_tokens = max(1, llm.n_ctx - len(prompt_tokens))
+    cfg = SamplingConfig.build(max_tokens=max_tokens, **sampling)
+    return Generation(llm, prompt_tokens, cfg)
 
 
 def _sampling(temperature: float, top_p: float, top_k: int, min_p: float, seed: Optional[int], stop: list[str],
@@ -160,35 +119,36 @@ def create_completion(
     Defaults as in llama-cpp-python; ``max_tokens=None`` fills the context.
     ``cancel``: asked after every step; True stops with ``GenerationInterrupted``."""
     _unsupported(suffix=suffix, logprobs=logprobs)
-    tokens = llm._prompt_tokens(prompt)
-    gen = _Generation(llm, tokens, max_tokens, cancel, **_sampling(
+    tokens = llm.prompt_tokens(prompt)
+    gen = _generation(llm, tokens, max_tokens, **_sampling(
         temperature, top_p, top_k, min_p, seed, _stops(stop), frequency_penalty, presence_penalty,
         repeat_penalty, logit_bias, ignore_eos, draft_max, cache_prompt))
-    meta = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or model_name(llm)}
+    meta = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or llm.model_name}
     head = (prompt if isinstance(prompt, str) else llm.detokenize(tokens)) if echo else ""
     if stream:
-        return _completion_chunks(gen, meta, head)
+        return _completion_chunks(gen, cancel, meta, head)
     text = head
-    for step in gen.steps():
+    for step in gen.run(cancel):
         text += step.text
     return {"id": meta["id"], "object": "text_completion", "created": meta["created"], "model": meta["model"],
-            "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": _finish(gen.run.finish)}],
+            "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": _finish(gen.finish)}],
             "usage": gen.usage(), "timings": gen.timings()}
 
 
-def _completion_chunks(gen: _Generation, meta: dict, head: str) -> Iterator[CompletionChunk]:
+def _completion_chunks(gen: Generation, cancel: Optional[Callable[[], bool]], meta: dict,
+                       head: str) -> Iterator[CompletionChunk]:
     def chunk(text: str, finish: Optional[FinishReasonOAI]) -> CompletionChunk:
         return {"id": meta["id"], "object": "text_completion", "created": meta["created"], "model": meta["model"],
                 "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
 
-    it = gen.steps()
+    it = gen.run(cancel)
     try:
         if head:
             yield chunk(head, None)
         for step in it:
             if step.text:
                 yield chunk(step.text, None)
-        last = chunk("", _finish(gen.run.finish))
+        last = chunk("", _finish(gen.finish))
         last["usage"] = gen.usage()
         last["timings"] = gen.timings()
         yield last
@@ -197,14 +157,6 @@ def _completion_chunks(gen: _Generation, meta: dict, head: str) -> Iterator[Comp
 
 
 # -- chat -----------------------------------------------------------------------
-
-
-def chat_template(llm: "Llama") -> ChatTemplate:
-    t = llm._chat_template
-    if t is None:
-        t = ChatTemplate(llm._model(), llm._chat_template_source)
-        llm._chat_template = t
-    return t
 
 
 def create_chat_completion(
@@ -241,21 +193,21 @@ def create_chat_completion(
     kwargs = dict(chat_template_kwargs or {})
     if "enable_thinking" in kwargs:
         enable_thinking = bool(kwargs.pop("enable_thinking"))
-    cp = chat_template(llm).apply(messages, add_generation_prompt=True, enable_thinking=enable_thinking,
+    cp = llm.chat_template.apply(messages, add_generation_prompt=True, enable_thinking=enable_thinking,
                                   tools=tools, **kwargs)
-    tokens = llm._prompt_tokens(cp.prompt)
-    gen = _Generation(llm, tokens, max_tokens, cancel, **_sampling(
+    tokens = llm.prompt_tokens(cp.prompt)
+    gen = _generation(llm, tokens, max_tokens, **_sampling(
         temperature, top_p, top_k, min_p, seed, _stops(stop, cp.stop), frequency_penalty, presence_penalty,
         repeat_penalty, logit_bias, ignore_eos, draft_max, cache_prompt))
-    meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or model_name(llm)}
+    meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or llm.model_name}
     if stream:
-        return _chat_chunks(gen, cp, meta)
-    text = "".join(step.text for step in gen.steps())
+        return _chat_chunks(gen, cancel, cp, meta)
+    text = "".join(step.text for step in gen.run(cancel))
     reply = _parse_final(text, cp)
     msg: ChatCompletionMessage = {"role": "assistant", "content": reply.content}
     if reply.reasoning_content:
         msg["reasoning_content"] = reply.reasoning_content
-    finish = _finish(gen.run.finish)
+    finish = _finish(gen.finish)
     if reply.tool_calls:
         msg["tool_calls"] = _tool_calls(reply)
         finish = "tool_calls"
@@ -276,7 +228,8 @@ def _tool_calls(reply: ChatReply) -> list[ChatCompletionToolCall]:
              "function": {"name": name, "arguments": args}} for name, args, cid in reply.tool_calls]
 
 
-def _chat_chunks(gen: _Generation, cp: ChatPrompt, meta: dict) -> Iterator[ChatCompletionChunk]:
+def _chat_chunks(gen: Generation, cancel: Optional[Callable[[], bool]], cp: ChatPrompt,
+                 meta: dict) -> Iterator[ChatCompletionChunk]:
     def chunk(delta: ChatCompletionChunkDelta, finish: Optional[FinishReasonOAI] = None) -> ChatCompletionChunk:
         return {"id": meta["id"], "object": "chat.completion.chunk", "created": meta["created"],
                 "model": meta["model"], "choices": [{"index": 0, "delta": delta, "logprobs": None,
@@ -293,7 +246,7 @@ def _chat_chunks(gen: _Generation, cp: ChatPrompt, meta: dict) -> Iterator[ChatC
                 sent[key] = now
         return d or None
 
-    it = gen.steps()
+    it = gen.run(cancel)
     text = ""
     started = False
     try:
@@ -316,7 +269,7 @@ def _chat_chunks(gen: _Generation, cp: ChatPrompt, meta: dict) -> Iterator[ChatC
                 yield chunk(d)
         if not started:
             yield chunk({"role": "assistant", "content": ""})
-        finish = _finish(gen.run.finish)
+        finish = _finish(gen.finish)
         if cp.needs_parse:
             reply = _parse_final(text, cp)
             d = deltas(reply)

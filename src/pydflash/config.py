@@ -23,7 +23,7 @@ _MODEL = _core.ModelParams()
 _SAMPLING = _core.SamplingParams()
 
 
-def _int(name: str, value: object, minimum: Optional[int] = None, bits: int = 32) -> int:
+def int_option(name: str, value: object, minimum: Optional[int] = None, bits: int = 32) -> int:
     """An int (not a bool) that fits the core's field (`bits` wide); `minimum`
     only for the options this layer owns (the core checks its own)."""
     if isinstance(value, bool):
@@ -39,13 +39,15 @@ def _int(name: str, value: object, minimum: Optional[int] = None, bits: int = 32
     return v
 
 
-def _float(name: str, value: object) -> float:
+def float_option(name: str, value: object) -> float:
+    """A number (not a bool) as a float; TypeError otherwise."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number, not {type(value).__name__}")
     return float(value)
 
 
-def _str(name: str, value: object) -> str:
+def str_option(name: str, value: object) -> str:
+    """``value`` when it is a str; TypeError otherwise."""
     if not isinstance(value, str):
         raise TypeError(f"{name} must be a str, not {type(value).__name__}")
     return value
@@ -77,16 +79,17 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         for name in ("n_ctx", "n_batch", "n_gpu_layers", "main_gpu"):
-            _int(name, getattr(self, name))
+            int_option(name, getattr(self, name))
         for name in ("draft_n_gpu_layers", "n_threads"):
             if getattr(self, name) is not None:
-                _int(name, getattr(self, name))
+                int_option(name, getattr(self, name))
         if self.draft_max is not None:
-            _int("draft_max", self.draft_max, 0)  # None is the default, not -1
-        _int("seed", self.seed, bits=64)
+            int_option("draft_max", self.draft_max, 0)  # None is the default, not -1
+        int_option("seed", self.seed, bits=64)
         if isinstance(self.tensor_split, (str, bytes)) or not isinstance(self.tensor_split, Sequence):
             raise TypeError(f"tensor_split must be a sequence of numbers, not {type(self.tensor_split).__name__}")
-        object.__setattr__(self, "tensor_split", tuple(_float("tensor_split entry", x) for x in self.tensor_split))
+        split = tuple(float_option("tensor_split entry", x) for x in self.tensor_split)
+        object.__setattr__(self, "tensor_split", split)
         rpc = self.rpc_servers
         if isinstance(rpc, str):  # llama.cpp's --rpc takes "a:1,b:2"
             rpc = tuple(x for x in rpc.split(",") if x)
@@ -97,7 +100,7 @@ class ModelConfig:
         if isinstance(self.flash_attn, bool):
             object.__setattr__(self, "flash_attn", "on" if self.flash_attn else "off")
         for name in ("split_mode", "flash_attn", "type_k", "type_v", "draft_type_k", "draft_type_v", "rollback"):
-            _str(name, getattr(self, name))
+            str_option(name, getattr(self, name))
         # the core's rules, before any weights load
         self.pair_params().validate()
         self.model_params("target").validate()
@@ -147,23 +150,23 @@ class SamplingConfig:
     cache_prompt: bool = True  # keep the prefix the caches already hold (llama-server's cache_prompt)
 
     def __post_init__(self) -> None:
-        _int("max_tokens", self.max_tokens, 0)
+        int_option("max_tokens", self.max_tokens, 0)
         if not isinstance(self.cache_prompt, bool):
             raise TypeError(f"cache_prompt must be a bool, not {type(self.cache_prompt).__name__}")
         for name in ("top_k", "penalty_last_n", "draft_min"):
-            _int(name, getattr(self, name))
+            int_option(name, getattr(self, name))
         for name in ("temperature", "top_p", "min_p", "repeat_penalty", "frequency_penalty", "presence_penalty",
                      "draft_p_min"):
-            _float(name, getattr(self, name))
+            float_option(name, getattr(self, name))
         if self.seed is not None:
-            _int("seed", self.seed, bits=64)
+            int_option("seed", self.seed, bits=64)
         if self.draft_max is not None:
-            _int("draft_max", self.draft_max, 0)  # None is the default, not -1
+            int_option("draft_max", self.draft_max, 0)  # None is the default, not -1
         for tok, bias in self.logit_bias:
-            _int("logit_bias token", tok)
+            int_option("logit_bias token", tok)
             if isinstance(bias, bool) or not isinstance(bias, (int, float)):
                 raise TypeError(f"logit_bias values must be numbers, got {bias!r}")
-        _str("verify", self.verify)
+        str_option("verify", self.verify)
         for s in self.stop:
             if not isinstance(s, str):
                 raise TypeError(f"stop strings must be str, got {type(s).__name__}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
 from . import _core, _logging
-from .config import SamplingConfig, _float, _int
+from .config import SamplingConfig, float_option, int_option
 from .results import StepResult
 
 if TYPE_CHECKING:
@@ -53,10 +53,10 @@ class ContextPair:
         ``draft_min`` is dropped; the block is cut where the drafter's
         confidence falls below ``draft_p_min``. ``draft`` verifies these tokens
         instead of the drafter's block (any external draft source)."""
-        dm = -1 if draft_max is None else _int("draft_max", draft_max, 0)
+        dm = -1 if draft_max is None else int_option("draft_max", draft_max, 0)
         try:
-            return self._core.step(dm, _int("draft_min", draft_min), _float("draft_p_min", draft_p_min),
-                                   None if draft is None else list(draft))
+            return self._core.step(dm, int_option("draft_min", draft_min),
+                                   float_option("draft_p_min", draft_p_min), None if draft is None else list(draft))
         finally:
             _logging.flush()
 
@@ -72,6 +72,11 @@ class ContextPair:
         """ValueError unless ``config``'s draft-length options suit this pair
         (``draft_max`` within the drafter's block); nothing is decoded."""
         self._core.check(config.draft_control())
+
+    def set_sampling_config(self, config: SamplingConfig, seed: int) -> None:
+        """Set sampling from an already validated ``SamplingConfig`` (the
+        generation loop's way), with the seed this run uses."""
+        self._core.set_sampling(config.core_params(seed))
 
     def set_sampling(self, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, *, min_p: float = 0.0,
                      repeat_penalty: float = 1.0, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,

@@ -88,7 +88,7 @@ class Server:
 
     def __init__(self, llm: Llama, *, host: str = "127.0.0.1", port: int = 8080, alias: Optional[str] = None):
         self.llm = llm
-        self.alias = alias or _model_id(llm)
+        self.alias = alias or llm.model_name
         self.metrics = Metrics(max_accepted=max(1, llm.pair.max_draft) if llm.has_draft else 1)
         self.queue = threading.Lock()   # one generation at a time per pair
         self.created = int(time.time())
@@ -159,12 +159,6 @@ class Server:
         meta = {"n_ctx": llm.n_ctx, "n_vocab": llm.n_vocab, "draft": llm.has_draft,
                 "block_size": llm.pair.block_size if llm.has_draft else 0}
         return {"id": self.alias, "object": "model", "created": self.created, "owned_by": "pydflash", "meta": meta}
-
-
-def _model_id(llm: Llama) -> str:
-    from .completions import model_name
-
-    return model_name(llm)
 
 
 def _handler(srv: Server) -> type:

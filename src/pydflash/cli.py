@@ -71,6 +71,10 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("-p", "--prompt", required=True, help="prompt text")
     g.add_argument("-n", "--max-tokens", type=int, default=128, help="tokens to generate (default: %(default)s)")
     g.add_argument("--draft-max", type=int, default=None, help="draft tokens per step (default: block size - 1)")
+    g.add_argument("--draft-min", type=int, default=0,
+                   help="drop a draft shorter than this; decode that step with the target alone (default: %(default)s)")
+    g.add_argument("--draft-p-min", type=float, default=0.0,
+                   help="cut the draft where the drafter's confidence falls below this, 0..1 (default: %(default)s)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--top-p", type=float, default=1.0)
@@ -148,7 +152,7 @@ def _stats_line(res: GenerationResult) -> str:
 def _cmd_generate(a: argparse.Namespace) -> int:
     with Llama(a.model, draft=a.draft, draft_max=a.draft_max, seed=a.seed, **_llama_options(a)) as llm:
         kw = dict(max_tokens=a.max_tokens, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p,
-                  seed=a.seed, ignore_eos=a.ignore_eos)
+                  seed=a.seed, ignore_eos=a.ignore_eos, draft_min=a.draft_min, draft_p_min=a.draft_p_min)
         if a.stream and not a.json:
             for step in llm.stream(a.prompt, **kw):
                 sys.stdout.write(step.text)

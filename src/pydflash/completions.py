@@ -62,23 +62,11 @@ def _logit_bias(bias: Optional[Mapping[Any, float]]) -> Optional[dict[int, float
     return out
 
 
-def _generation(llm: "Llama", prompt_tokens: list[int], max_tokens: Optional[int], **sampling: Any) -> Generation:
-    """One generation with the numbers a response reports; ``max_tokens`` None
-    or <= 0 fills the context."""
+def _fill(max_tokens: Optional[int], n_ctx: int, n_prompt: int) -> int:
+    """``max_tokens`` None or <= 0: what the context has left after the prompt."""
     if max_tokens is None or max_tokens <= 0:
-        max_tokens = max(1, llm.n_ctx - len(prompt_tokens))
-    cfg = SamplingConfig.build(max_tokens=max_tokens, **sampling)
-    return Generation(llm, prompt_tokens, cfg)
-
-
-def _sampling(temperature: float, top_p: float, top_k: int, min_p: float, seed: Optional[int], stop: list[str],
-              frequency_penalty: float, presence_penalty: float, repeat_penalty: float,
-              logit_bias: Optional[Mapping[Any, float]], ignore_eos: bool, draft_max: Optional[int],
-              cache_prompt: bool) -> dict:
-    return dict(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed, stop=stop,
-                frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-                repeat_penalty=repeat_penalty, logit_bias=_logit_bias(logit_bias), ignore_eos=ignore_eos,
-                draft_max=draft_max, cache_prompt=cache_prompt)
+        return max(1, n_ctx - n_prompt)
+    return max_tokens
 
 
 def _unsupported(**kw: Any) -> None:
@@ -112,17 +100,24 @@ def create_completion(
     *,
     ignore_eos: bool = False,
     draft_max: Optional[int] = None,
+    draft_min: int = 0,
+    draft_p_min: float = 0.0,
     cache_prompt: bool = True,
     cancel: Optional[Callable[[], bool]] = None,
 ) -> Union[Completion, Iterator[CompletionChunk]]:
     """An OpenAI-style text completion of ``prompt`` (text or token ids).
     Defaults as in llama-cpp-python; ``max_tokens=None`` fills the context.
+    ``draft_max``/``draft_min``/``draft_p_min``: as ``Llama.generate``'s.
     ``cancel``: asked after every step; True stops with ``GenerationInterrupted``."""
     _unsupported(suffix=suffix, logprobs=logprobs)
     tokens = llm.prompt_tokens(prompt)
-    gen = _generation(llm, tokens, max_tokens, **_sampling(
-        temperature, top_p, top_k, min_p, seed, _stops(stop), frequency_penalty, presence_penalty,
-        repeat_penalty, logit_bias, ignore_eos, draft_max, cache_prompt))
+    cfg = SamplingConfig.build(
+        max_tokens=_fill(max_tokens, llm.n_ctx, len(tokens)), temperature=temperature, top_p=top_p, top_k=top_k,
+        min_p=min_p, seed=seed, stop=_stops(stop), frequency_penalty=frequency_penalty,
+        presence_penalty=presence_penalty, repeat_penalty=repeat_penalty, logit_bias=_logit_bias(logit_bias),
+        ignore_eos=ignore_eos, draft_max=draft_max, draft_min=draft_min, draft_p_min=draft_p_min,
+        cache_prompt=cache_prompt)
+    gen = Generation(llm, tokens, cfg)
     meta = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or llm.model_name}
     head = (prompt if isinstance(prompt, str) else llm.detokenize(tokens)) if echo else ""
     if stream:
@@ -182,13 +177,16 @@ def create_chat_completion(
     chat_template_kwargs: Optional[Mapping[str, Any]] = None,
     ignore_eos: bool = False,
     draft_max: Optional[int] = None,
+    draft_min: int = 0,
+    draft_p_min: float = 0.0,
     cache_prompt: bool = True,
     cancel: Optional[Callable[[], bool]] = None,
 ) -> Union[ChatCompletion, Iterator[ChatCompletionChunk]]:
     """An OpenAI-style chat completion: ``messages`` go through the model's chat
     template (or the ``chat_template`` given to ``Llama``). ``enable_thinking=False``
     turns reasoning off where the template has the switch; reasoning the model
-    writes comes back in ``message["reasoning_content"]``."""
+    writes comes back in ``message["reasoning_content"]``. Other options as
+    ``create_completion``'s."""
     _unsupported(logprobs=logprobs)
     kwargs = dict(chat_template_kwargs or {})
     if "enable_thinking" in kwargs:
@@ -196,9 +194,13 @@ def create_chat_completion(
     cp = llm.chat_template.apply(messages, add_generation_prompt=True, enable_thinking=enable_thinking,
                                   tools=tools, **kwargs)
     tokens = llm.prompt_tokens(cp.prompt)
-    gen = _generation(llm, tokens, max_tokens, **_sampling(
-        temperature, top_p, top_k, min_p, seed, _stops(stop, cp.stop), frequency_penalty, presence_penalty,
-        repeat_penalty, logit_bias, ignore_eos, draft_max, cache_prompt))
+    cfg = SamplingConfig.build(
+        max_tokens=_fill(max_tokens, llm.n_ctx, len(tokens)), temperature=temperature, top_p=top_p, top_k=top_k,
+        min_p=min_p, seed=seed, stop=_stops(stop, cp.stop), frequency_penalty=frequency_penalty,
+        presence_penalty=presence_penalty, repeat_penalty=repeat_penalty, logit_bias=_logit_bias(logit_bias),
+        ignore_eos=ignore_eos, draft_max=draft_max, draft_min=draft_min, draft_p_min=draft_p_min,
+        cache_prompt=cache_prompt)
+    gen = Generation(llm, tokens, cfg)
     meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or llm.model_name}
     if stream:
         return _chat_chunks(gen, cancel, cp, meta)

@@ -65,7 +65,8 @@ def _sampling_args(body: Mapping[str, Any]) -> dict[str, Any]:
     kw: dict[str, Any] = {}
     for name, kind in (("temperature", float), ("top_p", float), ("min_p", float), ("top_k", int),
                        ("frequency_penalty", float), ("presence_penalty", float), ("repeat_penalty", float),
-                       ("seed", int), ("ignore_eos", bool), ("draft_max", int), ("cache_prompt", bool)):
+                       ("seed", int), ("ignore_eos", bool), ("draft_max", int), ("draft_min", int),
+                       ("draft_p_min", float), ("cache_prompt", bool)):
         if body.get(name) is not None:
             kw[name] = _opt(body, name, kind)
     if _opt(body, "id_slot", int, -1) not in (-1, 0):  # llama-server's slot pin; one slot here

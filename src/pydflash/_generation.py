@@ -11,7 +11,7 @@ import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from typing import Protocol, Union
+from typing import Protocol
 
 from . import _core, _logging
 from ._text import TextAssembler
@@ -23,7 +23,7 @@ from .results import FinishReason, GenerationResult, GenerationStats, StreamStep
 
 __all__ = ["Generation", "GenerationHost", "Prompt"]
 
-Prompt = Union[str, Sequence[int]]
+Prompt = str | Sequence[int]
 
 
 class GenerationHost(Protocol):

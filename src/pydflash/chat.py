@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from . import _core
 
@@ -54,7 +55,7 @@ class ChatTemplate:
     llama.cpp built-in name (see ``builtin_templates()``) or jinja source overrides it.
     A template that does not parse raises ``ChatTemplateError``."""
 
-    def __init__(self, model: Optional[_core.Model], source: Optional[str] = None, *,
+    def __init__(self, model: _core.Model | None, source: str | None = None, *,
                  bos_token: str = "", eos_token: str = ""):
         if source is not None and not isinstance(source, str):
             raise TypeError(f"chat template must be str, not {type(source).__name__}")
@@ -75,7 +76,7 @@ class ChatTemplate:
         return self._t.supports_thinking
 
     def apply(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
-              enable_thinking: bool = True, tools: Optional[Sequence[Mapping[str, Any]]] = None,
+              enable_thinking: bool = True, tools: Sequence[Mapping[str, Any]] | None = None,
               **template_kwargs: Any) -> ChatPrompt:
         """Render ``messages`` (OpenAI-style dicts) into a prompt."""
         _check_messages(messages)

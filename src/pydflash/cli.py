@@ -11,8 +11,8 @@ import sys
 import tempfile
 import textwrap
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 from . import _core, backends
 from .config import CACHE_TYPES, FLASH_ATTN, SPLIT_MODES, ModelConfig
@@ -42,8 +42,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     dev.add_argument("-ctk", "--cache-type-k", choices=CACHE_TYPES, default=d.type_k, help="target K cache type")
     dev.add_argument("-ctv", "--cache-type-v", choices=CACHE_TYPES, default=d.type_v,
                      help="target V cache type (quantized needs flash attention)")
-    dev.add_argument("-ctkd", "--cache-type-k-draft", choices=CACHE_TYPES, default=d.draft_type_k, help="drafter K cache type")
-    dev.add_argument("-ctvd", "--cache-type-v-draft", choices=CACHE_TYPES, default=d.draft_type_v, help="drafter V cache type")
+    dev.add_argument("-ctkd", "--cache-type-k-draft", choices=CACHE_TYPES, default=d.draft_type_k,
+                     help="drafter K cache type")
+    dev.add_argument("-ctvd", "--cache-type-v-draft", choices=CACHE_TYPES, default=d.draft_type_v,
+                     help="drafter V cache type")
 
 
 def _llama_options(a: argparse.Namespace) -> dict:
@@ -340,7 +342,8 @@ def _add_bench(sub) -> None:
     b = sub.add_parser(
         "bench", help="benchmark pydflash vs llama.cpp's own DFlash loop vs the target alone",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=textwrap.fill("Measure, in one run with engines alternating run by run: pydflash target-only, pydflash "
+        description=textwrap.fill(
+                    "Measure, in one run with engines alternating run by run: pydflash target-only, pydflash "
                     "DFlash, llama.cpp's native DFlash loop (llama-speculative-simple, built from the vendored "
                     "tree with tools/build_native.py) and llama-cpp-python (if installed). Greedy, one request at "
                     "a time, EOS ignored so every request generates exactly OSL tokens; an ISL = OSL sweep at one "
@@ -456,7 +459,7 @@ def _cmd_rpc_server(a: argparse.Namespace) -> int:
     return 1  # the server stopped by itself: it could not bind or start (see its message above)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     a = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if getattr(a, "verbose", False) else logging.WARNING,
                         format="%(name)s: %(message)s")

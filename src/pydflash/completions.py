@@ -9,26 +9,34 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Sequence, Union
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ._generation import Generation
 from .chat import ChatPrompt, ChatReply, ChatTemplate
 from .config import SamplingConfig
 from .errors import ChatTemplateError
-from .openai_types import (ChatCompletion, ChatCompletionChunk, ChatCompletionChunkDelta, ChatCompletionMessage,
-                           ChatCompletionToolCall, Completion, CompletionChunk, CompletionUsage, FinishReasonOAI,
-                           Timings)
+from .openai_types import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionChunkDelta,
+    ChatCompletionMessage,
+    ChatCompletionToolCall,
+    Completion,
+    CompletionChunk,
+    FinishReasonOAI,
+)
 from .results import FinishReason
 
 if TYPE_CHECKING:  # for the annotations only: llama imports this module
     from .llama import Llama
 
-__all__ = ["create_completion", "create_chat_completion"]
+__all__ = ["create_chat_completion", "create_completion"]
 
-Stop = Union[str, Sequence[str], None]
+Stop = str | Sequence[str] | None
 
 
-def _finish(reason: Optional[FinishReason]) -> Optional[FinishReasonOAI]:
+def _finish(reason: FinishReason | None) -> FinishReasonOAI | None:
     if reason is None:
         return None
     return "length" if reason == "length" else "stop"
@@ -50,7 +58,7 @@ def _stops(stop: Stop, extra: Sequence[str] = ()) -> list[str]:
     return out
 
 
-def _logit_bias(bias: Optional[Mapping[Any, float]]) -> Optional[dict[int, float]]:
+def _logit_bias(bias: Mapping[Any, float] | None) -> dict[int, float] | None:
     if not bias:
         return None
     out: dict[int, float] = {}
@@ -62,7 +70,7 @@ def _logit_bias(bias: Optional[Mapping[Any, float]]) -> Optional[dict[int, float
     return out
 
 
-def _fill(max_tokens: Optional[int], n_ctx: int, n_prompt: int) -> int:
+def _fill(max_tokens: int | None, n_ctx: int, n_prompt: int) -> int:
     """``max_tokens`` None or <= 0: what the context has left after the prompt."""
     if max_tokens is None or max_tokens <= 0:
         return max(1, n_ctx - n_prompt)
@@ -79,10 +87,10 @@ def _unsupported(**kw: Any) -> None:
 
 
 def create_completion(
-    llm: "Llama",
-    prompt: Union[str, Sequence[int]],
-    suffix: Optional[str] = None,
-    max_tokens: Optional[int] = 16,
+    llm: Llama,
+    prompt: str | Sequence[int],
+    suffix: str | None = None,
+    max_tokens: int | None = 16,
     temperature: float = 0.8,
     top_p: float = 0.95,
     min_p: float = 0.05,
@@ -93,18 +101,18 @@ def create_completion(
     repeat_penalty: float = 1.0,
     top_k: int = 40,
     stream: bool = False,
-    seed: Optional[int] = None,
-    logit_bias: Optional[Mapping[Any, float]] = None,
-    model: Optional[str] = None,
-    logprobs: Optional[int] = None,
+    seed: int | None = None,
+    logit_bias: Mapping[Any, float] | None = None,
+    model: str | None = None,
+    logprobs: int | None = None,
     *,
     ignore_eos: bool = False,
-    draft_max: Optional[int] = None,
+    draft_max: int | None = None,
     draft_min: int = 0,
     draft_p_min: float = 0.0,
     cache_prompt: bool = True,
-    cancel: Optional[Callable[[], bool]] = None,
-) -> Union[Completion, Iterator[CompletionChunk]]:
+    cancel: Callable[[], bool] | None = None,
+) -> Completion | Iterator[CompletionChunk]:
     """An OpenAI-style text completion of ``prompt`` (text or token ids).
     Defaults as in llama-cpp-python; ``max_tokens=None`` fills the context.
     ``draft_max``/``draft_min``/``draft_p_min``: as ``Llama.generate``'s.
@@ -130,9 +138,9 @@ def create_completion(
             "usage": gen.usage(), "timings": gen.timings()}
 
 
-def _completion_chunks(gen: Generation, cancel: Optional[Callable[[], bool]], meta: dict,
+def _completion_chunks(gen: Generation, cancel: Callable[[], bool] | None, meta: dict,
                        head: str) -> Iterator[CompletionChunk]:
-    def chunk(text: str, finish: Optional[FinishReasonOAI]) -> CompletionChunk:
+    def chunk(text: str, finish: FinishReasonOAI | None) -> CompletionChunk:
         return {"id": meta["id"], "object": "text_completion", "created": meta["created"], "model": meta["model"],
                 "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
 
@@ -155,33 +163,33 @@ def _completion_chunks(gen: Generation, cancel: Optional[Callable[[], bool]], me
 
 
 def create_chat_completion(
-    llm: "Llama",
+    llm: Llama,
     messages: Sequence[Mapping[str, Any]],
-    tools: Optional[Sequence[Mapping[str, Any]]] = None,
-    max_tokens: Optional[int] = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    max_tokens: int | None = None,
     temperature: float = 0.2,
     top_p: float = 0.95,
     top_k: int = 40,
     min_p: float = 0.05,
     stop: Stop = None,
-    seed: Optional[int] = None,
+    seed: int | None = None,
     stream: bool = False,
     frequency_penalty: float = 0.0,
     presence_penalty: float = 0.0,
     repeat_penalty: float = 1.0,
-    logit_bias: Optional[Mapping[Any, float]] = None,
-    model: Optional[str] = None,
-    logprobs: Optional[bool] = None,
+    logit_bias: Mapping[Any, float] | None = None,
+    model: str | None = None,
+    logprobs: bool | None = None,
     *,
     enable_thinking: bool = True,
-    chat_template_kwargs: Optional[Mapping[str, Any]] = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
     ignore_eos: bool = False,
-    draft_max: Optional[int] = None,
+    draft_max: int | None = None,
     draft_min: int = 0,
     draft_p_min: float = 0.0,
     cache_prompt: bool = True,
-    cancel: Optional[Callable[[], bool]] = None,
-) -> Union[ChatCompletion, Iterator[ChatCompletionChunk]]:
+    cancel: Callable[[], bool] | None = None,
+) -> ChatCompletion | Iterator[ChatCompletionChunk]:
     """An OpenAI-style chat completion: ``messages`` go through the model's chat
     template (or the ``chat_template`` given to ``Llama``). ``enable_thinking=False``
     turns reasoning off where the template has the switch; reasoning the model
@@ -230,16 +238,16 @@ def _tool_calls(reply: ChatReply) -> list[ChatCompletionToolCall]:
              "function": {"name": name, "arguments": args}} for name, args, cid in reply.tool_calls]
 
 
-def _chat_chunks(gen: Generation, cancel: Optional[Callable[[], bool]], cp: ChatPrompt,
+def _chat_chunks(gen: Generation, cancel: Callable[[], bool] | None, cp: ChatPrompt,
                  meta: dict) -> Iterator[ChatCompletionChunk]:
-    def chunk(delta: ChatCompletionChunkDelta, finish: Optional[FinishReasonOAI] = None) -> ChatCompletionChunk:
+    def chunk(delta: ChatCompletionChunkDelta, finish: FinishReasonOAI | None = None) -> ChatCompletionChunk:
         return {"id": meta["id"], "object": "chat.completion.chunk", "created": meta["created"],
                 "model": meta["model"], "choices": [{"index": 0, "delta": delta, "logprobs": None,
                                                      "finish_reason": finish}]}
 
     sent = {"content": "", "reasoning_content": ""}
 
-    def deltas(reply: ChatReply) -> Optional[ChatCompletionChunkDelta]:
+    def deltas(reply: ChatReply) -> ChatCompletionChunkDelta | None:
         d: ChatCompletionChunkDelta = {}
         for key, now in (("reasoning_content", reply.reasoning_content), ("content", reply.content)):
             before = sent[key]

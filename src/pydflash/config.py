@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from typing import Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
 
 from . import _core
-
 
 # The core owns every option's choices, defaults and value rules; this module
 # only converts Python values (types, None/bool conveniences) and asks the core.
@@ -23,7 +22,7 @@ _MODEL = _core.ModelParams()
 _SAMPLING = _core.SamplingParams()
 
 
-def int_option(name: str, value: object, minimum: Optional[int] = None, bits: int = 32) -> int:
+def int_option(name: str, value: object, minimum: int | None = None, bits: int = 32) -> int:
     """An int (not a bool) that fits the core's field (`bits` wide); `minimum`
     only for the options this layer owns (the core checks its own)."""
     if isinstance(value, bool):
@@ -62,7 +61,7 @@ class ModelConfig:
     n_ctx: int = _PAIR.n_ctx
     n_batch: int = _PAIR.n_batch
     n_gpu_layers: int = _MODEL.n_gpu_layers   # target layers to offload; -1: all
-    draft_n_gpu_layers: Optional[int] = None  # the drafter's; None: as n_gpu_layers
+    draft_n_gpu_layers: int | None = None  # the drafter's; None: as n_gpu_layers
     main_gpu: int = _MODEL.main_gpu           # the device used with split_mode "none"
     split_mode: str = _MODEL.split_mode       # across several GPUs: "none", "layer" or "row"
     tensor_split: tuple[float, ...] = ()      # share of the model per device; (): by free memory
@@ -72,8 +71,8 @@ class ModelConfig:
     type_v: str = _PAIR.type_v
     draft_type_k: str = _PAIR.draft_type_k    # the drafter's
     draft_type_v: str = _PAIR.draft_type_v
-    n_threads: Optional[int] = None           # None: all hardware threads
-    draft_max: Optional[int] = None           # None: the drafter's block size - 1
+    n_threads: int | None = None           # None: all hardware threads
+    draft_max: int | None = None           # None: the drafter's block size - 1
     seed: int = 0
     rollback: str = _PAIR.rollback
 
@@ -140,11 +139,11 @@ class SamplingConfig:
     presence_penalty: float = _SAMPLING.presence_penalty
     penalty_last_n: int = _SAMPLING.penalty_last_n
     logit_bias: tuple[tuple[int, float], ...] = ()
-    seed: Optional[int] = None
+    seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     verify: str = _SAMPLING.verify  # at temperature > 0: "rejection" (speculative sampling) or "match"
-    draft_max: Optional[int] = None
+    draft_max: int | None = None
     draft_min: int = 0
     draft_p_min: float = 0.0
     cache_prompt: bool = True  # keep the prefix the caches already hold (llama-server's cache_prompt)
@@ -174,8 +173,8 @@ class SamplingConfig:
         self.draft_control().validate()
 
     @classmethod
-    def build(cls, *, stop: str | Sequence[str] | None = (), logit_bias: Optional[Mapping[int, float]] = None,
-              verify: Optional[str] = None, **kw: object) -> "SamplingConfig":
+    def build(cls, *, stop: str | Sequence[str] | None = (), logit_bias: Mapping[int, float] | None = None,
+              verify: str | None = None, **kw: object) -> SamplingConfig:
         """From the keyword arguments of generate()/stream()."""
         bias = tuple(sorted((operator.index(t), float(b)) for t, b in (logit_bias or {}).items()))
         return cls(stop=cls.normalise_stop(stop), logit_bias=bias,

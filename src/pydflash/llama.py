@@ -6,7 +6,8 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Sequence, Union
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from . import _core, _logging
 from ._generation import Generation, Prompt
@@ -47,34 +48,34 @@ class Llama:
 
     def __init__(
         self,
-        model_path: Union[str, os.PathLike],
+        model_path: str | os.PathLike,
         *,
-        draft: Optional[Union[str, os.PathLike]] = None,
+        draft: str | os.PathLike | None = None,
         n_ctx: int = _DEFAULTS.n_ctx,
         n_gpu_layers: int = _DEFAULTS.n_gpu_layers,
-        draft_n_gpu_layers: Optional[int] = None,
+        draft_n_gpu_layers: int | None = None,
         main_gpu: int = _DEFAULTS.main_gpu,
         split_mode: str = _DEFAULTS.split_mode,
         tensor_split: Sequence[float] = (),
-        rpc_servers: Union[str, Sequence[str]] = (),
-        flash_attn: Union[bool, str] = _DEFAULTS.flash_attn,
+        rpc_servers: str | Sequence[str] = (),
+        flash_attn: bool | str = _DEFAULTS.flash_attn,
         type_k: str = _DEFAULTS.type_k,
         type_v: str = _DEFAULTS.type_v,
         draft_type_k: str = _DEFAULTS.draft_type_k,
         draft_type_v: str = _DEFAULTS.draft_type_v,
-        n_threads: Optional[int] = None,
-        draft_max: Optional[int] = None,
+        n_threads: int | None = None,
+        draft_max: int | None = None,
         seed: int = _DEFAULTS.seed,
         n_batch: int = _DEFAULTS.n_batch,
         rollback: str = _DEFAULTS.rollback,
         verbose: bool = False,
-        chat_template: Optional[str] = None,
+        chat_template: str | None = None,
     ):
         """Options: see ``ModelConfig`` (devices: ``n_gpu_layers``/``draft_n_gpu_layers``
         (-1 = all), ``main_gpu``, ``split_mode``, ``tensor_split``, ``rpc_servers``;
         attention and KV cache: ``flash_attn``, ``type_k``/``type_v`` for the target and
         ``draft_type_k``/``draft_type_v`` for the drafter)."""
-        self._pair_core: Optional[_core.ContextPair] = None
+        self._pair_core: _core.ContextPair | None = None
         self.config = ModelConfig(
             n_ctx=n_ctx, n_batch=n_batch, n_gpu_layers=n_gpu_layers, draft_n_gpu_layers=draft_n_gpu_layers,
             main_gpu=main_gpu, split_mode=split_mode, tensor_split=tensor_split,  # type: ignore[arg-type]
@@ -83,9 +84,9 @@ class Llama:
             seed=seed, rollback=rollback)
         _logging.set_verbose(verbose)
         self._lock = threading.Lock()
-        self._owner: Optional[int] = None
+        self._owner: int | None = None
         self._chat_template_source = chat_template  # None: the GGUF's own (ChatML if none)
-        self._chat_template: Optional[ChatTemplate] = None
+        self._chat_template: ChatTemplate | None = None
         cfg = self.config
         try:
             self._target = _core.Model.load(os.fspath(model_path), cfg.model_params("target"), "target")
@@ -112,7 +113,7 @@ class Llama:
         if self._pair_core is not None:
             self._pair_core.interrupt()
 
-    def __enter__(self) -> "Llama":
+    def __enter__(self) -> Llama:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -186,7 +187,7 @@ class Llama:
 
     # -- vocabulary ----------------------------------------------------------
 
-    def tokenize(self, text: Union[str, bytes], *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+    def tokenize(self, text: str | bytes, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
         """Token ids of ``text``; BOS is added where the vocabulary asks for it."""
         if isinstance(text, bytes):
             text = text.decode("utf-8")
@@ -209,8 +210,8 @@ class Llama:
         temperature: float = 0.0,
         top_k: int = 0,
         top_p: float = 1.0,
-        seed: Optional[int] = None,
-        stop: Union[str, Sequence[str], None] = (),
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = (),
         ignore_eos: bool = False,
         *,
         min_p: float = 0.0,
@@ -218,9 +219,9 @@ class Llama:
         frequency_penalty: float = 0.0,
         presence_penalty: float = 0.0,
         penalty_last_n: int = 64,
-        logit_bias: Optional[Mapping[int, float]] = None,
-        verify: Optional[str] = None,
-        draft_max: Optional[int] = None,
+        logit_bias: Mapping[int, float] | None = None,
+        verify: str | None = None,
+        draft_max: int | None = None,
         draft_min: int = 0,
         draft_p_min: float = 0.0,
         cache_prompt: bool = True,
@@ -261,8 +262,8 @@ class Llama:
         temperature: float = 0.0,
         top_k: int = 0,
         top_p: float = 1.0,
-        seed: Optional[int] = None,
-        stop: Union[str, Sequence[str], None] = (),
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = (),
         ignore_eos: bool = False,
         *,
         min_p: float = 0.0,
@@ -270,9 +271,9 @@ class Llama:
         frequency_penalty: float = 0.0,
         presence_penalty: float = 0.0,
         penalty_last_n: int = 64,
-        logit_bias: Optional[Mapping[int, float]] = None,
-        verify: Optional[str] = None,
-        draft_max: Optional[int] = None,
+        logit_bias: Mapping[int, float] | None = None,
+        verify: str | None = None,
+        draft_max: int | None = None,
         draft_min: int = 0,
         draft_p_min: float = 0.0,
         cache_prompt: bool = True,
@@ -296,10 +297,10 @@ class Llama:
     # -- OpenAI-style API (pydflash.completions) --------------------------------
 
     @classmethod
-    def from_pretrained(cls, repo_id: str, filename: Optional[str] = None, *, draft_repo_id: Optional[str] = None,
-                        draft_filename: Optional[str] = None, revision: Optional[str] = None,
-                        draft_revision: Optional[str] = None, cache_dir: Optional[Union[str, os.PathLike]] = None,
-                        local_files_only: bool = False, token: Optional[str] = None, **kwargs: Any) -> "Llama":
+    def from_pretrained(cls, repo_id: str, filename: str | None = None, *, draft_repo_id: str | None = None,
+                        draft_filename: str | None = None, revision: str | None = None,
+                        draft_revision: str | None = None, cache_dir: str | os.PathLike | None = None,
+                        local_files_only: bool = False, token: str | None = None, **kwargs: Any) -> Llama:
         """Download (or find in the cache) a GGUF target, and optionally a DFlash
         drafter, from the Hugging Face Hub; filenames may be globs. Other keyword
         arguments go to ``Llama(...)``. See ``pydflash.hub.from_pretrained``."""
@@ -310,25 +311,25 @@ class Llama:
                                local_files_only=local_files_only, token=token, **kwargs)
 
     def create_completion(self, prompt: Prompt, *args: Any,
-                          **kwargs: Any) -> Union["Completion", Iterator["CompletionChunk"]]:
+                          **kwargs: Any) -> Completion | Iterator[CompletionChunk]:
         """OpenAI-style text completion (``stream=True``: chunks); options and
         defaults as llama-cpp-python's. See ``pydflash.completions.create_completion``."""
         return create_completion(self, prompt, *args, **kwargs)
 
     def __call__(self, prompt: Prompt, *args: Any,
-                 **kwargs: Any) -> Union["Completion", Iterator["CompletionChunk"]]:
+                 **kwargs: Any) -> Completion | Iterator[CompletionChunk]:
         """Same as ``create_completion``."""
         return self.create_completion(prompt, *args, **kwargs)
 
     def create_chat_completion(self, messages: Sequence[Mapping[str, Any]], *args: Any,
-                               **kwargs: Any) -> Union["ChatCompletion", Iterator["ChatCompletionChunk"]]:
+                               **kwargs: Any) -> ChatCompletion | Iterator[ChatCompletionChunk]:
         """OpenAI-style chat completion through the model's chat template.
         See ``pydflash.completions.create_chat_completion``."""
         return create_chat_completion(self, messages, *args, **kwargs)
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
-                            enable_thinking: bool = True, tools: Optional[Sequence[Mapping[str, Any]]] = None,
-                            **template_kwargs: Any) -> "ChatPrompt":
+                            enable_thinking: bool = True, tools: Sequence[Mapping[str, Any]] | None = None,
+                            **template_kwargs: Any) -> ChatPrompt:
         """The prompt the chat template makes of ``messages`` (nothing is generated)."""
         return self.chat_template.apply(messages, add_generation_prompt=add_generation_prompt,
                                          enable_thinking=enable_thinking, tools=tools, **template_kwargs)

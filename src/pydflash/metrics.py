@@ -6,7 +6,7 @@ length of every step."""
 from __future__ import annotations
 
 import threading
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 __all__ = ["Metrics"]
 
@@ -109,7 +109,7 @@ class Metrics:
             name = f"{PREFIX}accepted_length"
             out.append(f"# HELP {name} Drafted tokens accepted per speculative step.")
             out.append(f"# TYPE {name} histogram")
-            for le, n in zip(self.buckets, self.bucket_counts):
+            for le, n in zip(self.buckets, self.bucket_counts, strict=True):
                 out.append(f'{name}_bucket{{le="{le}"}} {n}')
             out.append(f'{name}_bucket{{le="+Inf"}} {self.hist_count}')
             out.append(f"{name}_sum {self.hist_sum}")

@@ -9,7 +9,8 @@ context driven one speculative step at a time.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from . import _core, _logging
 from .config import SamplingConfig, float_option, int_option
@@ -46,8 +47,8 @@ class ContextPair:
         finally:
             _logging.flush()
 
-    def step(self, draft_max: Optional[int] = None, *, draft_min: int = 0, draft_p_min: float = 0.0,
-             draft: Optional[Sequence[int]] = None) -> StepResult:
+    def step(self, draft_max: int | None = None, *, draft_min: int = 0, draft_p_min: float = 0.0,
+             draft: Sequence[int] | None = None) -> StepResult:
         """One speculative step. ``draft_max`` bounds the drafted block (None:
         the pair's default; 0: plain target decoding); a block shorter than
         ``draft_min`` is dropped; the block is cut where the drafter's
@@ -60,7 +61,7 @@ class ContextPair:
         finally:
             _logging.flush()
 
-    def score(self, tokens: Sequence[int]) -> "npt.NDArray[np.float32]":
+    def score(self, tokens: Sequence[int]) -> npt.NDArray[np.float32]:
         """The target's logits for every position of ``tokens`` as a numpy array
         (len(tokens), n_vocab), evaluated from an empty cache. Resets the pair."""
         try:
@@ -80,7 +81,7 @@ class ContextPair:
 
     def set_sampling(self, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, *, min_p: float = 0.0,
                      repeat_penalty: float = 1.0, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
-                     penalty_last_n: int = 64, logit_bias: Optional[Mapping[int, float]] = None, seed: int = 0,
+                     penalty_last_n: int = 64, logit_bias: Mapping[int, float] | None = None, seed: int = 0,
                      verify: str = "rejection") -> None:
         """How the target's tokens are chosen (temperature 0: greedy) and how
         drafts are verified at temperature > 0: "rejection" (speculative

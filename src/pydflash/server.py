@@ -14,9 +14,9 @@ import select
 import socket
 import threading
 import time
-from http import HTTPStatus
+from collections.abc import Callable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Iterator, Mapping, Optional
+from typing import Any
 
 from .errors import ContextLimitError, GenerationInterrupted, PyDFlashError
 from .llama import Llama
@@ -87,7 +87,7 @@ class Server:
     """One model pair behind an HTTP server. ``start()`` serves in a thread
     (for tests and embedding); ``serve_forever()`` in the calling thread."""
 
-    def __init__(self, llm: Llama, *, host: str = "127.0.0.1", port: int = 8080, alias: Optional[str] = None):
+    def __init__(self, llm: Llama, *, host: str = "127.0.0.1", port: int = 8080, alias: str | None = None):
         self.llm = llm
         self.alias = alias or llm.model_name
         self.metrics = Metrics(max_accepted=max(1, llm.pair.max_draft) if llm.has_draft else 1)
@@ -95,7 +95,7 @@ class Server:
         self.created = int(time.time())
         self.httpd = ThreadingHTTPServer((host, port), _handler(self))
         self.httpd.daemon_threads = True
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
 
     @property
     def host(self) -> str:
@@ -109,7 +109,7 @@ class Server:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self) -> "Server":
+    def start(self) -> Server:
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="pydflash-server", daemon=True)
         self._thread.start()
         return self
@@ -124,7 +124,7 @@ class Server:
         if self._thread is not None:
             self._thread.join(timeout=30)
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -325,14 +325,14 @@ def _handler(srv: Server) -> type:
     return Handler
 
 
-def _chain(first: Optional[dict[str, Any]], rest: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+def _chain(first: dict[str, Any] | None, rest: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
     if first is not None:
         yield first
     yield from rest
 
 
-def serve(model: str, draft: Optional[str] = None, *, host: str = "127.0.0.1", port: int = 8080,
-          alias: Optional[str] = None, ready: Optional[Callable[[Server], None]] = None, **llama_kwargs: Any) -> None:
+def serve(model: str, draft: str | None = None, *, host: str = "127.0.0.1", port: int = 8080,
+          alias: str | None = None, ready: Callable[[Server], None] | None = None, **llama_kwargs: Any) -> None:
     """Load the pair and serve until interrupted (Ctrl-C / SIGTERM)."""
     import signal
 

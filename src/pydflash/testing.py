@@ -18,16 +18,30 @@ often enough to exercise partial acceptance.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
-__all__ = ["TargetSpec", "HybridSpec", "DrafterSpec", "Hparams", "Tokenizer", "tokenizer", "write_target",
-           "write_hybrid_target", "write_drafter", "write_pair", "write_hybrid_pair", "write_qwen3_gguf",
-           "write_dflash_gguf", "THINKING_TEMPLATE"]
+__all__ = [
+    "THINKING_TEMPLATE",
+    "DrafterSpec",
+    "Hparams",
+    "HybridSpec",
+    "TargetSpec",
+    "Tokenizer",
+    "tokenizer",
+    "write_dflash_gguf",
+    "write_drafter",
+    "write_hybrid_pair",
+    "write_hybrid_target",
+    "write_pair",
+    "write_qwen3_gguf",
+    "write_target",
+]
 
 EOS = "<|endoftext|>"
 MASK = "<|mask|>"
@@ -55,7 +69,7 @@ def _bytes_to_unicode() -> dict[int, str]:
             bs.append(b)
             cs.append(256 + n)
             n += 1
-    return dict(zip(bs, (chr(c) for c in cs)))
+    return dict(zip(bs, (chr(c) for c in cs), strict=True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +99,7 @@ def tokenizer(n_vocab: int = 384) -> Tokenizer:
     while len(merges) < n_merges:
         pairs: Counter[tuple[str, str]] = Counter()
         for w in words:
-            pairs.update(zip(w, w[1:]))
+            pairs.update(itertools.pairwise(w))
         if not pairs:
             break
         (a, b), _ = max(pairs.items(), key=lambda kv: (kv[1], kv[0]))
@@ -353,7 +367,8 @@ def _hybrid_layer(rng, i: int, s: HybridSpec) -> dict[str, np.ndarray]:
             f"blk.{i}.attn_q.weight": _rng_tensor(rng, (2 * s.n_head * s.head_dim, e), sc),
             f"blk.{i}.attn_k.weight": _rng_tensor(rng, (s.n_head_kv * s.head_dim, e), sc),
             f"blk.{i}.attn_v.weight": _rng_tensor(rng, (s.n_head_kv * s.head_dim, e), sc),
-            f"blk.{i}.attn_output.weight": _rng_tensor(rng, (e, s.n_head * s.head_dim), 1.0 / np.sqrt(s.n_head * s.head_dim)),
+            f"blk.{i}.attn_output.weight": _rng_tensor(rng, (e, s.n_head * s.head_dim),
+                                                       1.0 / np.sqrt(s.n_head * s.head_dim)),
             f"blk.{i}.attn_q_norm.weight": _norm(rng, s.head_dim),
             f"blk.{i}.attn_k_norm.weight": _norm(rng, s.head_dim),
         })

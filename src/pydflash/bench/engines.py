@@ -13,7 +13,6 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Optional
 
 
 class EngineUnavailable(Exception):
@@ -23,7 +22,7 @@ class EngineUnavailable(Exception):
 class WorkerEngine:
     """An engine in a long-lived child process (pydflash.bench.worker)."""
 
-    def __init__(self, name: str, kind: str, target: str, draft: Optional[str], n_ctx: int, threads: int,
+    def __init__(self, name: str, kind: str, target: str, draft: str | None, n_ctx: int, threads: int,
                  n_batch: int, flash_attn: str):
         self.name = name
         self.uses_draft = draft is not None
@@ -32,7 +31,8 @@ class WorkerEngine:
                "--flash-attn", flash_attn]
         if draft:
             cmd += ["--draft", draft]
-        self._stderr = tempfile.TemporaryFile(mode="w+")  # a pipe nobody reads could fill up and block
+        # a pipe nobody reads could fill up and block; the file lives as long as the engine (close())
+        self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
                                      text=True, bufsize=1)
         hello = self._read()
@@ -51,7 +51,7 @@ class WorkerEngine:
             raise EngineUnavailable(f"{self.name} worker exited: {err.strip()[-500:]}")
         return json.loads(line)
 
-    def run(self, text: str, osl: int, draft_max: Optional[int]) -> dict:
+    def run(self, text: str, osl: int, draft_max: int | None) -> dict:
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps({"text": text, "osl": osl, "draft_max": draft_max}) + "\n")
         self.proc.stdin.flush()
@@ -81,7 +81,7 @@ _NATIVE_PATTERNS = {
 }
 
 
-def find_native(explicit: Optional[str]) -> Optional[str]:
+def find_native(explicit: str | None) -> str | None:
     """llama-speculative-simple: --native, else build/native/bin in the current
     checkout (tools/build_native.py), else on PATH."""
     if explicit:
@@ -97,7 +97,7 @@ class NativeEngine:
     (it loads the models each time; the figures are its own timings, which
     exclude loading)."""
 
-    def __init__(self, exe: Optional[str], target: str, draft: str, n_ctx: int, threads: int,
+    def __init__(self, exe: str | None, target: str, draft: str, n_ctx: int, threads: int,
                  flash_attn: str = "auto"):
         if exe is None or not os.access(exe, os.X_OK):
             raise EngineUnavailable("llama-speculative-simple not found (build it: python tools/build_native.py, "
@@ -109,7 +109,7 @@ class NativeEngine:
         self.info: dict = {"exe": exe}
         self._dir = tempfile.TemporaryDirectory(prefix="pydflash-bench-native-")
 
-    def run(self, text: str, osl: int, draft_max: Optional[int]) -> dict:
+    def run(self, text: str, osl: int, draft_max: int | None) -> dict:
         prompt = Path(self._dir.name) / "prompt.txt"
         prompt.write_text(text, encoding="utf-8")
         cmd = [self.exe, "-m", self.target, "-md", self.draft, "--spec-type", "draft-dflash",

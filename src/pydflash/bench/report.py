@@ -8,7 +8,6 @@ import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
-from typing import Optional
 
 TARGET_ONLY = "pydflash-target"
 DFLASH = "pydflash-dflash"
@@ -20,7 +19,7 @@ COLUMNS = ["engine", "isl", "osl", "draft_max", "repeats", "decode_tok_s", "deco
            "rss_peak_mib", "same_tokens_as_target"]
 
 
-def aggregate(measurements: list[dict], roofline: Optional[dict] = None) -> list[dict]:
+def aggregate(measurements: list[dict], roofline: dict | None = None) -> list[dict]:
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for m in measurements:
         groups[(m["engine"], m["isl_requested"], m["osl"], m["draft_max"])].append(m)
@@ -64,7 +63,8 @@ def goals(rows: list[dict]) -> list[str]:
     pairs = [(p, n) for p, n in pairs if n]
     if pairs:
         ratios = [p["decode_tok_s"] / n["decode_tok_s"] for p, n in pairs]
-        detail = ", ".join(f"isl {p['isl']} dm {p['draft_max']}: {x:.3f}" for (p, _), x in zip(pairs, ratios))
+        detail = ", ".join(f"isl {p['isl']} dm {p['draft_max']}: {x:.3f}"
+                           for (p, _), x in zip(pairs, ratios, strict=True))
         out.append(f"pydflash DFlash / llama.cpp native DFlash decode tok/s: median {statistics.median(ratios):.3f}"
                    f" (goal >= 0.97) [{detail}]")
     lcp = [(r, by.get((TARGET_ONLY, r["isl"], 0))) for r in rows if r["engine"] == LCP]
@@ -82,8 +82,9 @@ def goals(rows: list[dict]) -> list[str]:
 
 def table(rows: list[dict]) -> str:
     """Rows as text; "same" says whether the greedy tokens equalled the target's own."""
-    head = (f"{'engine':18} {'isl':>6} {'osl':>6} {'dm':>3} {'decode t/s':>11} {'(min-max)':>15} {'prefill t/s':>11} "
-            f"{'ttft ms':>8} {'itl ms':>7} {'accept':>6} {'tau':>5} {'speedup':>7} {'roof':>5} {'rss MiB':>8} {'same':>4}")
+    head = (f"{'engine':18} {'isl':>6} {'osl':>6} {'dm':>3} {'decode t/s':>11} {'(min-max)':>15} "
+            f"{'prefill t/s':>11} {'ttft ms':>8} {'itl ms':>7} {'accept':>6} {'tau':>5} {'speedup':>7} {'roof':>5} "
+            f"{'rss MiB':>8} {'same':>4}")
     lines = [head, "-" * len(head)]
 
     def f(x, fmt):
@@ -110,7 +111,7 @@ def write_csv(path: Path, rows: list[dict]) -> None:
         w.writerows(rows)
 
 
-def _chart(path: Path, series: dict[str, list[tuple[float, float]]], hline: Optional[tuple[float, str]],
+def _chart(path: Path, series: dict[str, list[tuple[float, float]]], hline: tuple[float, str] | None,
            xlabel: str, ylabel: str, title: str, log_x: bool = False) -> Path:
     import matplotlib
     matplotlib.use("Agg")

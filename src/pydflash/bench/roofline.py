@@ -20,11 +20,11 @@ def measure_bandwidth(threads: int, mib_per_thread: int = 256, repeats: int = 5)
     for _ in range(repeats):
         barrier = threading.Barrier(threads + 1)
 
-        def copy(i: int) -> None:
+        def copy(i: int, barrier: threading.Barrier) -> None:
             barrier.wait()
             np.copyto(dst[i], src[i])  # numpy releases the GIL for the copy
 
-        ts = [threading.Thread(target=copy, args=(i,)) for i in range(threads)]
+        ts = [threading.Thread(target=copy, args=(i, barrier)) for i in range(threads)]
         for t in ts:
             t.start()
         barrier.wait()

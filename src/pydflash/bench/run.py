@@ -10,11 +10,11 @@ import os
 import platform
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
-from . import report
 from ..config import FLASH_ATTN
+from . import report
 from .engines import EngineUnavailable, NativeEngine, WorkerEngine, find_native
 from .roofline import bytes_per_pass, measure_bandwidth
 from .workload import heldout_stdlib_text, make_prompts
@@ -25,25 +25,25 @@ DRAFT_MAX_SWEEP = (1, 2, 4, 8, 12, 15)
 
 @dataclasses.dataclass(frozen=True)
 class BenchConfig:
-    target: Optional[str] = None          # None: the embedded trained pair
-    draft: Optional[str] = None
-    pad_ffn: Optional[int] = None         # FFN width of a memory-bound copy of the target (0: as is;
+    target: str | None = None          # None: the embedded trained pair
+    draft: str | None = None
+    pad_ffn: int | None = None         # FFN width of a memory-bound copy of the target (0: as is;
                                           # None: 16384 for the embedded pair, 0 for given models)
     isl: tuple[int, ...] = (128, 512, 2048)
-    osl: Optional[tuple[int, ...]] = None  # None: OSL = ISL
-    draft_max: Optional[tuple[int, ...]] = None  # None: DRAFT_MAX_SWEEP as the block allows
-    ctx_draft_max: Optional[int] = None   # draft_max of the context sweep (None: block_size - 1)
+    osl: tuple[int, ...] | None = None  # None: OSL = ISL
+    draft_max: tuple[int, ...] | None = None  # None: DRAFT_MAX_SWEEP as the block allows
+    ctx_draft_max: int | None = None   # draft_max of the context sweep (None: block_size - 1)
     repeats: int = 3
     warmup: int = 1
     engines: tuple[str, ...] = ENGINES
-    native: Optional[str] = None          # llama-speculative-simple (None: look for it)
+    native: str | None = None          # llama-speculative-simple (None: look for it)
     threads: int = 0                      # 0: all cores
     bandwidth: bool = True                # measure memory bandwidth for the roofline
     flash_attn: str = "auto"              # every engine alike: "auto" (llama.cpp's default; enabled
                                           # on the CPU), "on" or "off" (llama-cpp-python: on unless "off")
 
     @staticmethod
-    def quick(**changes) -> "BenchConfig":
+    def quick(**changes) -> BenchConfig:
         """Under 5 minutes on 2 cores."""
         return dataclasses.replace(BenchConfig(isl=(64, 256), repeats=2), **changes)
 
@@ -70,7 +70,7 @@ def run(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict:
     with tempfile.TemporaryDirectory(prefix="pydflash-bench-") as td:
         target, draft, source = _models(cfg, Path(td), log)
         osls = cfg.osl or cfg.isl
-        n_ctx = _round_up(max(i + o for i, o in zip(cfg.isl, osls)) + 64, 256)
+        n_ctx = _round_up(max(i + o for i, o in zip(cfg.isl, osls, strict=True)) + 64, 256)
         engines, skipped = _start(cfg, target, draft, n_ctx, threads, log)
         try:
             max_draft = next((e.info["max_draft"] for e in engines if e.name == report.DFLASH), None)
@@ -148,7 +148,7 @@ def _start(cfg, target, draft, n_ctx, threads, log):
 
 def _plan(isls, osls, ctx_dm, sweep) -> list[tuple[int, int, int, bool]]:
     """(isl, osl, draft_max, with_target_only) configurations in run order."""
-    plan = [(i, o, ctx_dm, True) for i, o in zip(isls, osls)]
+    plan = [(i, o, ctx_dm, True) for i, o in zip(isls, osls, strict=True)]
     plan += [(isls[0], osls[0], d, False) for d in sweep if d != ctx_dm]
     return plan
 
@@ -192,14 +192,14 @@ def _measure(engines, plan, prompts, cfg, log) -> list[dict]:
     return out
 
 
-def _roofline(engines, cfg, osls, n_ctx, threads, log) -> Optional[dict]:
+def _roofline(engines, cfg, osls, n_ctx, threads, log) -> dict | None:
     mem = next((e.info.get("memory") for e in engines if e.name == report.TARGET_ONLY), None)
     if not mem:
         return None
     bw = measure_bandwidth(threads)
     log(f"memory bandwidth (copy, {threads} threads): {bw / 1e9:.1f} GB/s")
     limits: dict[str, dict[str, float]] = {}
-    for isl, osl in zip(cfg.isl, osls):
+    for isl, osl in zip(cfg.isl, osls, strict=True):
         per_pass = bytes_per_pass(mem, n_ctx, isl + osl / 2)
         limits[str(isl)] = {report.TARGET_ONLY: bw / per_pass, report.LCP: bw / per_pass}
     return {"bandwidth_bytes_per_s": bw, "target_weight_bytes": sum(r["model"] for r in mem["rows"]

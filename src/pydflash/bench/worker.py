@@ -10,7 +10,8 @@ import argparse
 import json
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..config import FLASH_ATTN
 

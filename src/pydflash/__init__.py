@@ -61,7 +61,7 @@ def backends() -> list[dict[str, Any]]:
     return list(_core.devices())
 
 
-def inspect(path: str) -> dict:
+def inspect(path: str) -> dict[str, object]:
     """A GGUF file's architecture, metadata and tensor names (no weights load)."""
     import os
 

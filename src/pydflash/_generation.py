@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Protocol
 
@@ -72,7 +72,7 @@ class Generation:
     def __iter__(self) -> Iterator[StreamStep]:
         return self._loop()
 
-    def run(self, cancel: Callable[[], bool] | None = None) -> Iterator[StreamStep]:
+    def run(self, cancel: Callable[[], bool] | None = None) -> Generator[StreamStep, None, None]:
         """The steps; ``cancel()`` (when given) is asked after each unfinished
         one, and True stops the generation with ``GenerationInterrupted``."""
         it = self._loop()
@@ -84,14 +84,14 @@ class Generation:
         finally:
             it.close()  # a consumer that stops early ends the generation (and frees the model) now
 
-    def _loop(self) -> Iterator[StreamStep]:
+    def _loop(self) -> Generator[StreamStep, None, None]:
         with self.host.exclusive():
             try:
                 yield from self._decode()
             finally:
                 _logging.flush()
 
-    def _decode(self) -> Iterator[StreamStep]:
+    def _decode(self) -> Generator[StreamStep, None, None]:
         host, cfg = self.host, self.config
         pair = host.pair
         seed = cfg.seed if cfg.seed is not None else host.config.seed

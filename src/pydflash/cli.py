@@ -13,6 +13,7 @@ import textwrap
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from . import _core, backends
 from .config import CACHE_TYPES, FLASH_ATTN, SPLIT_MODES, ModelConfig
@@ -48,7 +49,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                      help="drafter V cache type")
 
 
-def _llama_options(a: argparse.Namespace) -> dict:
+def _llama_options(a: argparse.Namespace) -> dict[str, Any]:
     """Llama's keyword options from _add_common's flags."""
     return dict(n_ctx=a.n_ctx, n_threads=a.threads, verbose=a.verbose, n_gpu_layers=a.n_gpu_layers,
                 draft_n_gpu_layers=a.draft_n_gpu_layers, split_mode=a.split_mode, main_gpu=a.main_gpu,
@@ -175,7 +176,7 @@ def _cmd_generate(a: argparse.Namespace) -> int:
     return 0
 
 
-def _model_summary(m: _core.Model) -> dict:
+def _model_summary(m: _core.Model) -> dict[str, Any]:
     keep = ("general.name", "general.architecture")
     meta = {k: v for k, v in m.metadata.items() if not k.startswith("tokenizer.ggml.") or k in keep}
     return {"path": m.path, "architecture": m.architecture, "description": m.description,
@@ -208,7 +209,7 @@ _ROLLBACK_NOTES = {
 def _cmd_info(a: argparse.Namespace) -> int:
     from . import _logging
     _logging.set_verbose(a.verbose)
-    out: dict = {"backends": backends(), "backend_modules": _core.backend_load_report(),
+    out: dict[str, Any] = {"backends": backends(), "backend_modules": _core.backend_load_report(),
                  "dynamic_backends": _core.dynamic_backends(), "rpc": _core.rpc_available(),
                  "system_info": _core.system_info().strip()}
     target = draft = None
@@ -274,11 +275,11 @@ def _demo_pair(workdir: Path) -> tuple[str, str, str]:
         return t, d, "embedded pair: trained Python-code qwen3 target + DFlash drafter (models/MODEL_CARD.md)"
     except PyDFlashError:
         from . import testing  # the tiny random pair needs gguf + numpy
-        t, d = testing.write_pair(workdir, prefix="demo")
-        return str(t), str(d), "embedded pair missing: tiny random-weight pair (acceptance near zero)"
+        tp, dp = testing.write_pair(workdir, prefix="demo")
+        return str(tp), str(dp), "embedded pair missing: tiny random-weight pair (acceptance near zero)"
 
 
-def _piece(llm: Llama, tokens) -> str:
+def _piece(llm: Llama, tokens: Sequence[int]) -> str:
     return repr(llm.detokenize(list(tokens)))[1:-1]
 
 
@@ -337,7 +338,7 @@ def _ints(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
-def _add_bench(sub) -> None:
+def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from .bench.run import ENGINES
     b = sub.add_parser(
         "bench", help="benchmark pydflash vs llama.cpp's own DFlash loop vs the target alone",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from ._generation import Generation
 from .chat import ChatPrompt, ChatReply, ChatTemplate
@@ -34,6 +34,14 @@ if TYPE_CHECKING:  # for the annotations only: llama imports this module
 __all__ = ["create_chat_completion", "create_completion"]
 
 Stop = str | Sequence[str] | None
+
+
+class _Meta(TypedDict):
+    """What every chunk of one response repeats."""
+
+    id: str
+    created: int
+    model: str
 
 
 def _finish(reason: FinishReason | None) -> FinishReasonOAI | None:
@@ -126,19 +134,21 @@ def create_completion(
         ignore_eos=ignore_eos, draft_max=draft_max, draft_min=draft_min, draft_p_min=draft_p_min,
         cache_prompt=cache_prompt)
     gen = Generation(llm, tokens, cfg)
-    meta = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or llm.model_name}
+    meta: _Meta = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or llm.model_name}
     head = (prompt if isinstance(prompt, str) else llm.detokenize(tokens)) if echo else ""
     if stream:
         return _completion_chunks(gen, cancel, meta, head)
     text = head
     for step in gen.run(cancel):
         text += step.text
-    return {"id": meta["id"], "object": "text_completion", "created": meta["created"], "model": meta["model"],
-            "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": _finish(gen.finish)}],
-            "usage": gen.usage(), "timings": gen.timings()}
+    res: Completion = {
+        "id": meta["id"], "object": "text_completion", "created": meta["created"], "model": meta["model"],
+        "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": _finish(gen.finish)}],
+        "usage": gen.usage(), "timings": gen.timings()}
+    return res
 
 
-def _completion_chunks(gen: Generation, cancel: Callable[[], bool] | None, meta: dict,
+def _completion_chunks(gen: Generation, cancel: Callable[[], bool] | None, meta: _Meta,
                        head: str) -> Iterator[CompletionChunk]:
     def chunk(text: str, finish: FinishReasonOAI | None) -> CompletionChunk:
         return {"id": meta["id"], "object": "text_completion", "created": meta["created"], "model": meta["model"],
@@ -209,7 +219,8 @@ def create_chat_completion(
         ignore_eos=ignore_eos, draft_max=draft_max, draft_min=draft_min, draft_p_min=draft_p_min,
         cache_prompt=cache_prompt)
     gen = Generation(llm, tokens, cfg)
-    meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or llm.model_name}
+    meta: _Meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
+                   "model": model or llm.model_name}
     if stream:
         return _chat_chunks(gen, cancel, cp, meta)
     text = "".join(step.text for step in gen.run(cancel))
@@ -221,9 +232,11 @@ def create_chat_completion(
     if reply.tool_calls:
         msg["tool_calls"] = _tool_calls(reply)
         finish = "tool_calls"
-    return {"id": meta["id"], "object": "chat.completion", "created": meta["created"], "model": meta["model"],
-            "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": finish}],
-            "usage": gen.usage(), "timings": gen.timings()}
+    res: ChatCompletion = {
+        "id": meta["id"], "object": "chat.completion", "created": meta["created"], "model": meta["model"],
+        "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": finish}],
+        "usage": gen.usage(), "timings": gen.timings()}
+    return res
 
 
 def _parse_final(text: str, cp: ChatPrompt) -> ChatReply:
@@ -239,7 +252,7 @@ def _tool_calls(reply: ChatReply) -> list[ChatCompletionToolCall]:
 
 
 def _chat_chunks(gen: Generation, cancel: Callable[[], bool] | None, cp: ChatPrompt,
-                 meta: dict) -> Iterator[ChatCompletionChunk]:
+                 meta: _Meta) -> Iterator[ChatCompletionChunk]:
     def chunk(delta: ChatCompletionChunkDelta, finish: FinishReasonOAI | None = None) -> ChatCompletionChunk:
         return {"id": meta["id"], "object": "chat.completion.chunk", "created": meta["created"],
                 "model": meta["model"], "choices": [{"index": 0, "delta": delta, "logprobs": None,
@@ -249,10 +262,12 @@ def _chat_chunks(gen: Generation, cancel: Callable[[], bool] | None, cp: ChatPro
 
     def deltas(reply: ChatReply) -> ChatCompletionChunkDelta | None:
         d: ChatCompletionChunkDelta = {}
-        for key, now in (("reasoning_content", reply.reasoning_content), ("content", reply.content)):
+        parts: tuple[tuple[Literal["reasoning_content", "content"], str], ...] = (
+            ("reasoning_content", reply.reasoning_content), ("content", reply.content))
+        for key, now in parts:
             before = sent[key]
             if len(now) > len(before) and now.startswith(before):
-                d[key] = now[len(before):]  # type: ignore[literal-required]
+                d[key] = now[len(before):]
                 sent[key] = now
         return d or None
 

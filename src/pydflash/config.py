@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 from collections.abc import Mapping, Sequence
+from typing import Any, SupportsIndex
 
 from . import _core
 
@@ -27,10 +28,9 @@ def int_option(name: str, value: object, minimum: int | None = None, bits: int =
     only for the options this layer owns (the core checks its own)."""
     if isinstance(value, bool):
         raise TypeError(f"{name} must be an int, not bool")
-    try:
-        v = operator.index(value)  # type: ignore[call-overload]  # anything with __index__; TypeError otherwise
-    except TypeError:
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}") from None
+    if not isinstance(value, SupportsIndex):  # int, numpy integers: anything with __index__
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    v = operator.index(value)
     if minimum is not None and v < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {v}")
     if not -(2 ** (bits - 1)) <= v < 2 ** (bits - 1):
@@ -174,11 +174,12 @@ class SamplingConfig:
 
     @classmethod
     def build(cls, *, stop: str | Sequence[str] | None = (), logit_bias: Mapping[int, float] | None = None,
-              verify: str | None = None, **kw: object) -> SamplingConfig:
-        """From the keyword arguments of generate()/stream()."""
+              verify: str | None = None, **kw: Any) -> SamplingConfig:
+        """From the keyword arguments of generate()/stream() (the others are this
+        class's fields, checked when it is built)."""
         bias = tuple(sorted((operator.index(t), float(b)) for t, b in (logit_bias or {}).items()))
         return cls(stop=cls.normalise_stop(stop), logit_bias=bias,
-                   verify=_SAMPLING.verify if verify is None else verify, **kw)  # type: ignore[arg-type]
+                   verify=_SAMPLING.verify if verify is None else verify, **kw)
 
     def core_params(self, seed: int) -> _core.SamplingParams:
         """The core's sampling options, with the seed this run uses."""

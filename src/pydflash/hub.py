@@ -31,7 +31,7 @@ def _hub() -> Any:
 
 
 def resolve(repo_id: str, filename: str, *, revision: str | None = None,
-            cache_dir: os.PathLike | str | None = None, local_files_only: bool = False,
+            cache_dir: os.PathLike[str] | str | None = None, local_files_only: bool = False,
             token: str | None = None) -> Path:
     """The local path of ``filename`` in ``repo_id`` (downloaded when missing).
 
@@ -81,7 +81,7 @@ def _offline() -> bool:
 def from_pretrained(cls: type[L], repo_id: str, filename: str | None = None, *,
                     draft_repo_id: str | None = None, draft_filename: str | None = None,
                     revision: str | None = None, draft_revision: str | None = None,
-                    cache_dir: os.PathLike | str | None = None, local_files_only: bool = False,
+                    cache_dir: os.PathLike[str] | str | None = None, local_files_only: bool = False,
                     token: str | None = None, **kwargs: Any) -> L:
     """``Llama.from_pretrained(repo_id, filename, draft_repo_id=..., draft_filename=...)``.
 

@@ -48,9 +48,9 @@ class Llama:
 
     def __init__(
         self,
-        model_path: str | os.PathLike,
+        model_path: str | os.PathLike[str],
         *,
-        draft: str | os.PathLike | None = None,
+        draft: str | os.PathLike[str] | None = None,
         n_ctx: int = _DEFAULTS.n_ctx,
         n_gpu_layers: int = _DEFAULTS.n_gpu_layers,
         draft_n_gpu_layers: int | None = None,
@@ -76,12 +76,19 @@ class Llama:
         attention and KV cache: ``flash_attn``, ``type_k``/``type_v`` for the target and
         ``draft_type_k``/``draft_type_v`` for the drafter)."""
         self._pair_core: _core.ContextPair | None = None
+        self._target: _core.Model | None = None
+        self._draft: _core.Model | None = None
+        # ModelConfig's field types are the normalised ones: its __post_init__ turns any
+        # sequence of numbers into the tensor_split tuple, "a:1,b:2" into the rpc_servers
+        # tuple and a bool flash_attn into "on"/"off" (and checks them, with typed errors)
         self.config = ModelConfig(
             n_ctx=n_ctx, n_batch=n_batch, n_gpu_layers=n_gpu_layers, draft_n_gpu_layers=draft_n_gpu_layers,
-            main_gpu=main_gpu, split_mode=split_mode, tensor_split=tensor_split,  # type: ignore[arg-type]
-            rpc_servers=rpc_servers, flash_attn=flash_attn, type_k=type_k, type_v=type_v,  # type: ignore[arg-type]
-            draft_type_k=draft_type_k, draft_type_v=draft_type_v, n_threads=n_threads, draft_max=draft_max,
-            seed=seed, rollback=rollback)
+            main_gpu=main_gpu, split_mode=split_mode,
+            tensor_split=tensor_split,  # type: ignore[arg-type]  # normalised by ModelConfig (above)
+            rpc_servers=rpc_servers,  # type: ignore[arg-type]  # normalised by ModelConfig (above)
+            flash_attn=flash_attn,  # type: ignore[arg-type]  # normalised by ModelConfig (above)
+            type_k=type_k, type_v=type_v, draft_type_k=draft_type_k, draft_type_v=draft_type_v,
+            n_threads=n_threads, draft_max=draft_max, seed=seed, rollback=rollback)
         _logging.set_verbose(verbose)
         self._lock = threading.Lock()
         self._owner: int | None = None
@@ -299,7 +306,7 @@ class Llama:
     @classmethod
     def from_pretrained(cls, repo_id: str, filename: str | None = None, *, draft_repo_id: str | None = None,
                         draft_filename: str | None = None, revision: str | None = None,
-                        draft_revision: str | None = None, cache_dir: str | os.PathLike | None = None,
+                        draft_revision: str | None = None, cache_dir: str | os.PathLike[str] | None = None,
                         local_files_only: bool = False, token: str | None = None, **kwargs: Any) -> Llama:
         """Download (or find in the cache) a GGUF target, and optionally a DFlash
         drafter, from the Hugging Face Hub; filenames may be globs. Other keyword

@@ -14,7 +14,7 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -190,7 +190,8 @@ def _handler(srv: Server) -> type:
                 r, _, _ = select.select([self.connection], [], [], 0)
                 if not r:
                     return False
-                return self.connection.recv(1, socket.MSG_PEEK) == b""
+                peek: bytes = self.connection.recv(1, socket.MSG_PEEK)
+                return peek == b""
             except (OSError, ValueError):
                 return True
 
@@ -296,7 +297,7 @@ def _handler(srv: Server) -> type:
                                                                  model=srv.alias, chat_template_kwargs=ctk,
                                                                  cancel=self._client_gone, **kw)
 
-        def _stream(self, chunks: Iterator[dict[str, Any]]) -> None:
+        def _stream(self, chunks: Generator[dict[str, Any], None, None]) -> None:
             """Server-sent events; a failed write (client gone) closes the
             generator, which ends the generation at once."""
             try:
@@ -318,7 +319,7 @@ def _handler(srv: Server) -> type:
                 self.wfile.write(b"data: [DONE]\n\n")
                 self.wfile.flush()
             finally:
-                chunks.close()  # type: ignore[attr-defined]
+                chunks.close()
             if last is not None and "timings" in last:
                 srv.metrics.generation(last["timings"])
 

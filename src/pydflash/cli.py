@@ -66,6 +66,16 @@ def _parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
+    _add_generate(sub)
+    _add_demo(sub)
+    _add_bench(sub)
+    _add_serve(sub)
+    _add_info(sub)
+    _add_rpc_server(sub)
+    return ap
+
+
+def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g = sub.add_parser("generate", help="generate text from a prompt and print speculative stats",
                        description="Generate from PROMPT with TARGET (and a DFlash DRAFT), print the "
                                    "text and the decoding stats.")
@@ -87,6 +97,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print the result as JSON")
     _add_common(g)
 
+
+def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     d = sub.add_parser("demo", help="DFlash vs the target alone on a built-in pair, no arguments needed",
                        description="Run the embedded trained pair (a Python-code target and its DFlash "
                                    "drafter) with DFlash and with the target alone on a few code prompts; "
@@ -101,8 +113,8 @@ def _parser() -> argparse.ArgumentParser:
                         "which is what DFlash speeds up); 0 = the small target as is (default: %(default)s)")
     _add_common(d)
 
-    _add_bench(sub)
 
+def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server with speculative /metrics",
                        description="Serve one target + DFlash drafter pair over HTTP, OpenAI-compatible: "
                                    "POST /v1/completions and /v1/chat/completions (stream: server-sent events), "
@@ -122,6 +134,8 @@ def _parser() -> argparse.ArgumentParser:
                         "(default: the GGUF's own template, ChatML if it has none)")
     _add_common(s)
 
+
+def _add_info(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     i = sub.add_parser("info", help="backends, model metadata, and whether a drafter fits a target",
                        description="Print the compute backends; with -m and/or -d, each file's metadata "
                                    "(with -m, also how rejected draft tokens are rolled back on that target: "
@@ -132,6 +146,8 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true", help="print JSON")
     i.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
 
+
+def _add_rpc_server(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     r = sub.add_parser("rpc-server", help="serve this machine's CPU to other pydflash / llama.cpp processes (RPC)",
                        description="Run ggml's RPC server (as llama.cpp's rpc-server) on this machine's CPU "
                                    "backend: a Llama(..., rpc_servers=['HOST:PORT'], n_gpu_layers=-1) elsewhere "
@@ -141,7 +157,6 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("-p", "--port", type=int, default=50052, help="(default: %(default)s)")
     r.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (default: all cores)")
     r.add_argument("-c", "--cache-dir", default="", help="keep received tensors here to load faster next time")
-    return ap
 
 
 def _stats_line(res: GenerationResult) -> str:

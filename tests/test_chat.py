@@ -175,6 +175,39 @@ def test_cancel_stops_between_steps(dflash_b8):
     assert len(dflash_b8.generate("y", max_tokens=4, ignore_eos=True).tokens) == 4  # still usable
 
 
+def test_draft_controls_reach_completions(dflash_b8, baseline, chat_llm):
+    # a block shorter than draft_min is dropped (no draft at all with 100); draft_p_min=1
+    # cuts a block at the first token the drafter is not certain of (the random drafter
+    # is very peaked: some blocks survive, fewer tokens are drafted; on the chat prompt it
+    # is certain throughout, so there chat takes draft_min's effect and the bad values of
+    # test_bad_draft_controls_in_completions); the text stays the target's own
+    want = baseline.generate("x = 1", max_tokens=16, ignore_eos=True).text
+    kw = dict(max_tokens=16, temperature=0.0, ignore_eos=True)
+    full = dflash_b8.create_completion("x = 1", **kw)["timings"]["draft_n"]
+    res = dflash_b8.create_completion("x = 1", draft_min=100, **kw)
+    assert res["choices"][0]["text"] == want and res["timings"]["draft_n"] == 0 < full
+    res = dflash_b8.create_completion("x = 1", draft_p_min=1.0, **kw)
+    assert res["choices"][0]["text"] == want and res["timings"]["draft_n"] < full
+    full_chat = chat_llm.create_chat_completion(MSGS, **GREEDY)
+    cut = chat_llm.create_chat_completion(MSGS, draft_min=100, **GREEDY)
+    assert cut["choices"][0]["message"] == full_chat["choices"][0]["message"]
+    assert cut["timings"]["draft_n"] == 0 < full_chat["timings"]["draft_n"]
+
+
+@pytest.mark.parametrize("control, exc", [
+    ({"draft_p_min": 1.5}, ValueError),
+    ({"draft_p_min": "high"}, TypeError),
+    ({"draft_min": -1}, ValueError),
+    ({"draft_min": 2.5}, TypeError),
+])
+def test_bad_draft_controls_in_completions(chat_llm, control, exc):
+    name = next(iter(control))
+    with pytest.raises(exc, match=name):
+        chat_llm.create_completion("x", max_tokens=2, **control)
+    with pytest.raises(exc, match=name):
+        chat_llm.create_chat_completion(MSGS, max_tokens=2, **control)
+
+
 @pytest.mark.parametrize("src, words", [
     ("{% if %}", "does not parse"),
     ("{{ raise_exception('no system messages here') }}", "no system messages here"),

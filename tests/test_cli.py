@@ -47,6 +47,23 @@ def test_generate_json(target_path, model_dir, baseline):
     assert data["stats"]["n_steps"] >= 1
 
 
+def test_generate_draft_controls(target_path, model_dir, baseline, dflash_b8):
+    # --draft-min 100 drops every block; --draft-p-min 1 cuts blocks where the (very
+    # peaked) random drafter is not certain: fewer tokens drafted than without it
+    want = baseline.generate("x = 1", max_tokens=12, ignore_eos=True).tokens
+    full = dflash_b8.generate("x = 1", max_tokens=12, ignore_eos=True).stats.n_drafted
+    common = ("generate", "-m", str(target_path), "-d", str(model_dir / "drafter-b8.gguf"), "-p", "x = 1",
+              "-n", "12", "--ignore-eos", "--json", "--n-ctx", "256")
+    drafted = {}
+    for flag, value in (("--draft-min", "100"), ("--draft-p-min", "1")):
+        data = json.loads(run(*common, flag, value).stdout)
+        assert data["tokens"] == want, flag
+        drafted[flag] = data["stats"]["n_drafted"]
+    assert drafted["--draft-min"] == 0 and drafted["--draft-p-min"] < full
+    bad = run(*common, "--draft-p-min", "1.5", check=False)
+    assert bad.returncode == 2 and "draft_p_min" in bad.stderr and "Traceback" not in bad.stderr
+
+
 def test_generate_bad_file_is_a_clean_error(tmp_path):
     proc = run("generate", "-m", str(tmp_path / "missing.gguf"), "-p", "x", check=False)
     assert proc.returncode == 2

@@ -280,6 +280,30 @@ def test_bad_requests_are_400(server, client):
                                      extra_body={"ignore_eos": True}).usage.completion_tokens == 2
 
 
+def test_draft_controls_are_request_fields(client):
+    # draft_min / draft_p_min reach the generation: draft_min=100 drops every block,
+    # draft_p_min=1 cuts blocks where the (very peaked) random drafter is not certain
+    # (on "x = 1"; it is certain throughout the chat prompt); a bad value is a 400 naming the field
+    def draft_n(chat=False, **extra):
+        extra = {"ignore_eos": True, **extra}
+        if chat:
+            res = client.chat.completions.create(model="tiny-pair", messages=MSGS, max_tokens=16, temperature=0,
+                                                 extra_body=extra)
+        else:
+            res = client.completions.create(model="tiny-pair", prompt="x = 1", max_tokens=16, temperature=0,
+                                            extra_body=extra)
+        return res.to_dict()["timings"]["draft_n"]
+
+    full = draft_n()
+    assert draft_n(draft_min=100) == 0 < full
+    assert draft_n(draft_p_min=1) < full
+    assert draft_n(chat=True, draft_min=100) == 0 < draft_n(chat=True)
+    with pytest.raises(openai.BadRequestError, match="draft_p_min"):
+        draft_n(draft_p_min=1.5)
+    with pytest.raises(openai.BadRequestError, match="draft_min"):
+        draft_n(draft_min="many")
+
+
 def test_serve_help():
     out = subprocess.run([sys.executable, "-m", "pydflash", "serve", "--help"], capture_output=True, text=True,
                          timeout=60).stdout

@@ -1,15 +1,30 @@
-"""The checked-in _core.pyi names exactly what the compiled module has."""
+"""The checked-in _core.pyi names exactly what the compiled module has, and
+each function and method there has the compiled one's signature.
+
+pybind11 writes a function's signature as the first line of its __doc__
+("step(self: ContextPair, draft_max: int = -1, ...) -> StepResult"). A
+signature here is the parameters in order: name, kind (*args, **kwargs) and
+default. Defaults are compared where they are printable literals; a default
+that is an object (pybind11 prints its repr, e.g. ``PairParams(...)``) must be
+``...`` in the stub. Annotations are not compared (pybind11 spells C++ types
+its own way). Properties and classes are compared by name."""
 
 from __future__ import annotations
 
 import ast
 import inspect
+import re
 from pathlib import Path
+
+import pytest
 
 import pydflash
 from pydflash import _core
 
 STUB = Path(pydflash.__file__).with_name("_core.pyi")
+NOT_PRINTABLE = "<object>"
+
+Signature = list[tuple[str, str | None]]  # (name with * or ** for var args, default or None)
 
 
 def stub_names() -> dict[str, set[str]]:
@@ -36,12 +51,103 @@ def module_names() -> dict[str, set[str]]:
     return names
 
 
+def _default(node: ast.expr | None) -> str | None:
+    if node is None:
+        return None
+    try:
+        value = ast.literal_eval(node)
+    except ValueError:
+        return NOT_PRINTABLE
+    return NOT_PRINTABLE if value is Ellipsis else repr(value)
+
+
+def signature_of(fn: ast.FunctionDef) -> Signature:
+    a = fn.args
+    positional = a.posonlyargs + a.args
+    defaults: list[ast.expr | None] = [None] * (len(positional) - len(a.defaults)) + list(a.defaults)
+    sig = [(p.arg, _default(d)) for p, d in zip(positional, defaults, strict=True)]
+    if a.vararg:
+        sig.append(("*" + a.vararg.arg, None))
+    sig += [(p.arg, _default(d)) for p, d in zip(a.kwonlyargs, a.kw_defaults, strict=True)]
+    if a.kwarg:
+        sig.append(("**" + a.kwarg.arg, None))
+    return sig
+
+
+def parse_pybind_signature(doc: str, name: str) -> Signature:
+    """The signature pybind11 wrote as ``doc``'s first line."""
+    first = (doc or "").splitlines()[0] if doc else ""
+    if not first.startswith(name + "("):
+        raise AssertionError(f"{name}: no pybind11 signature in its docstring: {first!r}")
+    if "Overloaded function" in doc:
+        raise AssertionError(f"{name} is overloaded: compare each overload (this test does not yet)")
+    text = re.sub(r"=\s*<[^<>]*>", "= ...", first)  # a repr like <X object at 0x...>
+    tree = ast.parse(f"def {text}: ...")
+    fn = tree.body[0]
+    assert isinstance(fn, ast.FunctionDef)
+    return signature_of(fn)
+
+
+def stub_functions() -> dict[str, ast.FunctionDef]:
+    """'name' and 'Class.name' of every function in the stub that is not a property."""
+    out: dict[str, ast.FunctionDef] = {}
+    tree = ast.parse(STUB.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            out[node.name] = node
+        elif isinstance(node, ast.ClassDef):
+            for m in node.body:
+                if isinstance(m, ast.FunctionDef) and not any(
+                        isinstance(d, ast.Name) and d.id == "property" for d in m.decorator_list):
+                    out[f"{node.name}.{m.name}"] = m
+    return out
+
+
+def runtime_doc(qualname: str) -> str:
+    obj = _core
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj.__doc__ or ""
+
+
 def test_stub_matches_module():
     stub, mod = stub_names(), module_names()
     assert stub[""] == mod[""]
     for cls in mod:
         if cls:
             assert stub[cls] - {"__init__"} == mod[cls], cls
+
+
+def test_pybind_signature_parser():
+    # the parser this test relies on: order, defaults (printable or not), var args
+    doc = ("step(self: pydflash._core.ContextPair, draft_max: typing.SupportsInt = -1, tag: str = 'x', "
+           "params: pydflash._core.P = P(a=1), obj: object = <pydflash._core.X object at 0x7f00>, "
+           "*args, **kwargs) -> None\n\nDoes a step.")
+    assert parse_pybind_signature(doc, "step") == [
+        ("self", None), ("draft_max", "-1"), ("tag", "'x'"), ("params", NOT_PRINTABLE), ("obj", NOT_PRINTABLE),
+        ("*args", None), ("**kwargs", None)]
+    stub = ast.parse("def step(self, draft_max: int = -1, tag: str = 'x', params: P = ..., obj: object = ..., "
+                     "*args: int, **kwargs: object) -> None: ...").body[0]
+    assert isinstance(stub, ast.FunctionDef)
+    assert signature_of(stub) == parse_pybind_signature(doc, "step")
+    swapped = ast.parse("def step(self, tag: str = 'x', draft_max: int = -1, params: P = ..., obj: object = ..., "
+                        "*args: int, **kwargs: object) -> None: ...").body[0]
+    assert isinstance(swapped, ast.FunctionDef)
+    assert signature_of(swapped) != parse_pybind_signature(doc, "step")
+
+
+@pytest.mark.parametrize("qualname", sorted(stub_functions()))
+def test_stub_signature_matches_module(qualname):
+    want = parse_pybind_signature(runtime_doc(qualname), qualname.rsplit(".", 1)[-1])
+    assert signature_of(stub_functions()[qualname]) == want
+
+
+def test_every_bound_constructor_is_in_the_stub():
+    bound = [n for n in module_names() if inspect.isclass(obj := getattr(_core, n, None))
+             and (obj.__init__.__doc__ or "").startswith("__init__(")]
+    assert bound  # the check sees pybind11's constructors at all
+    missing = [n for n in bound if f"{n}.__init__" not in stub_functions()]
+    assert not missing, missing
 
 
 def test_package_is_typed():

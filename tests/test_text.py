@@ -57,7 +57,7 @@ class Reference:
 
 
 def drive(asm, tokens, steps):
-    """Feed tokens in steps of the given sizes like _Run does; the events."""
+    """Feed tokens in steps of the given sizes like _generation.Generation does; the events."""
     events, kept, i = [], None, 0
     stops = asm.stop_strings if isinstance(asm, TextAssembler) else asm.stop
     for n in steps:

@@ -10,11 +10,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _core
-from . import _backends  # noqa: F401  (before any use of _core: loads ggml's backends in the CUDA build)
+# _backends before any use of _core: it loads ggml's backends in the CUDA build
+from . import _backends, _core  # noqa: F401  (_backends is imported for that effect only)
 from .embedded import embedded_pair
-from .errors import (ChatTemplateError, ContextLimitError, DecodeError, DraftCompatibilityError, GenerationInterrupted,
-                     ModelLoadError, PyDFlashError, RollbackError)
+from .errors import (
+    ChatTemplateError,
+    ContextLimitError,
+    DecodeError,
+    DraftCompatibilityError,
+    GenerationInterrupted,
+    ModelLoadError,
+    PyDFlashError,
+    RollbackError,
+)
 from .llama import Llama
 from .pair import ContextPair
 from .results import GenerationResult, GenerationStats, MemoryReport, MemoryRow, StepResult, StreamStep
@@ -22,26 +30,26 @@ from .results import GenerationResult, GenerationStats, MemoryReport, MemoryRow,
 __version__: str = _core.__version__
 
 __all__ = [
-    "Llama",
+    "ChatTemplateError",
+    "ContextLimitError",
     "ContextPair",
+    "DecodeError",
+    "DraftCompatibilityError",
+    "GenerationInterrupted",
     "GenerationResult",
     "GenerationStats",
+    "Llama",
     "MemoryReport",
     "MemoryRow",
+    "ModelLoadError",
+    "PyDFlashError",
+    "RollbackError",
     "StepResult",
     "StreamStep",
-    "PyDFlashError",
-    "ModelLoadError",
-    "DraftCompatibilityError",
-    "ContextLimitError",
-    "DecodeError",
-    "RollbackError",
-    "GenerationInterrupted",
-    "ChatTemplateError",
+    "__version__",
     "backends",
     "embedded_pair",
     "inspect",
-    "__version__",
 ]
 
 
@@ -53,7 +61,7 @@ def backends() -> list[dict[str, Any]]:
     return list(_core.devices())
 
 
-def inspect(path: str) -> dict:
+def inspect(path: str) -> dict[str, object]:
     """A GGUF file's architecture, metadata and tensor names (no weights load)."""
     import os
 

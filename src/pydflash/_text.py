@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import codecs
 from bisect import bisect_right
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 
 class TextAssembler:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from . import _core
 
@@ -54,7 +55,7 @@ class ChatTemplate:
     llama.cpp built-in name (see ``builtin_templates()``) or jinja source overrides it.
     A template that does not parse raises ``ChatTemplateError``."""
 
-    def __init__(self, model: Optional[_core.Model], source: Optional[str] = None, *,
+    def __init__(self, model: _core.Model | None, source: str | None = None, *,
                  bos_token: str = "", eos_token: str = ""):
         if source is not None and not isinstance(source, str):
             raise TypeError(f"chat template must be str, not {type(source).__name__}")
@@ -75,7 +76,7 @@ class ChatTemplate:
         return self._t.supports_thinking
 
     def apply(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
-              enable_thinking: bool = True, tools: Optional[Sequence[Mapping[str, Any]]] = None,
+              enable_thinking: bool = True, tools: Sequence[Mapping[str, Any]] | None = None,
               **template_kwargs: Any) -> ChatPrompt:
         """Render ``messages`` (OpenAI-style dicts) into a prompt."""
         _check_messages(messages)
@@ -86,14 +87,14 @@ class ChatTemplate:
         except (TypeError, ValueError) as e:
             raise TypeError(f"messages, tools and template arguments must be JSON-serialisable: {e}") from None
         d = self._t.apply(mj, add_generation_prompt, enable_thinking, tj, kj)
-        stops = list(d["additional_stops"])  # type: ignore[call-overload]
+        stops = _strs(d["additional_stops"])
         if self._fallback and _CHATML_END not in stops:
             stops.append(_CHATML_END)
         return ChatPrompt(prompt=str(d["prompt"]), stop=tuple(stops), generation_prompt=str(d["generation_prompt"]),
                           format=str(d["format"]), supports_thinking=bool(d["supports_thinking"]),
                           thinking_start_tag=str(d["thinking_start_tag"]),
-                          thinking_end_tags=tuple(d["thinking_end_tags"]),  # type: ignore[call-overload]
-                          format_id=int(d["format_id"]), parser=str(d["parser"]))  # type: ignore[call-overload]
+                          thinking_end_tags=tuple(_strs(d["thinking_end_tags"])),
+                          format_id=_int(d["format_id"]), parser=str(d["parser"]))
 
     @staticmethod
     def parse(text: str, prompt: ChatPrompt, *, extract_reasoning: bool = True, partial: bool = False) -> ChatReply:
@@ -103,8 +104,30 @@ class ChatTemplate:
             return ChatReply(text, "", ())
         d = _core.ChatTemplate.parse(text, prompt.format_id, prompt.generation_prompt, prompt.parser,
                                      extract_reasoning, partial)
-        return ChatReply(str(d["content"]), str(d["reasoning_content"]),
-                         tuple(tuple(c) for c in d["tool_calls"]))  # type: ignore[attr-defined, misc]
+        calls = d["tool_calls"]
+        if not isinstance(calls, (list, tuple)):
+            raise TypeError(f"the core's tool_calls must be a list, not {type(calls).__name__}")
+        return ChatReply(str(d["content"]), str(d["reasoning_content"]), tuple(_tool_call(c) for c in calls))
+
+
+# The core returns dicts of plain values (str, int, lists): these read them with
+# the type they must have (a TypeError would be a binding bug).
+
+def _strs(value: object) -> list[str]:
+    if not isinstance(value, (list, tuple)) or not all(isinstance(s, str) for s in value):
+        raise TypeError(f"expected a list of str from the core, got {value!r}")
+    return list(value)
+
+
+def _int(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an int from the core, got {value!r}")
+    return value
+
+
+def _tool_call(value: object) -> tuple[str, str, str]:
+    name, arguments, call_id = _strs(value)  # (name, arguments JSON, id)
+    return name, arguments, call_id
 
 
 def _check_messages(messages: Any) -> None:

@@ -11,8 +11,9 @@ import sys
 import tempfile
 import textwrap
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any
 
 from . import _core, backends
 from .config import CACHE_TYPES, FLASH_ATTN, SPLIT_MODES, ModelConfig
@@ -42,11 +43,13 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     dev.add_argument("-ctk", "--cache-type-k", choices=CACHE_TYPES, default=d.type_k, help="target K cache type")
     dev.add_argument("-ctv", "--cache-type-v", choices=CACHE_TYPES, default=d.type_v,
                      help="target V cache type (quantized needs flash attention)")
-    dev.add_argument("-ctkd", "--cache-type-k-draft", choices=CACHE_TYPES, default=d.draft_type_k, help="drafter K cache type")
-    dev.add_argument("-ctvd", "--cache-type-v-draft", choices=CACHE_TYPES, default=d.draft_type_v, help="drafter V cache type")
+    dev.add_argument("-ctkd", "--cache-type-k-draft", choices=CACHE_TYPES, default=d.draft_type_k,
+                     help="drafter K cache type")
+    dev.add_argument("-ctvd", "--cache-type-v-draft", choices=CACHE_TYPES, default=d.draft_type_v,
+                     help="drafter V cache type")
 
 
-def _llama_options(a: argparse.Namespace) -> dict:
+def _llama_options(a: argparse.Namespace) -> dict[str, Any]:
     """Llama's keyword options from _add_common's flags."""
     return dict(n_ctx=a.n_ctx, n_threads=a.threads, verbose=a.verbose, n_gpu_layers=a.n_gpu_layers,
                 draft_n_gpu_layers=a.draft_n_gpu_layers, split_mode=a.split_mode, main_gpu=a.main_gpu,
@@ -63,6 +66,16 @@ def _parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
+    _add_generate(sub)
+    _add_demo(sub)
+    _add_bench(sub)
+    _add_serve(sub)
+    _add_info(sub)
+    _add_rpc_server(sub)
+    return ap
+
+
+def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g = sub.add_parser("generate", help="generate text from a prompt and print speculative stats",
                        description="Generate from PROMPT with TARGET (and a DFlash DRAFT), print the "
                                    "text and the decoding stats.")
@@ -71,6 +84,10 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("-p", "--prompt", required=True, help="prompt text")
     g.add_argument("-n", "--max-tokens", type=int, default=128, help="tokens to generate (default: %(default)s)")
     g.add_argument("--draft-max", type=int, default=None, help="draft tokens per step (default: block size - 1)")
+    g.add_argument("--draft-min", type=int, default=0,
+                   help="drop a draft shorter than this; decode that step with the target alone (default: %(default)s)")
+    g.add_argument("--draft-p-min", type=float, default=0.0,
+                   help="cut the draft where the drafter's confidence falls below this, 0..1 (default: %(default)s)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--top-p", type=float, default=1.0)
@@ -80,6 +97,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print the result as JSON")
     _add_common(g)
 
+
+def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     d = sub.add_parser("demo", help="DFlash vs the target alone on a built-in pair, no arguments needed",
                        description="Run the embedded trained pair (a Python-code target and its DFlash "
                                    "drafter) with DFlash and with the target alone on a few code prompts; "
@@ -94,8 +113,8 @@ def _parser() -> argparse.ArgumentParser:
                         "which is what DFlash speeds up); 0 = the small target as is (default: %(default)s)")
     _add_common(d)
 
-    _add_bench(sub)
 
+def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server with speculative /metrics",
                        description="Serve one target + DFlash drafter pair over HTTP, OpenAI-compatible: "
                                    "POST /v1/completions and /v1/chat/completions (stream: server-sent events), "
@@ -115,6 +134,8 @@ def _parser() -> argparse.ArgumentParser:
                         "(default: the GGUF's own template, ChatML if it has none)")
     _add_common(s)
 
+
+def _add_info(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     i = sub.add_parser("info", help="backends, model metadata, and whether a drafter fits a target",
                        description="Print the compute backends; with -m and/or -d, each file's metadata "
                                    "(with -m, also how rejected draft tokens are rolled back on that target: "
@@ -125,6 +146,8 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true", help="print JSON")
     i.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
 
+
+def _add_rpc_server(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     r = sub.add_parser("rpc-server", help="serve this machine's CPU to other pydflash / llama.cpp processes (RPC)",
                        description="Run ggml's RPC server (as llama.cpp's rpc-server) on this machine's CPU "
                                    "backend: a Llama(..., rpc_servers=['HOST:PORT'], n_gpu_layers=-1) elsewhere "
@@ -134,7 +157,6 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("-p", "--port", type=int, default=50052, help="(default: %(default)s)")
     r.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (default: all cores)")
     r.add_argument("-c", "--cache-dir", default="", help="keep received tensors here to load faster next time")
-    return ap
 
 
 def _stats_line(res: GenerationResult) -> str:
@@ -148,7 +170,7 @@ def _stats_line(res: GenerationResult) -> str:
 def _cmd_generate(a: argparse.Namespace) -> int:
     with Llama(a.model, draft=a.draft, draft_max=a.draft_max, seed=a.seed, **_llama_options(a)) as llm:
         kw = dict(max_tokens=a.max_tokens, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p,
-                  seed=a.seed, ignore_eos=a.ignore_eos)
+                  seed=a.seed, ignore_eos=a.ignore_eos, draft_min=a.draft_min, draft_p_min=a.draft_p_min)
         if a.stream and not a.json:
             for step in llm.stream(a.prompt, **kw):
                 sys.stdout.write(step.text)
@@ -169,7 +191,7 @@ def _cmd_generate(a: argparse.Namespace) -> int:
     return 0
 
 
-def _model_summary(m: _core.Model) -> dict:
+def _model_summary(m: _core.Model) -> dict[str, Any]:
     keep = ("general.name", "general.architecture")
     meta = {k: v for k, v in m.metadata.items() if not k.startswith("tokenizer.ggml.") or k in keep}
     return {"path": m.path, "architecture": m.architecture, "description": m.description,
@@ -202,7 +224,7 @@ _ROLLBACK_NOTES = {
 def _cmd_info(a: argparse.Namespace) -> int:
     from . import _logging
     _logging.set_verbose(a.verbose)
-    out: dict = {"backends": backends(), "backend_modules": _core.backend_load_report(),
+    out: dict[str, Any] = {"backends": backends(), "backend_modules": _core.backend_load_report(),
                  "dynamic_backends": _core.dynamic_backends(), "rpc": _core.rpc_available(),
                  "system_info": _core.system_info().strip()}
     target = draft = None
@@ -268,11 +290,11 @@ def _demo_pair(workdir: Path) -> tuple[str, str, str]:
         return t, d, "embedded pair: trained Python-code qwen3 target + DFlash drafter (models/MODEL_CARD.md)"
     except PyDFlashError:
         from . import testing  # the tiny random pair needs gguf + numpy
-        t, d = testing.write_pair(workdir, prefix="demo")
-        return str(t), str(d), "embedded pair missing: tiny random-weight pair (acceptance near zero)"
+        tp, dp = testing.write_pair(workdir, prefix="demo")
+        return str(tp), str(dp), "embedded pair missing: tiny random-weight pair (acceptance near zero)"
 
 
-def _piece(llm: Llama, tokens) -> str:
+def _piece(llm: Llama, tokens: Sequence[int]) -> str:
     return repr(llm.detokenize(list(tokens)))[1:-1]
 
 
@@ -331,12 +353,13 @@ def _ints(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
-def _add_bench(sub) -> None:
+def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from .bench.run import ENGINES
     b = sub.add_parser(
         "bench", help="benchmark pydflash vs llama.cpp's own DFlash loop vs the target alone",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=textwrap.fill("Measure, in one run with engines alternating run by run: pydflash target-only, pydflash "
+        description=textwrap.fill(
+                    "Measure, in one run with engines alternating run by run: pydflash target-only, pydflash "
                     "DFlash, llama.cpp's native DFlash loop (llama-speculative-simple, built from the vendored "
                     "tree with tools/build_native.py) and llama-cpp-python (if installed). Greedy, one request at "
                     "a time, EOS ignored so every request generates exactly OSL tokens; an ISL = OSL sweep at one "
@@ -452,7 +475,7 @@ def _cmd_rpc_server(a: argparse.Namespace) -> int:
     return 1  # the server stopped by itself: it could not bind or start (see its message above)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     a = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if getattr(a, "verbose", False) else logging.WARNING,
                         format="%(name)s: %(message)s")

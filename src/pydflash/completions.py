@@ -1,31 +1,50 @@
 """``create_completion`` / ``create_chat_completion``: OpenAI-shaped results
-(see ``openai_types``) on top of ``Llama``'s generation loop, as in
-llama-cpp-python, plus llama-server's ``timings`` with DFlash's draft counts."""
+(see ``openai_types``) on top of the generation loop (``_generation``), as in
+llama-cpp-python, plus llama-server's ``timings`` with DFlash's draft counts.
+
+This module does not import ``llama`` (``Llama`` imports it and delegates
+here); it uses ``Llama``'s public members only."""
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Sequence, Union
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
+from ._generation import Generation
 from .chat import ChatPrompt, ChatReply, ChatTemplate
 from .config import SamplingConfig
-from .errors import ChatTemplateError, GenerationInterrupted
-from .openai_types import (ChatCompletion, ChatCompletionChunk, ChatCompletionChunkDelta, ChatCompletionMessage,
-                           ChatCompletionToolCall, Completion, CompletionChunk, CompletionUsage, FinishReasonOAI,
-                           Timings)
-from .results import FinishReason, StreamStep
+from .errors import ChatTemplateError
+from .openai_types import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionChunkDelta,
+    ChatCompletionMessage,
+    ChatCompletionToolCall,
+    Completion,
+    CompletionChunk,
+    FinishReasonOAI,
+)
+from .results import FinishReason
 
-if TYPE_CHECKING:
-    from .llama import Llama, _Run
+if TYPE_CHECKING:  # for the annotations only: llama imports this module
+    from .llama import Llama
 
-__all__ = ["create_completion", "create_chat_completion"]
+__all__ = ["create_chat_completion", "create_completion"]
 
-Stop = Union[str, Sequence[str], None]
+Stop = str | Sequence[str] | None
 
 
-def _finish(reason: Optional[FinishReason]) -> Optional[FinishReasonOAI]:
+class _Meta(TypedDict):
+    """What every chunk of one response repeats."""
+
+    id: str
+    created: int
+    model: str
+
+
+def _finish(reason: FinishReason | None) -> FinishReasonOAI | None:
     if reason is None:
         return None
     return "length" if reason == "length" else "stop"
@@ -47,7 +66,7 @@ def _stops(stop: Stop, extra: Sequence[str] = ()) -> list[str]:
     return out
 
 
-def _logit_bias(bias: Optional[Mapping[Any, float]]) -> Optional[dict[int, float]]:
+def _logit_bias(bias: Mapping[Any, float] | None) -> dict[int, float] | None:
     if not bias:
         return None
     out: dict[int, float] = {}
@@ -59,67 +78,11 @@ def _logit_bias(bias: Optional[Mapping[Any, float]]) -> Optional[dict[int, float
     return out
 
 
-def model_name(llm: "Llama") -> str:
-    return os.path.basename(llm._model().path)
-
-
-class _Generation:
-    """One generation with the numbers a response reports."""
-
-    def __init__(self, llm: "Llama", prompt_tokens: list[int], max_tokens: Optional[int],
-                 cancel: Optional[Callable[[], bool]] = None, **sampling: Any):
-        from .llama import _Run
-
-        self.cancel = cancel
-        if max_tokens is None or max_tokens <= 0:
-            max_tokens = max(1, llm.n_ctx - len(prompt_tokens))
-        cfg = SamplingConfig.build(max_tokens=max_tokens, **sampling)
-        self.run: _Run = _Run(llm, prompt_tokens, cfg)
-
-    def steps(self) -> Iterator[StreamStep]:
-        """The run's steps; ``cancel()`` (when given) is asked after each one."""
-        it = iter(self.run)
-        try:
-            for step in it:
-                yield step
-                if self.cancel is not None and step.finish_reason is None and self.cancel():
-                    raise GenerationInterrupted("the generation was cancelled")
-        finally:
-            it.close()  # a consumer that stops early ends the generation (and frees the model) now
-
-    def usage(self) -> CompletionUsage:
-        n_prompt, n_gen = len(self.run.prompt), len(self.run.tokens)
-        return {"prompt_tokens": n_prompt, "completion_tokens": n_gen, "total_tokens": n_prompt + n_gen}
-
-    def timings(self) -> Timings:
-        """llama-server's: prompt_n counts the prompt tokens evaluated, cache_n
-        those taken from the prompt cache."""
-        r = self.run
-        n_p, n_g = len(r.prompt) - r.n_cached, len(r.tokens)
-        p_ms, g_ms = r.prefill_s * 1e3, r.decode_s * 1e3
-        return {
-            "cache_n": r.n_cached,
-            "prompt_n": n_p, "prompt_ms": p_ms,
-            "prompt_per_token_ms": p_ms / n_p if n_p else 0.0,
-            "prompt_per_second": n_p / r.prefill_s if r.prefill_s > 0 else 0.0,
-            "predicted_n": n_g, "predicted_ms": g_ms,
-            "predicted_per_token_ms": g_ms / n_g if n_g else 0.0,
-            "predicted_per_second": n_g / r.decode_s if r.decode_s > 0 else 0.0,
-            "draft_n": sum(s.n_drafted for s in r.steps),
-            "draft_n_accepted": sum(s.n_accepted for s in r.steps),
-            "n_steps": len(r.steps),
-            "accepted_lengths": [s.n_accepted for s in r.steps],
-        }
-
-
-def _sampling(temperature: float, top_p: float, top_k: int, min_p: float, seed: Optional[int], stop: list[str],
-              frequency_penalty: float, presence_penalty: float, repeat_penalty: float,
-              logit_bias: Optional[Mapping[Any, float]], ignore_eos: bool, draft_max: Optional[int],
-              cache_prompt: bool) -> dict:
-    return dict(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed, stop=stop,
-                frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-                repeat_penalty=repeat_penalty, logit_bias=_logit_bias(logit_bias), ignore_eos=ignore_eos,
-                draft_max=draft_max, cache_prompt=cache_prompt)
+def _fill(max_tokens: int | None, n_ctx: int, n_prompt: int) -> int:
+    """``max_tokens`` None or <= 0: what the context has left after the prompt."""
+    if max_tokens is None or max_tokens <= 0:
+        return max(1, n_ctx - n_prompt)
+    return max_tokens
 
 
 def _unsupported(**kw: Any) -> None:
@@ -132,10 +95,10 @@ def _unsupported(**kw: Any) -> None:
 
 
 def create_completion(
-    llm: "Llama",
-    prompt: Union[str, Sequence[int]],
-    suffix: Optional[str] = None,
-    max_tokens: Optional[int] = 16,
+    llm: Llama,
+    prompt: str | Sequence[int],
+    suffix: str | None = None,
+    max_tokens: int | None = 16,
     temperature: float = 0.8,
     top_p: float = 0.95,
     min_p: float = 0.05,
@@ -146,49 +109,59 @@ def create_completion(
     repeat_penalty: float = 1.0,
     top_k: int = 40,
     stream: bool = False,
-    seed: Optional[int] = None,
-    logit_bias: Optional[Mapping[Any, float]] = None,
-    model: Optional[str] = None,
-    logprobs: Optional[int] = None,
+    seed: int | None = None,
+    logit_bias: Mapping[Any, float] | None = None,
+    model: str | None = None,
+    logprobs: int | None = None,
     *,
     ignore_eos: bool = False,
-    draft_max: Optional[int] = None,
+    draft_max: int | None = None,
+    draft_min: int = 0,
+    draft_p_min: float = 0.0,
     cache_prompt: bool = True,
-    cancel: Optional[Callable[[], bool]] = None,
-) -> Union[Completion, Iterator[CompletionChunk]]:
+    cancel: Callable[[], bool] | None = None,
+) -> Completion | Iterator[CompletionChunk]:
     """An OpenAI-style text completion of ``prompt`` (text or token ids).
     Defaults as in llama-cpp-python; ``max_tokens=None`` fills the context.
+    ``draft_max``/``draft_min``/``draft_p_min``: as ``Llama.generate``'s.
     ``cancel``: asked after every step; True stops with ``GenerationInterrupted``."""
     _unsupported(suffix=suffix, logprobs=logprobs)
-    tokens = llm._prompt_tokens(prompt)
-    gen = _Generation(llm, tokens, max_tokens, cancel, **_sampling(
-        temperature, top_p, top_k, min_p, seed, _stops(stop), frequency_penalty, presence_penalty,
-        repeat_penalty, logit_bias, ignore_eos, draft_max, cache_prompt))
-    meta = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or model_name(llm)}
+    tokens = llm.prompt_tokens(prompt)
+    cfg = SamplingConfig.build(
+        max_tokens=_fill(max_tokens, llm.n_ctx, len(tokens)), temperature=temperature, top_p=top_p, top_k=top_k,
+        min_p=min_p, seed=seed, stop=_stops(stop), frequency_penalty=frequency_penalty,
+        presence_penalty=presence_penalty, repeat_penalty=repeat_penalty, logit_bias=_logit_bias(logit_bias),
+        ignore_eos=ignore_eos, draft_max=draft_max, draft_min=draft_min, draft_p_min=draft_p_min,
+        cache_prompt=cache_prompt)
+    gen = Generation(llm, tokens, cfg)
+    meta: _Meta = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or llm.model_name}
     head = (prompt if isinstance(prompt, str) else llm.detokenize(tokens)) if echo else ""
     if stream:
-        return _completion_chunks(gen, meta, head)
+        return _completion_chunks(gen, cancel, meta, head)
     text = head
-    for step in gen.steps():
+    for step in gen.run(cancel):
         text += step.text
-    return {"id": meta["id"], "object": "text_completion", "created": meta["created"], "model": meta["model"],
-            "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": _finish(gen.run.finish)}],
-            "usage": gen.usage(), "timings": gen.timings()}
+    res: Completion = {
+        "id": meta["id"], "object": "text_completion", "created": meta["created"], "model": meta["model"],
+        "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": _finish(gen.finish)}],
+        "usage": gen.usage(), "timings": gen.timings()}
+    return res
 
 
-def _completion_chunks(gen: _Generation, meta: dict, head: str) -> Iterator[CompletionChunk]:
-    def chunk(text: str, finish: Optional[FinishReasonOAI]) -> CompletionChunk:
+def _completion_chunks(gen: Generation, cancel: Callable[[], bool] | None, meta: _Meta,
+                       head: str) -> Iterator[CompletionChunk]:
+    def chunk(text: str, finish: FinishReasonOAI | None) -> CompletionChunk:
         return {"id": meta["id"], "object": "text_completion", "created": meta["created"], "model": meta["model"],
                 "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
 
-    it = gen.steps()
+    it = gen.run(cancel)
     try:
         if head:
             yield chunk(head, None)
         for step in it:
             if step.text:
                 yield chunk(step.text, None)
-        last = chunk("", _finish(gen.run.finish))
+        last = chunk("", _finish(gen.finish))
         last["usage"] = gen.usage()
         last["timings"] = gen.timings()
         yield last
@@ -199,69 +172,71 @@ def _completion_chunks(gen: _Generation, meta: dict, head: str) -> Iterator[Comp
 # -- chat -----------------------------------------------------------------------
 
 
-def chat_template(llm: "Llama") -> ChatTemplate:
-    t = llm._chat_template
-    if t is None:
-        t = ChatTemplate(llm._model(), llm._chat_template_source)
-        llm._chat_template = t
-    return t
-
-
 def create_chat_completion(
-    llm: "Llama",
+    llm: Llama,
     messages: Sequence[Mapping[str, Any]],
-    tools: Optional[Sequence[Mapping[str, Any]]] = None,
-    max_tokens: Optional[int] = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    max_tokens: int | None = None,
     temperature: float = 0.2,
     top_p: float = 0.95,
     top_k: int = 40,
     min_p: float = 0.05,
     stop: Stop = None,
-    seed: Optional[int] = None,
+    seed: int | None = None,
     stream: bool = False,
     frequency_penalty: float = 0.0,
     presence_penalty: float = 0.0,
     repeat_penalty: float = 1.0,
-    logit_bias: Optional[Mapping[Any, float]] = None,
-    model: Optional[str] = None,
-    logprobs: Optional[bool] = None,
+    logit_bias: Mapping[Any, float] | None = None,
+    model: str | None = None,
+    logprobs: bool | None = None,
     *,
     enable_thinking: bool = True,
-    chat_template_kwargs: Optional[Mapping[str, Any]] = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
     ignore_eos: bool = False,
-    draft_max: Optional[int] = None,
+    draft_max: int | None = None,
+    draft_min: int = 0,
+    draft_p_min: float = 0.0,
     cache_prompt: bool = True,
-    cancel: Optional[Callable[[], bool]] = None,
-) -> Union[ChatCompletion, Iterator[ChatCompletionChunk]]:
+    cancel: Callable[[], bool] | None = None,
+) -> ChatCompletion | Iterator[ChatCompletionChunk]:
     """An OpenAI-style chat completion: ``messages`` go through the model's chat
     template (or the ``chat_template`` given to ``Llama``). ``enable_thinking=False``
     turns reasoning off where the template has the switch; reasoning the model
-    writes comes back in ``message["reasoning_content"]``."""
+    writes comes back in ``message["reasoning_content"]``. Other options as
+    ``create_completion``'s."""
     _unsupported(logprobs=logprobs)
     kwargs = dict(chat_template_kwargs or {})
     if "enable_thinking" in kwargs:
         enable_thinking = bool(kwargs.pop("enable_thinking"))
-    cp = chat_template(llm).apply(messages, add_generation_prompt=True, enable_thinking=enable_thinking,
+    cp = llm.chat_template.apply(messages, add_generation_prompt=True, enable_thinking=enable_thinking,
                                   tools=tools, **kwargs)
-    tokens = llm._prompt_tokens(cp.prompt)
-    gen = _Generation(llm, tokens, max_tokens, cancel, **_sampling(
-        temperature, top_p, top_k, min_p, seed, _stops(stop, cp.stop), frequency_penalty, presence_penalty,
-        repeat_penalty, logit_bias, ignore_eos, draft_max, cache_prompt))
-    meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or model_name(llm)}
+    tokens = llm.prompt_tokens(cp.prompt)
+    cfg = SamplingConfig.build(
+        max_tokens=_fill(max_tokens, llm.n_ctx, len(tokens)), temperature=temperature, top_p=top_p, top_k=top_k,
+        min_p=min_p, seed=seed, stop=_stops(stop, cp.stop), frequency_penalty=frequency_penalty,
+        presence_penalty=presence_penalty, repeat_penalty=repeat_penalty, logit_bias=_logit_bias(logit_bias),
+        ignore_eos=ignore_eos, draft_max=draft_max, draft_min=draft_min, draft_p_min=draft_p_min,
+        cache_prompt=cache_prompt)
+    gen = Generation(llm, tokens, cfg)
+    meta: _Meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
+                   "model": model or llm.model_name}
     if stream:
-        return _chat_chunks(gen, cp, meta)
-    text = "".join(step.text for step in gen.steps())
+        return _chat_chunks(gen, cancel, cp, meta)
+    text = "".join(step.text for step in gen.run(cancel))
     reply = _parse_final(text, cp)
     msg: ChatCompletionMessage = {"role": "assistant", "content": reply.content}
     if reply.reasoning_content:
         msg["reasoning_content"] = reply.reasoning_content
-    finish = _finish(gen.run.finish)
+    finish = _finish(gen.finish)
     if reply.tool_calls:
         msg["tool_calls"] = _tool_calls(reply)
         finish = "tool_calls"
-    return {"id": meta["id"], "object": "chat.completion", "created": meta["created"], "model": meta["model"],
-            "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": finish}],
-            "usage": gen.usage(), "timings": gen.timings()}
+    res: ChatCompletion = {
+        "id": meta["id"], "object": "chat.completion", "created": meta["created"], "model": meta["model"],
+        "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": finish}],
+        "usage": gen.usage(), "timings": gen.timings()}
+    return res
 
 
 def _parse_final(text: str, cp: ChatPrompt) -> ChatReply:
@@ -276,24 +251,27 @@ def _tool_calls(reply: ChatReply) -> list[ChatCompletionToolCall]:
              "function": {"name": name, "arguments": args}} for name, args, cid in reply.tool_calls]
 
 
-def _chat_chunks(gen: _Generation, cp: ChatPrompt, meta: dict) -> Iterator[ChatCompletionChunk]:
-    def chunk(delta: ChatCompletionChunkDelta, finish: Optional[FinishReasonOAI] = None) -> ChatCompletionChunk:
+def _chat_chunks(gen: Generation, cancel: Callable[[], bool] | None, cp: ChatPrompt,
+                 meta: _Meta) -> Iterator[ChatCompletionChunk]:
+    def chunk(delta: ChatCompletionChunkDelta, finish: FinishReasonOAI | None = None) -> ChatCompletionChunk:
         return {"id": meta["id"], "object": "chat.completion.chunk", "created": meta["created"],
                 "model": meta["model"], "choices": [{"index": 0, "delta": delta, "logprobs": None,
                                                      "finish_reason": finish}]}
 
     sent = {"content": "", "reasoning_content": ""}
 
-    def deltas(reply: ChatReply) -> Optional[ChatCompletionChunkDelta]:
+    def deltas(reply: ChatReply) -> ChatCompletionChunkDelta | None:
         d: ChatCompletionChunkDelta = {}
-        for key, now in (("reasoning_content", reply.reasoning_content), ("content", reply.content)):
+        parts: tuple[tuple[Literal["reasoning_content", "content"], str], ...] = (
+            ("reasoning_content", reply.reasoning_content), ("content", reply.content))
+        for key, now in parts:
             before = sent[key]
             if len(now) > len(before) and now.startswith(before):
-                d[key] = now[len(before):]  # type: ignore[literal-required]
+                d[key] = now[len(before):]
                 sent[key] = now
         return d or None
 
-    it = gen.steps()
+    it = gen.run(cancel)
     text = ""
     started = False
     try:
@@ -316,7 +294,7 @@ def _chat_chunks(gen: _Generation, cp: ChatPrompt, meta: dict) -> Iterator[ChatC
                 yield chunk(d)
         if not started:
             yield chunk({"role": "assistant", "content": ""})
-        finish = _finish(gen.run.finish)
+        finish = _finish(gen.finish)
         if cp.needs_parse:
             reply = _parse_final(text, cp)
             d = deltas(reply)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from typing import Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, SupportsIndex
 
 from . import _core
-
 
 # The core owns every option's choices, defaults and value rules; this module
 # only converts Python values (types, None/bool conveniences) and asks the core.
@@ -23,15 +23,14 @@ _MODEL = _core.ModelParams()
 _SAMPLING = _core.SamplingParams()
 
 
-def _int(name: str, value: object, minimum: Optional[int] = None, bits: int = 32) -> int:
+def int_option(name: str, value: object, minimum: int | None = None, bits: int = 32) -> int:
     """An int (not a bool) that fits the core's field (`bits` wide); `minimum`
     only for the options this layer owns (the core checks its own)."""
     if isinstance(value, bool):
         raise TypeError(f"{name} must be an int, not bool")
-    try:
-        v = operator.index(value)  # type: ignore[call-overload]  # anything with __index__; TypeError otherwise
-    except TypeError:
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}") from None
+    if not isinstance(value, SupportsIndex):  # int, numpy integers: anything with __index__
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    v = operator.index(value)
     if minimum is not None and v < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {v}")
     if not -(2 ** (bits - 1)) <= v < 2 ** (bits - 1):
@@ -39,13 +38,15 @@ def _int(name: str, value: object, minimum: Optional[int] = None, bits: int = 32
     return v
 
 
-def _float(name: str, value: object) -> float:
+def float_option(name: str, value: object) -> float:
+    """A number (not a bool) as a float; TypeError otherwise."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number, not {type(value).__name__}")
     return float(value)
 
 
-def _str(name: str, value: object) -> str:
+def str_option(name: str, value: object) -> str:
+    """``value`` when it is a str; TypeError otherwise."""
     if not isinstance(value, str):
         raise TypeError(f"{name} must be a str, not {type(value).__name__}")
     return value
@@ -60,7 +61,7 @@ class ModelConfig:
     n_ctx: int = _PAIR.n_ctx
     n_batch: int = _PAIR.n_batch
     n_gpu_layers: int = _MODEL.n_gpu_layers   # target layers to offload; -1: all
-    draft_n_gpu_layers: Optional[int] = None  # the drafter's; None: as n_gpu_layers
+    draft_n_gpu_layers: int | None = None  # the drafter's; None: as n_gpu_layers
     main_gpu: int = _MODEL.main_gpu           # the device used with split_mode "none"
     split_mode: str = _MODEL.split_mode       # across several GPUs: "none", "layer" or "row"
     tensor_split: tuple[float, ...] = ()      # share of the model per device; (): by free memory
@@ -70,23 +71,24 @@ class ModelConfig:
     type_v: str = _PAIR.type_v
     draft_type_k: str = _PAIR.draft_type_k    # the drafter's
     draft_type_v: str = _PAIR.draft_type_v
-    n_threads: Optional[int] = None           # None: all hardware threads
-    draft_max: Optional[int] = None           # None: the drafter's block size - 1
+    n_threads: int | None = None           # None: all hardware threads
+    draft_max: int | None = None           # None: the drafter's block size - 1
     seed: int = 0
     rollback: str = _PAIR.rollback
 
     def __post_init__(self) -> None:
         for name in ("n_ctx", "n_batch", "n_gpu_layers", "main_gpu"):
-            _int(name, getattr(self, name))
+            int_option(name, getattr(self, name))
         for name in ("draft_n_gpu_layers", "n_threads"):
             if getattr(self, name) is not None:
-                _int(name, getattr(self, name))
+                int_option(name, getattr(self, name))
         if self.draft_max is not None:
-            _int("draft_max", self.draft_max, 0)  # None is the default, not -1
-        _int("seed", self.seed, bits=64)
+            int_option("draft_max", self.draft_max, 0)  # None is the default, not -1
+        int_option("seed", self.seed, bits=64)
         if isinstance(self.tensor_split, (str, bytes)) or not isinstance(self.tensor_split, Sequence):
             raise TypeError(f"tensor_split must be a sequence of numbers, not {type(self.tensor_split).__name__}")
-        object.__setattr__(self, "tensor_split", tuple(_float("tensor_split entry", x) for x in self.tensor_split))
+        split = tuple(float_option("tensor_split entry", x) for x in self.tensor_split)
+        object.__setattr__(self, "tensor_split", split)
         rpc = self.rpc_servers
         if isinstance(rpc, str):  # llama.cpp's --rpc takes "a:1,b:2"
             rpc = tuple(x for x in rpc.split(",") if x)
@@ -97,7 +99,7 @@ class ModelConfig:
         if isinstance(self.flash_attn, bool):
             object.__setattr__(self, "flash_attn", "on" if self.flash_attn else "off")
         for name in ("split_mode", "flash_attn", "type_k", "type_v", "draft_type_k", "draft_type_v", "rollback"):
-            _str(name, getattr(self, name))
+            str_option(name, getattr(self, name))
         # the core's rules, before any weights load
         self.pair_params().validate()
         self.model_params("target").validate()
@@ -137,33 +139,33 @@ class SamplingConfig:
     presence_penalty: float = _SAMPLING.presence_penalty
     penalty_last_n: int = _SAMPLING.penalty_last_n
     logit_bias: tuple[tuple[int, float], ...] = ()
-    seed: Optional[int] = None
+    seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     verify: str = _SAMPLING.verify  # at temperature > 0: "rejection" (speculative sampling) or "match"
-    draft_max: Optional[int] = None
+    draft_max: int | None = None
     draft_min: int = 0
     draft_p_min: float = 0.0
     cache_prompt: bool = True  # keep the prefix the caches already hold (llama-server's cache_prompt)
 
     def __post_init__(self) -> None:
-        _int("max_tokens", self.max_tokens, 0)
+        int_option("max_tokens", self.max_tokens, 0)
         if not isinstance(self.cache_prompt, bool):
             raise TypeError(f"cache_prompt must be a bool, not {type(self.cache_prompt).__name__}")
         for name in ("top_k", "penalty_last_n", "draft_min"):
-            _int(name, getattr(self, name))
+            int_option(name, getattr(self, name))
         for name in ("temperature", "top_p", "min_p", "repeat_penalty", "frequency_penalty", "presence_penalty",
                      "draft_p_min"):
-            _float(name, getattr(self, name))
+            float_option(name, getattr(self, name))
         if self.seed is not None:
-            _int("seed", self.seed, bits=64)
+            int_option("seed", self.seed, bits=64)
         if self.draft_max is not None:
-            _int("draft_max", self.draft_max, 0)  # None is the default, not -1
+            int_option("draft_max", self.draft_max, 0)  # None is the default, not -1
         for tok, bias in self.logit_bias:
-            _int("logit_bias token", tok)
+            int_option("logit_bias token", tok)
             if isinstance(bias, bool) or not isinstance(bias, (int, float)):
                 raise TypeError(f"logit_bias values must be numbers, got {bias!r}")
-        _str("verify", self.verify)
+        str_option("verify", self.verify)
         for s in self.stop:
             if not isinstance(s, str):
                 raise TypeError(f"stop strings must be str, got {type(s).__name__}")
@@ -171,12 +173,13 @@ class SamplingConfig:
         self.draft_control().validate()
 
     @classmethod
-    def build(cls, *, stop: str | Sequence[str] | None = (), logit_bias: Optional[Mapping[int, float]] = None,
-              verify: Optional[str] = None, **kw: object) -> "SamplingConfig":
-        """From the keyword arguments of generate()/stream()."""
+    def build(cls, *, stop: str | Sequence[str] | None = (), logit_bias: Mapping[int, float] | None = None,
+              verify: str | None = None, **kw: Any) -> SamplingConfig:
+        """From the keyword arguments of generate()/stream() (the others are this
+        class's fields, checked when it is built)."""
         bias = tuple(sorted((operator.index(t), float(b)) for t, b in (logit_bias or {}).items()))
         return cls(stop=cls.normalise_stop(stop), logit_bias=bias,
-                   verify=_SAMPLING.verify if verify is None else verify, **kw)  # type: ignore[arg-type]
+                   verify=_SAMPLING.verify if verify is None else verify, **kw)
 
     def core_params(self, seed: int) -> _core.SamplingParams:
         """The core's sampling options, with the seed this run uses."""

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 __all__ = [
-    "PyDFlashError",
-    "ModelLoadError",
-    "DraftCompatibilityError",
+    "ChatTemplateError",
     "ContextLimitError",
     "DecodeError",
-    "RollbackError",
+    "DraftCompatibilityError",
     "GenerationInterrupted",
-    "ChatTemplateError",
+    "ModelLoadError",
+    "PyDFlashError",
+    "RollbackError",
 ]
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import fnmatch
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Type, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import ModelLoadError
 
@@ -24,15 +24,15 @@ _GLOB_CHARS = set("*?[")
 def _hub() -> Any:
     try:
         import huggingface_hub
-        import huggingface_hub.errors  # noqa: F401
+        import huggingface_hub.errors
     except ImportError:  # pragma: no cover - an optional dependency
         raise ImportError("Llama.from_pretrained needs huggingface_hub: pip install 'pydflash[hub]'") from None
     return huggingface_hub
 
 
-def resolve(repo_id: str, filename: str, *, revision: Optional[str] = None,
-            cache_dir: Optional[os.PathLike | str] = None, local_files_only: bool = False,
-            token: Optional[str] = None) -> Path:
+def resolve(repo_id: str, filename: str, *, revision: str | None = None,
+            cache_dir: os.PathLike[str] | str | None = None, local_files_only: bool = False,
+            token: str | None = None) -> Path:
     """The local path of ``filename`` in ``repo_id`` (downloaded when missing).
 
     ``filename`` may be a glob (``"*Q4_K_M.gguf"``); it must match exactly one
@@ -78,11 +78,11 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
 
 
-def from_pretrained(cls: Type[L], repo_id: str, filename: Optional[str] = None, *,
-                    draft_repo_id: Optional[str] = None, draft_filename: Optional[str] = None,
-                    revision: Optional[str] = None, draft_revision: Optional[str] = None,
-                    cache_dir: Optional[os.PathLike | str] = None, local_files_only: bool = False,
-                    token: Optional[str] = None, **kwargs: Any) -> L:
+def from_pretrained(cls: type[L], repo_id: str, filename: str | None = None, *,
+                    draft_repo_id: str | None = None, draft_filename: str | None = None,
+                    revision: str | None = None, draft_revision: str | None = None,
+                    cache_dir: os.PathLike[str] | str | None = None, local_files_only: bool = False,
+                    token: str | None = None, **kwargs: Any) -> L:
     """``Llama.from_pretrained(repo_id, filename, draft_repo_id=..., draft_filename=...)``.
 
     ``filename`` / ``draft_filename`` may be globs. The drafter comes from
@@ -95,7 +95,7 @@ def from_pretrained(cls: Type[L], repo_id: str, filename: Optional[str] = None, 
         raise TypeError("from_pretrained takes draft_repo_id / draft_filename, not draft=")
     target = resolve(repo_id, filename, revision=revision, cache_dir=cache_dir,
                      local_files_only=local_files_only, token=token)
-    draft: Optional[Path] = None
+    draft: Path | None = None
     if draft_repo_id is not None or draft_filename is not None:
         draft = resolve(draft_repo_id or repo_id, draft_filename or "*.gguf",
                         revision=draft_revision if draft_repo_id else (draft_revision or revision),

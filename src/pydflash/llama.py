@@ -3,26 +3,26 @@ process."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-import random
 import threading
-import time
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Sequence, Union
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from . import _core, _logging
-from ._text import TextAssembler
+from ._generation import Generation, Prompt
+from .chat import ChatTemplate
+from .completions import create_chat_completion, create_completion
 from .config import ModelConfig, SamplingConfig
 from .errors import PyDFlashError
 from .pair import ContextPair
-from .results import FinishReason, GenerationResult, GenerationStats, MemoryReport, MemoryRow, StreamStep
+from .results import GenerationResult, MemoryReport, MemoryRow, StreamStep
 
 if TYPE_CHECKING:
-    from .chat import ChatPrompt, ChatTemplate
+    from .chat import ChatPrompt
     from .openai_types import ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk
 
-__all__ = ["Llama"]
-
-Prompt = Union[str, Sequence[int]]
+__all__ = ["Llama", "Prompt"]
 _DEFAULTS = ModelConfig()  # the core's defaults, shown in help(Llama)
 
 
@@ -48,45 +48,52 @@ class Llama:
 
     def __init__(
         self,
-        model_path: Union[str, os.PathLike],
+        model_path: str | os.PathLike[str],
         *,
-        draft: Optional[Union[str, os.PathLike]] = None,
+        draft: str | os.PathLike[str] | None = None,
         n_ctx: int = _DEFAULTS.n_ctx,
         n_gpu_layers: int = _DEFAULTS.n_gpu_layers,
-        draft_n_gpu_layers: Optional[int] = None,
+        draft_n_gpu_layers: int | None = None,
         main_gpu: int = _DEFAULTS.main_gpu,
         split_mode: str = _DEFAULTS.split_mode,
         tensor_split: Sequence[float] = (),
-        rpc_servers: Union[str, Sequence[str]] = (),
-        flash_attn: Union[bool, str] = _DEFAULTS.flash_attn,
+        rpc_servers: str | Sequence[str] = (),
+        flash_attn: bool | str = _DEFAULTS.flash_attn,
         type_k: str = _DEFAULTS.type_k,
         type_v: str = _DEFAULTS.type_v,
         draft_type_k: str = _DEFAULTS.draft_type_k,
         draft_type_v: str = _DEFAULTS.draft_type_v,
-        n_threads: Optional[int] = None,
-        draft_max: Optional[int] = None,
+        n_threads: int | None = None,
+        draft_max: int | None = None,
         seed: int = _DEFAULTS.seed,
         n_batch: int = _DEFAULTS.n_batch,
         rollback: str = _DEFAULTS.rollback,
         verbose: bool = False,
-        chat_template: Optional[str] = None,
+        chat_template: str | None = None,
     ):
         """Options: see ``ModelConfig`` (devices: ``n_gpu_layers``/``draft_n_gpu_layers``
         (-1 = all), ``main_gpu``, ``split_mode``, ``tensor_split``, ``rpc_servers``;
         attention and KV cache: ``flash_attn``, ``type_k``/``type_v`` for the target and
         ``draft_type_k``/``draft_type_v`` for the drafter)."""
-        self._pair_core: Optional[_core.ContextPair] = None
+        self._pair_core: _core.ContextPair | None = None
+        self._target: _core.Model | None = None
+        self._draft: _core.Model | None = None
+        # ModelConfig's field types are the normalised ones: its __post_init__ turns any
+        # sequence of numbers into the tensor_split tuple, "a:1,b:2" into the rpc_servers
+        # tuple and a bool flash_attn into "on"/"off" (and checks them, with typed errors)
         self.config = ModelConfig(
             n_ctx=n_ctx, n_batch=n_batch, n_gpu_layers=n_gpu_layers, draft_n_gpu_layers=draft_n_gpu_layers,
-            main_gpu=main_gpu, split_mode=split_mode, tensor_split=tensor_split,  # type: ignore[arg-type]
-            rpc_servers=rpc_servers, flash_attn=flash_attn, type_k=type_k, type_v=type_v,  # type: ignore[arg-type]
-            draft_type_k=draft_type_k, draft_type_v=draft_type_v, n_threads=n_threads, draft_max=draft_max,
-            seed=seed, rollback=rollback)
+            main_gpu=main_gpu, split_mode=split_mode,
+            tensor_split=tensor_split,  # type: ignore[arg-type]  # normalised by ModelConfig (above)
+            rpc_servers=rpc_servers,  # type: ignore[arg-type]  # normalised by ModelConfig (above)
+            flash_attn=flash_attn,  # type: ignore[arg-type]  # normalised by ModelConfig (above)
+            type_k=type_k, type_v=type_v, draft_type_k=draft_type_k, draft_type_v=draft_type_v,
+            n_threads=n_threads, draft_max=draft_max, seed=seed, rollback=rollback)
         _logging.set_verbose(verbose)
         self._lock = threading.Lock()
-        self._owner: Optional[int] = None
+        self._owner: int | None = None
         self._chat_template_source = chat_template  # None: the GGUF's own (ChatML if none)
-        self._chat_template: Optional["ChatTemplate"] = None
+        self._chat_template: ChatTemplate | None = None
         cfg = self.config
         try:
             self._target = _core.Model.load(os.fspath(model_path), cfg.model_params("target"), "target")
@@ -113,7 +120,7 @@ class Llama:
         if self._pair_core is not None:
             self._pair_core.interrupt()
 
-    def __enter__(self) -> "Llama":
+    def __enter__(self) -> Llama:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -129,6 +136,22 @@ class Llama:
         return self._target
 
     # -- model facts ---------------------------------------------------------
+
+    @property
+    def core_model(self) -> _core.Model:
+        """The target's loaded ``_core.Model`` (vocabulary, ``token_to_piece``,
+        ``is_eog``, metadata). PyDFlashError when this object is closed."""
+        return self._model()
+
+    @property
+    def model_path(self) -> str:
+        """The target GGUF's path, as loaded."""
+        return self._model().path
+
+    @property
+    def model_name(self) -> str:
+        """The target GGUF's file name: the default model id of completions and the server."""
+        return os.path.basename(self.model_path)
 
     @property
     def pair(self) -> ContextPair:
@@ -171,7 +194,7 @@ class Llama:
 
     # -- vocabulary ----------------------------------------------------------
 
-    def tokenize(self, text: Union[str, bytes], *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+    def tokenize(self, text: str | bytes, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
         """Token ids of ``text``; BOS is added where the vocabulary asks for it."""
         if isinstance(text, bytes):
             text = text.decode("utf-8")
@@ -194,8 +217,8 @@ class Llama:
         temperature: float = 0.0,
         top_k: int = 0,
         top_p: float = 1.0,
-        seed: Optional[int] = None,
-        stop: Union[str, Sequence[str], None] = (),
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = (),
         ignore_eos: bool = False,
         *,
         min_p: float = 0.0,
@@ -203,9 +226,9 @@ class Llama:
         frequency_penalty: float = 0.0,
         presence_penalty: float = 0.0,
         penalty_last_n: int = 64,
-        logit_bias: Optional[Mapping[int, float]] = None,
-        verify: Optional[str] = None,
-        draft_max: Optional[int] = None,
+        logit_bias: Mapping[int, float] | None = None,
+        verify: str | None = None,
+        draft_max: int | None = None,
         draft_min: int = 0,
         draft_p_min: float = 0.0,
         cache_prompt: bool = True,
@@ -234,10 +257,10 @@ class Llama:
             penalty_last_n=penalty_last_n, logit_bias=logit_bias, seed=seed, stop=stop, ignore_eos=ignore_eos,
             verify=verify, draft_max=draft_max, draft_min=draft_min, draft_p_min=draft_p_min,
             cache_prompt=cache_prompt)
-        run = _Run(self, prompt, cfg)
-        for _ in run:
+        gen = Generation(self, prompt, cfg)
+        for _ in gen:
             pass
-        return run.result()
+        return gen.result()
 
     def stream(
         self,
@@ -246,8 +269,8 @@ class Llama:
         temperature: float = 0.0,
         top_k: int = 0,
         top_p: float = 1.0,
-        seed: Optional[int] = None,
-        stop: Union[str, Sequence[str], None] = (),
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = (),
         ignore_eos: bool = False,
         *,
         min_p: float = 0.0,
@@ -255,9 +278,9 @@ class Llama:
         frequency_penalty: float = 0.0,
         presence_penalty: float = 0.0,
         penalty_last_n: int = 64,
-        logit_bias: Optional[Mapping[int, float]] = None,
-        verify: Optional[str] = None,
-        draft_max: Optional[int] = None,
+        logit_bias: Mapping[int, float] | None = None,
+        verify: str | None = None,
+        draft_max: int | None = None,
         draft_min: int = 0,
         draft_p_min: float = 0.0,
         cache_prompt: bool = True,
@@ -270,7 +293,7 @@ class Llama:
             penalty_last_n=penalty_last_n, logit_bias=logit_bias, seed=seed, stop=stop, ignore_eos=ignore_eos,
             verify=verify, draft_max=draft_max, draft_min=draft_min, draft_p_min=draft_p_min,
             cache_prompt=cache_prompt)
-        return iter(_Run(self, prompt, cfg))
+        return iter(Generation(self, prompt, cfg))
 
     def __repr__(self) -> str:
         if self.closed:
@@ -281,10 +304,10 @@ class Llama:
     # -- OpenAI-style API (pydflash.completions) --------------------------------
 
     @classmethod
-    def from_pretrained(cls, repo_id: str, filename: Optional[str] = None, *, draft_repo_id: Optional[str] = None,
-                        draft_filename: Optional[str] = None, revision: Optional[str] = None,
-                        draft_revision: Optional[str] = None, cache_dir: Optional[Union[str, os.PathLike]] = None,
-                        local_files_only: bool = False, token: Optional[str] = None, **kwargs: Any) -> "Llama":
+    def from_pretrained(cls, repo_id: str, filename: str | None = None, *, draft_repo_id: str | None = None,
+                        draft_filename: str | None = None, revision: str | None = None,
+                        draft_revision: str | None = None, cache_dir: str | os.PathLike[str] | None = None,
+                        local_files_only: bool = False, token: str | None = None, **kwargs: Any) -> Llama:
         """Download (or find in the cache) a GGUF target, and optionally a DFlash
         drafter, from the Hugging Face Hub; filenames may be globs. Other keyword
         arguments go to ``Llama(...)``. See ``pydflash.hub.from_pretrained``."""
@@ -295,50 +318,60 @@ class Llama:
                                local_files_only=local_files_only, token=token, **kwargs)
 
     def create_completion(self, prompt: Prompt, *args: Any,
-                          **kwargs: Any) -> Union["Completion", Iterator["CompletionChunk"]]:
+                          **kwargs: Any) -> Completion | Iterator[CompletionChunk]:
         """OpenAI-style text completion (``stream=True``: chunks); options and
         defaults as llama-cpp-python's. See ``pydflash.completions.create_completion``."""
-        from .completions import create_completion
-
         return create_completion(self, prompt, *args, **kwargs)
 
     def __call__(self, prompt: Prompt, *args: Any,
-                 **kwargs: Any) -> Union["Completion", Iterator["CompletionChunk"]]:
+                 **kwargs: Any) -> Completion | Iterator[CompletionChunk]:
         """Same as ``create_completion``."""
         return self.create_completion(prompt, *args, **kwargs)
 
     def create_chat_completion(self, messages: Sequence[Mapping[str, Any]], *args: Any,
-                               **kwargs: Any) -> Union["ChatCompletion", Iterator["ChatCompletionChunk"]]:
+                               **kwargs: Any) -> ChatCompletion | Iterator[ChatCompletionChunk]:
         """OpenAI-style chat completion through the model's chat template.
         See ``pydflash.completions.create_chat_completion``."""
-        from .completions import create_chat_completion
-
         return create_chat_completion(self, messages, *args, **kwargs)
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
-                            enable_thinking: bool = True, tools: Optional[Sequence[Mapping[str, Any]]] = None,
-                            **template_kwargs: Any) -> "ChatPrompt":
+                            enable_thinking: bool = True, tools: Sequence[Mapping[str, Any]] | None = None,
+                            **template_kwargs: Any) -> ChatPrompt:
         """The prompt the chat template makes of ``messages`` (nothing is generated)."""
-        from .completions import chat_template
-
-        return chat_template(self).apply(messages, add_generation_prompt=add_generation_prompt,
+        return self.chat_template.apply(messages, add_generation_prompt=add_generation_prompt,
                                          enable_thinking=enable_thinking, tools=tools, **template_kwargs)
 
-    # -- internals used by _Run ----------------------------------------------
+    @property
+    def chat_template(self) -> ChatTemplate:
+        """The chat template in use (the ``chat_template`` given, else the GGUF's
+        own, else ChatML), parsed once on first use."""
+        t = self._chat_template
+        if t is None:
+            t = ChatTemplate(self._model(), self._chat_template_source)
+            self._chat_template = t
+        return t
 
-    def _acquire(self) -> None:
+    # -- what a Generation needs (pydflash._generation.GenerationHost) ----------
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold this object for one generation: other threads wait; the same
+        thread generating twice at once (an open stream) is a PyDFlashError."""
         me = threading.get_ident()
         if self._owner == me:
             raise PyDFlashError("this thread is already generating with this Llama object "
                                 "(finish or close the open stream first)")
         self._lock.acquire()
         self._owner = me
+        try:
+            yield
+        finally:
+            self._owner = None
+            self._lock.release()
 
-    def _release(self) -> None:
-        self._owner = None
-        self._lock.release()
-
-    def _prompt_tokens(self, prompt: Prompt) -> list[int]:
+    def prompt_tokens(self, prompt: Prompt) -> list[int]:
+        """The token ids a generation starts from: text is tokenized (an empty
+        text becomes BOS), a list of ids is checked against the vocabulary."""
         model = self._model()
         if isinstance(prompt, (str, bytes)):
             tokens = self.tokenize(prompt)
@@ -351,104 +384,6 @@ class Llama:
         if not tokens:
             raise ValueError("prompt token list is empty")
         return tokens
-
-
-class _Run:
-    """One generation: the loop shared by generate() and stream()."""
-
-    def __init__(self, llm: Llama, prompt: Prompt, cfg: SamplingConfig):
-        self.llm = llm
-        self.cfg = cfg
-        self.prompt = llm._prompt_tokens(prompt)
-        model = llm._model()
-        llm.pair.check_draft(cfg)  # before any work: draft_max within the block
-        self.model = model
-        self.text = TextAssembler(lambda t: model.token_to_piece(t, False), cfg.stop)
-        self.tokens: list[int] = []
-        self.n_released = 0  # tokens already handed to a stream consumer
-        self.steps: list[_core.StepResult] = []
-        self.finish: Optional[FinishReason] = None
-        self.prefill_s = 0.0
-        self.decode_s = 0.0
-        self.n_cached = 0  # prompt tokens taken from the prompt cache
-
-    def __iter__(self) -> Iterator[StreamStep]:
-        llm, cfg = self.llm, self.cfg
-        llm._acquire()
-        try:
-            core = llm._pair_core
-            assert core is not None
-            seed = cfg.seed if cfg.seed is not None else llm.config.seed
-            if seed < 0:
-                seed = random.getrandbits(63)
-            core.set_sampling(cfg.core_params(seed))
-            t0 = time.perf_counter()
-            llm.pair.prefill(self.prompt, reuse=cfg.cache_prompt)
-            self.prefill_s = time.perf_counter() - t0
-            self.n_cached = llm.pair.n_cached
-            draft_max = cfg.draft_max
-            t0 = time.perf_counter()
-            while self.finish is None:
-                remaining = cfg.max_tokens - len(self.tokens)
-                if remaining <= 0 or core.n_past >= core.n_ctx:
-                    self.finish = "length"
-                    self._cut_at_stop()
-                    yield self._event(None)
-                    break
-                dm = remaining - 1 if draft_max is None else min(draft_max, remaining - 1)
-                if draft_max is None:
-                    dm = min(dm, core.default_draft_max)
-                step = llm.pair.step(dm, draft_min=cfg.draft_min, draft_p_min=cfg.draft_p_min)
-                self.steps.append(step)
-                self._take(step.tokens)
-                yield self._event(step)
-            self.decode_s = time.perf_counter() - t0
-        finally:
-            llm._release()
-            _logging.flush()
-
-    def _take(self, new: list[int]) -> None:
-        """Apply EOS, max_tokens and stop strings to one step's tokens."""
-        for t in new:
-            if not self.cfg.ignore_eos and self.model.is_eog(t):
-                self.finish = "eos"
-                break
-            self.tokens.append(t)
-            self.text.add(t)
-            if len(self.tokens) >= self.cfg.max_tokens:
-                self.finish = "length"
-                break
-        self._cut_at_stop()
-
-    def _cut_at_stop(self) -> None:
-        if self.text.stop_strings:
-            keep = self.text.find_stop(final=self.finish is not None)
-            if keep is not None:
-                del self.tokens[keep:]
-                self.finish = "stop"
-
-    def _event(self, step: Optional[_core.StepResult]) -> StreamStep:
-        text, n_new = self.text.release(final=self.finish is not None)
-        released = self.tokens[self.n_released:self.n_released + n_new]
-        self.n_released += n_new
-        return StreamStep(
-            tokens=released,
-            text=text,
-            n_drafted=step.n_drafted if step else 0,
-            n_accepted=step.n_accepted if step else 0,
-            drafted=list(step.drafted) if step else [],
-            finish_reason=self.finish,
-        )
-
-    def result(self) -> GenerationResult:
-        stats = GenerationStats(
-            prompt_tokens=len(self.prompt), n_tokens=len(self.tokens), n_steps=len(self.steps),
-            n_drafted=sum(s.n_drafted for s in self.steps), n_accepted=sum(s.n_accepted for s in self.steps),
-            prefill_seconds=self.prefill_s, decode_seconds=self.decode_s, steps=tuple(self.steps),
-            cached_tokens=self.n_cached)
-        assert self.finish is not None
-        return GenerationResult(text=self.text.text(), tokens=list(self.tokens),
-                                finish_reason=self.finish, stats=stats)
 
 
 def _token_list(tokens: Sequence[int], n_vocab: int) -> list[int]:

@@ -6,7 +6,9 @@ length of every step."""
 from __future__ import annotations
 
 import threading
-from typing import Mapping, Sequence
+from collections.abc import Sequence
+
+from .openai_types import Timings
 
 __all__ = ["Metrics"]
 
@@ -45,18 +47,18 @@ class Metrics:
             self.deferred += deferred
             self.processing += processing
 
-    def generation(self, timings: Mapping[str, object]) -> None:
+    def generation(self, timings: Timings) -> None:
         """Count one finished generation from its response's ``timings``."""
-        lengths: Sequence[int] = timings.get("accepted_lengths", []) or []  # type: ignore[assignment]
+        lengths: Sequence[int] = timings.get("accepted_lengths", []) or []
         with self._lock:
             c = self.counters
-            c["prompt_tokens_total"] += int(timings["prompt_n"])  # type: ignore[call-overload]
-            c["prompt_seconds_total"] += float(timings["prompt_ms"]) / 1e3  # type: ignore[arg-type]
-            c["tokens_predicted_total"] += int(timings["predicted_n"])  # type: ignore[call-overload]
-            c["tokens_predicted_seconds_total"] += float(timings["predicted_ms"]) / 1e3  # type: ignore[arg-type]
-            c["draft_tokens_total"] += int(timings["draft_n"])  # type: ignore[call-overload]
-            c["draft_tokens_accepted_total"] += int(timings["draft_n_accepted"])  # type: ignore[call-overload]
-            c["target_passes_total"] += int(timings["n_steps"])  # type: ignore[call-overload]
+            c["prompt_tokens_total"] += int(timings["prompt_n"])
+            c["prompt_seconds_total"] += float(timings["prompt_ms"]) / 1e3
+            c["tokens_predicted_total"] += int(timings["predicted_n"])
+            c["tokens_predicted_seconds_total"] += float(timings["predicted_ms"]) / 1e3
+            c["draft_tokens_total"] += int(timings["draft_n"])
+            c["draft_tokens_accepted_total"] += int(timings["draft_n_accepted"])
+            c["target_passes_total"] += int(timings["n_steps"])
             for n in lengths:
                 self.hist_count += 1
                 self.hist_sum += n
@@ -109,7 +111,7 @@ class Metrics:
             name = f"{PREFIX}accepted_length"
             out.append(f"# HELP {name} Drafted tokens accepted per speculative step.")
             out.append(f"# TYPE {name} histogram")
-            for le, n in zip(self.buckets, self.bucket_counts):
+            for le, n in zip(self.buckets, self.bucket_counts, strict=True):
                 out.append(f'{name}_bucket{{le="{le}"}} {n}')
             out.append(f'{name}_bucket{{le="+Inf"}} {self.hist_count}')
             out.append(f"{name}_sum {self.hist_sum}")

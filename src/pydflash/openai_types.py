@@ -6,7 +6,7 @@ serialise to JSON as they are. ``timings`` follows llama-server's object
 from __future__ import annotations
 
 import sys
-from typing import Any, Dict, List, Literal, Optional, Union
+from typing import Any, Literal
 
 if sys.version_info >= (3, 11):
     from typing import NotRequired, TypedDict
@@ -14,10 +14,21 @@ else:  # pragma: no cover - 3.10
     from typing_extensions import NotRequired, TypedDict
 
 __all__ = [
-    "ChatCompletionMessageParam", "ChatCompletionTool", "CompletionUsage", "Timings", "CompletionChoice",
-    "Completion", "CompletionChunk", "ChatCompletionToolCall", "ChatCompletionMessage", "ChatCompletionChoice",
-    "ChatCompletion", "ChatCompletionChunkDelta", "ChatCompletionChunkChoice", "ChatCompletionChunk",
+    "ChatCompletion",
+    "ChatCompletionChoice",
+    "ChatCompletionChunk",
+    "ChatCompletionChunkChoice",
+    "ChatCompletionChunkDelta",
+    "ChatCompletionMessage",
+    "ChatCompletionMessageParam",
+    "ChatCompletionTool",
+    "ChatCompletionToolCall",
+    "Completion",
+    "CompletionChoice",
+    "CompletionChunk",
+    "CompletionUsage",
     "FinishReasonOAI",
+    "Timings",
 ]
 
 FinishReasonOAI = Literal["stop", "length", "tool_calls"]
@@ -28,16 +39,16 @@ class ChatCompletionMessageParam(TypedDict, total=False):
     be a list of ``{"type": "text", "text": ...}`` parts)."""
 
     role: str
-    content: Union[str, List[Dict[str, Any]], None]
+    content: str | list[dict[str, Any]] | None
     name: str
     reasoning_content: str
-    tool_calls: List[Dict[str, Any]]
+    tool_calls: list[dict[str, Any]]
     tool_call_id: str
 
 
 class ChatCompletionTool(TypedDict):
     type: Literal["function"]
-    function: Dict[str, Any]
+    function: dict[str, Any]
 
 
 class CompletionUsage(TypedDict):
@@ -61,14 +72,14 @@ class Timings(TypedDict):
     draft_n: int                 # tokens the drafter proposed
     draft_n_accepted: int        # of those, tokens the target accepted
     n_steps: int                 # target verification passes
-    accepted_lengths: List[int]  # accepted draft tokens of each step
+    accepted_lengths: list[int]  # accepted draft tokens of each step
 
 
 class CompletionChoice(TypedDict):
     text: str
     index: int
     logprobs: None
-    finish_reason: Optional[FinishReasonOAI]
+    finish_reason: FinishReasonOAI | None
 
 
 class Completion(TypedDict):
@@ -76,7 +87,7 @@ class Completion(TypedDict):
     object: Literal["text_completion"]
     created: int
     model: str
-    choices: List[CompletionChoice]
+    choices: list[CompletionChoice]
     usage: CompletionUsage
     timings: Timings
 
@@ -86,7 +97,7 @@ class CompletionChunk(TypedDict):
     object: Literal["text_completion"]
     created: int
     model: str
-    choices: List[CompletionChoice]
+    choices: list[CompletionChoice]
     usage: NotRequired[CompletionUsage]   # last chunk only
     timings: NotRequired[Timings]         # last chunk only
 
@@ -104,16 +115,16 @@ class ChatCompletionToolCall(TypedDict):
 
 class ChatCompletionMessage(TypedDict):
     role: Literal["assistant"]
-    content: Optional[str]
+    content: str | None
     reasoning_content: NotRequired[str]            # only when the template separates reasoning
-    tool_calls: NotRequired[List[ChatCompletionToolCall]]
+    tool_calls: NotRequired[list[ChatCompletionToolCall]]
 
 
 class ChatCompletionChoice(TypedDict):
     index: int
     message: ChatCompletionMessage
     logprobs: None
-    finish_reason: Optional[FinishReasonOAI]
+    finish_reason: FinishReasonOAI | None
 
 
 class ChatCompletion(TypedDict):
@@ -121,7 +132,7 @@ class ChatCompletion(TypedDict):
     object: Literal["chat.completion"]
     created: int
     model: str
-    choices: List[ChatCompletionChoice]
+    choices: list[ChatCompletionChoice]
     usage: CompletionUsage
     timings: Timings
 
@@ -130,14 +141,14 @@ class ChatCompletionChunkDelta(TypedDict, total=False):
     role: Literal["assistant"]
     content: str
     reasoning_content: str
-    tool_calls: List[Dict[str, Any]]
+    tool_calls: list[dict[str, Any]]
 
 
 class ChatCompletionChunkChoice(TypedDict):
     index: int
     delta: ChatCompletionChunkDelta
     logprobs: None
-    finish_reason: Optional[FinishReasonOAI]
+    finish_reason: FinishReasonOAI | None
 
 
 class ChatCompletionChunk(TypedDict):
@@ -145,6 +156,6 @@ class ChatCompletionChunk(TypedDict):
     object: Literal["chat.completion.chunk"]
     created: int
     model: str
-    choices: List[ChatCompletionChunkChoice]
+    choices: list[ChatCompletionChunkChoice]
     usage: NotRequired[CompletionUsage]   # last chunk only
     timings: NotRequired[Timings]         # last chunk only

@@ -11,13 +11,18 @@ tokens then costs about as much as one, as it does for a large model.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import gguf
+    import numpy.typing as npt
 
 __all__ = ["pad_ffn"]
 
 
-def pad_ffn(src: str | Path, dst: str | Path, n_ff: int, *, dtype=np.float32) -> Path:
+def pad_ffn(src: str | Path, dst: str | Path, n_ff: int, *, dtype: npt.DTypeLike = np.float32) -> Path:
     """Write ``src`` (a qwen3/llama-style GGUF with F32/F16 tensors) to
     ``dst`` with feed-forward width ``n_ff``; tensors are stored as ``dtype``."""
     import gguf
@@ -52,7 +57,7 @@ def pad_ffn(src: str | Path, dst: str | Path, n_ff: int, *, dtype=np.float32) ->
     return Path(dst)
 
 
-def _copy_field(w, name: str, field) -> None:
+def _copy_field(w: gguf.GGUFWriter, name: str, field: gguf.ReaderField) -> None:
     import gguf
 
     vtype = field.types[0]

@@ -9,10 +9,11 @@ context driven one speculative step at a time.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from . import _core, _logging
-from .config import SamplingConfig, _float, _int
+from .config import SamplingConfig, float_option, int_option
 from .results import StepResult
 
 if TYPE_CHECKING:
@@ -46,21 +47,21 @@ class ContextPair:
         finally:
             _logging.flush()
 
-    def step(self, draft_max: Optional[int] = None, *, draft_min: int = 0, draft_p_min: float = 0.0,
-             draft: Optional[Sequence[int]] = None) -> StepResult:
+    def step(self, draft_max: int | None = None, *, draft_min: int = 0, draft_p_min: float = 0.0,
+             draft: Sequence[int] | None = None) -> StepResult:
         """One speculative step. ``draft_max`` bounds the drafted block (None:
         the pair's default; 0: plain target decoding); a block shorter than
         ``draft_min`` is dropped; the block is cut where the drafter's
         confidence falls below ``draft_p_min``. ``draft`` verifies these tokens
         instead of the drafter's block (any external draft source)."""
-        dm = -1 if draft_max is None else _int("draft_max", draft_max, 0)
+        dm = -1 if draft_max is None else int_option("draft_max", draft_max, 0)
         try:
-            return self._core.step(dm, _int("draft_min", draft_min), _float("draft_p_min", draft_p_min),
-                                   None if draft is None else list(draft))
+            return self._core.step(dm, int_option("draft_min", draft_min),
+                                   float_option("draft_p_min", draft_p_min), None if draft is None else list(draft))
         finally:
             _logging.flush()
 
-    def score(self, tokens: Sequence[int]) -> "npt.NDArray[np.float32]":
+    def score(self, tokens: Sequence[int]) -> npt.NDArray[np.float32]:
         """The target's logits for every position of ``tokens`` as a numpy array
         (len(tokens), n_vocab), evaluated from an empty cache. Resets the pair."""
         try:
@@ -73,9 +74,14 @@ class ContextPair:
         (``draft_max`` within the drafter's block); nothing is decoded."""
         self._core.check(config.draft_control())
 
+    def set_sampling_config(self, config: SamplingConfig, seed: int) -> None:
+        """Set sampling from an already validated ``SamplingConfig`` (the
+        generation loop's way), with the seed this run uses."""
+        self._core.set_sampling(config.core_params(seed))
+
     def set_sampling(self, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, *, min_p: float = 0.0,
                      repeat_penalty: float = 1.0, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
-                     penalty_last_n: int = 64, logit_bias: Optional[Mapping[int, float]] = None, seed: int = 0,
+                     penalty_last_n: int = 64, logit_bias: Mapping[int, float] | None = None, seed: int = 0,
                      verify: str = "rejection") -> None:
         """How the target's tokens are chosen (temperature 0: greedy) and how
         drafts are verified at temperature > 0: "rejection" (speculative

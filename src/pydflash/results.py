@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal, Optional, Sequence
+from collections.abc import Sequence
+from typing import Literal
 
 from ._core import StepResult
 
 FinishReason = Literal["length", "stop", "eos"]
 
-__all__ = ["FinishReason", "GenerationStats", "GenerationResult", "MemoryRow", "MemoryReport", "StreamStep",
-           "StepResult"]
+__all__ = [
+    "FinishReason",
+    "GenerationResult",
+    "GenerationStats",
+    "MemoryReport",
+    "MemoryRow",
+    "StepResult",
+    "StreamStep",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +91,7 @@ class StreamStep:
     n_drafted: int
     n_accepted: int
     drafted: list[int]
-    finish_reason: Optional[FinishReason] = None
+    finish_reason: FinishReason | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +117,7 @@ class MemoryReport:
 
     rows: tuple[MemoryRow, ...]
 
-    def total(self, role: Optional[str] = None) -> int:
+    def total(self, role: str | None = None) -> int:
         return sum(r.total for r in self.rows if role is None or r.role == role)
 
     @property

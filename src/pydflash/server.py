@@ -14,9 +14,9 @@ import select
 import socket
 import threading
 import time
-from http import HTTPStatus
+from collections.abc import Callable, Generator, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Iterator, Mapping, Optional
+from typing import Any
 
 from .errors import ContextLimitError, GenerationInterrupted, PyDFlashError
 from .llama import Llama
@@ -65,7 +65,8 @@ def _sampling_args(body: Mapping[str, Any]) -> dict[str, Any]:
     kw: dict[str, Any] = {}
     for name, kind in (("temperature", float), ("top_p", float), ("min_p", float), ("top_k", int),
                        ("frequency_penalty", float), ("presence_penalty", float), ("repeat_penalty", float),
-                       ("seed", int), ("ignore_eos", bool), ("draft_max", int), ("cache_prompt", bool)):
+                       ("seed", int), ("ignore_eos", bool), ("draft_max", int), ("draft_min", int),
+                       ("draft_p_min", float), ("cache_prompt", bool)):
         if body.get(name) is not None:
             kw[name] = _opt(body, name, kind)
     if _opt(body, "id_slot", int, -1) not in (-1, 0):  # llama-server's slot pin; one slot here
@@ -86,15 +87,15 @@ class Server:
     """One model pair behind an HTTP server. ``start()`` serves in a thread
     (for tests and embedding); ``serve_forever()`` in the calling thread."""
 
-    def __init__(self, llm: Llama, *, host: str = "127.0.0.1", port: int = 8080, alias: Optional[str] = None):
+    def __init__(self, llm: Llama, *, host: str = "127.0.0.1", port: int = 8080, alias: str | None = None):
         self.llm = llm
-        self.alias = alias or _model_id(llm)
+        self.alias = alias or llm.model_name
         self.metrics = Metrics(max_accepted=max(1, llm.pair.max_draft) if llm.has_draft else 1)
         self.queue = threading.Lock()   # one generation at a time per pair
         self.created = int(time.time())
         self.httpd = ThreadingHTTPServer((host, port), _handler(self))
         self.httpd.daemon_threads = True
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
 
     @property
     def host(self) -> str:
@@ -108,7 +109,7 @@ class Server:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self) -> "Server":
+    def start(self) -> Server:
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="pydflash-server", daemon=True)
         self._thread.start()
         return self
@@ -123,7 +124,7 @@ class Server:
         if self._thread is not None:
             self._thread.join(timeout=30)
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -161,183 +162,183 @@ class Server:
         return {"id": self.alias, "object": "model", "created": self.created, "owned_by": "pydflash", "meta": meta}
 
 
-def _model_id(llm: Llama) -> str:
-    from .completions import model_name
+class _Handler(BaseHTTPRequestHandler):
+    """One request of ``srv`` (a subclass per server sets it: ``_handler``)."""
 
-    return model_name(llm)
+    srv: Server
 
+    protocol_version = "HTTP/1.1"
+    server_version = "pydflash"
 
-def _handler(srv: Server) -> type:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        server_version = "pydflash"
+    def log_message(self, fmt: str, *args: Any) -> None:
+        log.debug("%s " + fmt, self.address_string(), *args)
 
-        def log_message(self, fmt: str, *args: Any) -> None:
-            log.debug("%s " + fmt, self.address_string(), *args)
+    # -- plumbing ------------------------------------------------------
 
-        # -- plumbing ------------------------------------------------------
+    def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
-        def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def _json(self, status: int, obj: Any) -> None:
+        self._send(status, json.dumps(obj).encode())
 
-        def _json(self, status: int, obj: Any) -> None:
-            self._send(status, json.dumps(obj).encode())
+    def _error(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
+        self._json(status, {"error": {"message": message, "type": kind, "code": status}})
 
-        def _error(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
-            self._json(status, {"error": {"message": message, "type": kind, "code": status}})
+    def _client_gone(self) -> bool:
+        try:
+            r, _, _ = select.select([self.connection], [], [], 0)
+            if not r:
+                return False
+            peek: bytes = self.connection.recv(1, socket.MSG_PEEK)
+            return peek == b""
+        except (OSError, ValueError):
+            return True
 
-        def _client_gone(self) -> bool:
-            try:
-                r, _, _ = select.select([self.connection], [], [], 0)
-                if not r:
-                    return False
-                return self.connection.recv(1, socket.MSG_PEEK) == b""
-            except (OSError, ValueError):
-                return True
+    def _body(self) -> dict[str, Any]:
+        try:
+            n = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            raise BadRequest("bad Content-Length") from None
+        if n <= 0:
+            raise BadRequest("request body is empty (expected JSON)")
+        if n > MAX_BODY:
+            raise BadRequest("request body is too large")
+        try:
+            body = json.loads(self.rfile.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise BadRequest(f"request body is not valid JSON: {e}") from None
+        if not isinstance(body, dict):
+            raise BadRequest("request body must be a JSON object")
+        return body
 
-        def _body(self) -> dict[str, Any]:
-            try:
-                n = int(self.headers.get("Content-Length") or 0)
-            except ValueError:
-                raise BadRequest("bad Content-Length") from None
-            if n <= 0:
-                raise BadRequest("request body is empty (expected JSON)")
-            if n > MAX_BODY:
-                raise BadRequest("request body is too large")
-            try:
-                body = json.loads(self.rfile.read(n))
-            except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise BadRequest(f"request body is not valid JSON: {e}") from None
-            if not isinstance(body, dict):
-                raise BadRequest("request body must be a JSON object")
-            return body
+    # -- routes ----------------------------------------------------------
 
-        # -- routes ----------------------------------------------------------
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0].rstrip("/")
+        self.srv.metrics.request(path if path in ROUTES else "other")
+        if path == "/health":
+            self._json(200, {"status": "ok"})
+        elif path in ("/v1/models", "/models"):
+            self._json(200, {"object": "list", "data": [self.srv.model_card()]})
+        elif path == "/metrics":
+            self._send(200, self.srv.metrics.render().encode(), "text/plain; version=0.0.4; charset=utf-8")
+        else:
+            self._error(404, f"no route {self.path}", "not_found_error")
 
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0].rstrip("/")
-            srv.metrics.request(path if path in ROUTES else "other")
-            if path == "/health":
-                self._json(200, {"status": "ok"})
-            elif path in ("/v1/models", "/models"):
-                self._json(200, {"object": "list", "data": [srv.model_card()]})
-            elif path == "/metrics":
-                self._send(200, srv.metrics.render().encode(), "text/plain; version=0.0.4; charset=utf-8")
+    def do_POST(self) -> None:
+        path = self.path.split("?", 1)[0].rstrip("/")
+        self.srv.metrics.request(path if path in ROUTES else "other")
+        if path in ("/v1/completions", "/completions"):
+            make = self._completion
+        elif path in ("/v1/chat/completions", "/chat/completions"):
+            make = self._chat
+        else:
+            self._error(404, f"no route {self.path}", "not_found_error")
+            return
+        try:
+            body = self._body()
+            stream = bool(body.get("stream", False))
+            kw = _sampling_args(body)
+            call = make(body, kw)
+            if stream:
+                self.srv.run_exclusive(lambda: self._stream(call(True)), self._client_gone)
             else:
-                self._error(404, f"no route {self.path}", "not_found_error")
-
-        def do_POST(self) -> None:
-            path = self.path.split("?", 1)[0].rstrip("/")
-            srv.metrics.request(path if path in ROUTES else "other")
-            if path in ("/v1/completions", "/completions"):
-                make = self._completion
-            elif path in ("/v1/chat/completions", "/chat/completions"):
-                make = self._chat
-            else:
-                self._error(404, f"no route {self.path}", "not_found_error")
-                return
-            try:
-                body = self._body()
-                stream = bool(body.get("stream", False))
-                kw = _sampling_args(body)
-                call = make(body, kw)
-                if stream:
-                    srv.run_exclusive(lambda: self._stream(call(True)), self._client_gone)
-                else:
-                    res = srv.run_exclusive(lambda: call(False), self._client_gone)
-                    srv.metrics.generation(res["timings"])
-                    self._json(200, res)
-            except _Cancelled:
-                srv.metrics.add("requests_cancelled_total")
-                self.close_connection = True
-            except (BrokenPipeError, ConnectionResetError):
-                srv.metrics.add("requests_cancelled_total")
-                self.close_connection = True
-            except (BadRequest, ValueError, TypeError, ContextLimitError) as e:
-                srv.metrics.add("requests_failed_total")
-                self._error(400, str(e))
-            except PyDFlashError as e:
-                srv.metrics.add("requests_failed_total")
-                self._error(500, str(e), "server_error")
-
-        def _completion(self, body: dict[str, Any], kw: dict[str, Any]) -> Callable[[bool], Any]:
-            prompt = body.get("prompt")
-            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-                prompt = prompt[0]  # a batch of one
-            if isinstance(prompt, list) and not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-                raise BadRequest("'prompt' must be a string, a list of token ids, or a list of one of these")
-            if not isinstance(prompt, (str, list)):
-                raise BadRequest("'prompt' is required (a string or a list of token ids)")
-            if body.get("suffix"):
-                raise BadRequest("'suffix' is not supported")
-            kw["max_tokens"] = _opt(body, "max_tokens", int, 16)
-            kw["echo"] = _opt(body, "echo", bool, False)
-            return lambda stream: srv.llm.create_completion(prompt, stream=stream, model=srv.alias,
-                                                            cancel=self._client_gone, **kw)
-
-        def _chat(self, body: dict[str, Any], kw: dict[str, Any]) -> Callable[[bool], Any]:
-            messages = body.get("messages")
-            if not isinstance(messages, list) or not messages:
-                raise BadRequest("'messages' must be a non-empty list")
-            mt = body.get("max_completion_tokens", body.get("max_tokens"))
-            if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool)):
-                raise BadRequest("'max_tokens' must be int")
-            kw["max_tokens"] = mt
-            tools = body.get("tools")
-            if tools is not None and not isinstance(tools, list):
-                raise BadRequest("'tools' must be a list")
-            ctk = body.get("chat_template_kwargs")
-            if ctk is not None and not isinstance(ctk, dict):
-                raise BadRequest("'chat_template_kwargs' must be an object")
-            if body.get("enable_thinking") is not None:
-                kw["enable_thinking"] = _opt(body, "enable_thinking", bool)
-            # the template is applied here, before queueing, so a template error is a 400 at once
-            srv.llm.apply_chat_template(messages, tools=tools, **(ctk or {}))
-            return lambda stream: srv.llm.create_chat_completion(messages, tools=tools, stream=stream,
-                                                                 model=srv.alias, chat_template_kwargs=ctk,
-                                                                 cancel=self._client_gone, **kw)
-
-        def _stream(self, chunks: Iterator[dict[str, Any]]) -> None:
-            """Server-sent events; a failed write (client gone) closes the
-            generator, which ends the generation at once."""
-            try:
-                first = next(chunks)  # errors before the first byte still get a JSON error response
-            except StopIteration:
-                first = None
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Cache-Control", "no-cache")
-            self.send_header("Connection", "close")
-            self.end_headers()
+                res = self.srv.run_exclusive(lambda: call(False), self._client_gone)
+                self.srv.metrics.generation(res["timings"])
+                self._json(200, res)
+        except _Cancelled:
+            self.srv.metrics.add("requests_cancelled_total")
             self.close_connection = True
-            try:
-                last = None
-                for chunk in _chain(first, chunks):
-                    self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-                    self.wfile.flush()
-                    last = chunk
-                self.wfile.write(b"data: [DONE]\n\n")
+        except (BrokenPipeError, ConnectionResetError):
+            self.srv.metrics.add("requests_cancelled_total")
+            self.close_connection = True
+        except (BadRequest, ValueError, TypeError, ContextLimitError) as e:
+            self.srv.metrics.add("requests_failed_total")
+            self._error(400, str(e))
+        except PyDFlashError as e:
+            self.srv.metrics.add("requests_failed_total")
+            self._error(500, str(e), "server_error")
+
+    def _completion(self, body: dict[str, Any], kw: dict[str, Any]) -> Callable[[bool], Any]:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]  # a batch of one
+        if isinstance(prompt, list) and not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            raise BadRequest("'prompt' must be a string, a list of token ids, or a list of one of these")
+        if not isinstance(prompt, (str, list)):
+            raise BadRequest("'prompt' is required (a string or a list of token ids)")
+        if body.get("suffix"):
+            raise BadRequest("'suffix' is not supported")
+        kw["max_tokens"] = _opt(body, "max_tokens", int, 16)
+        kw["echo"] = _opt(body, "echo", bool, False)
+        llm, alias = self.srv.llm, self.srv.alias
+        return lambda stream: llm.create_completion(prompt, stream=stream, model=alias, cancel=self._client_gone, **kw)
+
+    def _chat(self, body: dict[str, Any], kw: dict[str, Any]) -> Callable[[bool], Any]:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("'messages' must be a non-empty list")
+        mt = body.get("max_completion_tokens", body.get("max_tokens"))
+        if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool)):
+            raise BadRequest("'max_tokens' must be int")
+        kw["max_tokens"] = mt
+        tools = body.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise BadRequest("'tools' must be a list")
+        ctk = body.get("chat_template_kwargs")
+        if ctk is not None and not isinstance(ctk, dict):
+            raise BadRequest("'chat_template_kwargs' must be an object")
+        if body.get("enable_thinking") is not None:
+            kw["enable_thinking"] = _opt(body, "enable_thinking", bool)
+        # the template is applied here, before queueing, so a template error is a 400 at once
+        llm, alias = self.srv.llm, self.srv.alias
+        llm.apply_chat_template(messages, tools=tools, **(ctk or {}))
+        return lambda stream: llm.create_chat_completion(messages, tools=tools, stream=stream, model=alias,
+                                                         chat_template_kwargs=ctk, cancel=self._client_gone, **kw)
+
+    def _stream(self, chunks: Generator[dict[str, Any], None, None]) -> None:
+        """Server-sent events; a failed write (client gone) closes the
+        generator, which ends the generation at once."""
+        try:
+            first = next(chunks)  # errors before the first byte still get a JSON error response
+        except StopIteration:
+            first = None
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        try:
+            last = None
+            for chunk in _chain(first, chunks):
+                self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
                 self.wfile.flush()
-            finally:
-                chunks.close()  # type: ignore[attr-defined]
-            if last is not None and "timings" in last:
-                srv.metrics.generation(last["timings"])
+                last = chunk
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+        finally:
+            chunks.close()
+        if last is not None and "timings" in last:
+            self.srv.metrics.generation(last["timings"])
 
-    return Handler
+
+def _handler(srv: Server) -> type[_Handler]:
+    return type("Handler", (_Handler,), {"srv": srv})
 
 
-def _chain(first: Optional[dict[str, Any]], rest: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+def _chain(first: dict[str, Any] | None, rest: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
     if first is not None:
         yield first
     yield from rest
 
 
-def serve(model: str, draft: Optional[str] = None, *, host: str = "127.0.0.1", port: int = 8080,
-          alias: Optional[str] = None, ready: Optional[Callable[[Server], None]] = None, **llama_kwargs: Any) -> None:
+def serve(model: str, draft: str | None = None, *, host: str = "127.0.0.1", port: int = 8080,
+          alias: str | None = None, ready: Callable[[Server], None] | None = None, **llama_kwargs: Any) -> None:
     """Load the pair and serve until interrupted (Ctrl-C / SIGTERM)."""
     import signal
 

@@ -18,16 +18,34 @@ often enough to exercise partial acceptance.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 from collections import Counter
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-__all__ = ["TargetSpec", "HybridSpec", "DrafterSpec", "Hparams", "Tokenizer", "tokenizer", "write_target",
-           "write_hybrid_target", "write_drafter", "write_pair", "write_hybrid_pair", "write_qwen3_gguf",
-           "write_dflash_gguf", "THINKING_TEMPLATE"]
+if TYPE_CHECKING:
+    import gguf
+
+__all__ = [
+    "THINKING_TEMPLATE",
+    "DrafterSpec",
+    "Hparams",
+    "HybridSpec",
+    "TargetSpec",
+    "Tokenizer",
+    "tokenizer",
+    "write_dflash_gguf",
+    "write_drafter",
+    "write_hybrid_pair",
+    "write_hybrid_target",
+    "write_pair",
+    "write_qwen3_gguf",
+    "write_target",
+]
 
 EOS = "<|endoftext|>"
 MASK = "<|mask|>"
@@ -55,7 +73,7 @@ def _bytes_to_unicode() -> dict[int, str]:
             bs.append(b)
             cs.append(256 + n)
             n += 1
-    return dict(zip(bs, (chr(c) for c in cs)))
+    return dict(zip(bs, (chr(c) for c in cs), strict=True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +103,7 @@ def tokenizer(n_vocab: int = 384) -> Tokenizer:
     while len(merges) < n_merges:
         pairs: Counter[tuple[str, str]] = Counter()
         for w in words:
-            pairs.update(zip(w, w[1:]))
+            pairs.update(itertools.pairwise(w))
         if not pairs:
             break
         (a, b), _ = max(pairs.items(), key=lambda kv: (kv[1], kv[0]))
@@ -196,7 +214,7 @@ def write_dflash_gguf(path: str | Path, hp: Hparams, tok: Tokenizer, tensors: di
     ``rope_sections`` (4 ints) makes it a multi-section-RoPE drafter, as
     drafters of Qwen3.5/3.6 targets are."""
 
-    def dflash_keys(w) -> None:
+    def dflash_keys(w: gguf.GGUFWriter) -> None:
         w.add_uint32(f"{architecture}.block_size", block_size)
         w.add_bool(f"{architecture}.attention.causal", False)
         w.add_array(f"{architecture}.target_layers", [int(x) for x in target_layers])
@@ -207,8 +225,9 @@ def write_dflash_gguf(path: str | Path, hp: Hparams, tok: Tokenizer, tensors: di
                        arch_keys=dflash_keys)
 
 
-def _write_gguf(path, architecture: str, name: str, hp: Hparams, tok: Tokenizer, tensors: dict[str, np.ndarray],
-                *, mask_token: bool, extra_kv: dict[str, str] | None, arch_keys=None) -> Path:
+def _write_gguf(path: str | Path, architecture: str, name: str, hp: Hparams, tok: Tokenizer,
+                tensors: dict[str, np.ndarray], *, mask_token: bool, extra_kv: dict[str, str] | None,
+                arch_keys: Callable[[gguf.GGUFWriter], None] | None = None) -> Path:
     import gguf
 
     w = gguf.GGUFWriter(str(path), architecture)
@@ -228,7 +247,7 @@ def _write_gguf(path, architecture: str, name: str, hp: Hparams, tok: Tokenizer,
     return Path(path)
 
 
-def _add_hparams(w, arch: str, hp: Hparams) -> None:
+def _add_hparams(w: gguf.GGUFWriter, arch: str, hp: Hparams) -> None:
     w.add_uint32(f"{arch}.context_length", hp.n_ctx)
     w.add_uint32(f"{arch}.embedding_length", hp.n_embd)
     w.add_uint32(f"{arch}.block_count", hp.n_layer)
@@ -241,7 +260,7 @@ def _add_hparams(w, arch: str, hp: Hparams) -> None:
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", hp.rms_eps)
 
 
-def _add_tokenizer(w, tok: Tokenizer, *, mask: bool) -> None:
+def _add_tokenizer(w: gguf.GGUFWriter, tok: Tokenizer, *, mask: bool) -> None:
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(tok.pre)
     w.add_token_list(tok.tokens)
@@ -280,8 +299,8 @@ def _norm(rng: np.random.Generator, n: int) -> np.ndarray:
     return (1.0 + 0.05 * rng.standard_normal(n)).astype(np.float32)
 
 
-def _attention_layer(rng, i: int, n_embd: int, n_head: int, n_head_kv: int, head_dim: int, n_ff: int,
-                     out_scale: float = 1.0, qk_norm: bool = True) -> dict[str, np.ndarray]:
+def _attention_layer(rng: np.random.Generator, i: int, n_embd: int, n_head: int, n_head_kv: int, head_dim: int,
+                     n_ff: int, out_scale: float = 1.0, qk_norm: bool = True) -> dict[str, np.ndarray]:
     s = 1.0 / np.sqrt(n_embd)
     t = {
         f"blk.{i}.attn_norm.weight": _norm(rng, n_embd),
@@ -330,7 +349,8 @@ def write_target(path: str | Path, spec: TargetSpec = TargetSpec(), *, architect
                             architecture=architecture, extra_kv=extra)
 
 
-def _ffn(rng, i: int, n_embd: int, n_ff: int, prefix: str = "ffn", suffix: str = "") -> dict[str, np.ndarray]:
+def _ffn(rng: np.random.Generator, i: int, n_embd: int, n_ff: int, prefix: str = "ffn",
+         suffix: str = "") -> dict[str, np.ndarray]:
     s = 1.0 / np.sqrt(n_embd)
     return {
         f"blk.{i}.{prefix}_gate{suffix}.weight": _rng_tensor(rng, (n_ff, n_embd), s),
@@ -342,7 +362,7 @@ def _ffn(rng, i: int, n_embd: int, n_ff: int, prefix: str = "ffn", suffix: str =
 _MOE = ("qwen35moe", "qwen3next")
 
 
-def _hybrid_layer(rng, i: int, s: HybridSpec) -> dict[str, np.ndarray]:
+def _hybrid_layer(rng: np.random.Generator, i: int, s: HybridSpec) -> dict[str, np.ndarray]:
     # numpy shapes are (out, in): the reverse of llama.cpp's {ne0, ne1}
     e = s.n_embd
     sc = 1.0 / np.sqrt(e)
@@ -353,7 +373,8 @@ def _hybrid_layer(rng, i: int, s: HybridSpec) -> dict[str, np.ndarray]:
             f"blk.{i}.attn_q.weight": _rng_tensor(rng, (2 * s.n_head * s.head_dim, e), sc),
             f"blk.{i}.attn_k.weight": _rng_tensor(rng, (s.n_head_kv * s.head_dim, e), sc),
             f"blk.{i}.attn_v.weight": _rng_tensor(rng, (s.n_head_kv * s.head_dim, e), sc),
-            f"blk.{i}.attn_output.weight": _rng_tensor(rng, (e, s.n_head * s.head_dim), 1.0 / np.sqrt(s.n_head * s.head_dim)),
+            f"blk.{i}.attn_output.weight": _rng_tensor(rng, (e, s.n_head * s.head_dim),
+                                                       1.0 / np.sqrt(s.n_head * s.head_dim)),
             f"blk.{i}.attn_q_norm.weight": _norm(rng, s.head_dim),
             f"blk.{i}.attn_k_norm.weight": _norm(rng, s.head_dim),
         })
@@ -408,7 +429,7 @@ def write_hybrid_target(path: str | Path, spec: HybridSpec = HybridSpec()) -> Pa
     tensors["output_norm.weight"] = _norm(rng, s.n_embd)
     tensors["output.weight"] = _head(rng, s, tok)
 
-    def hybrid_keys(w) -> None:
+    def hybrid_keys(w: gguf.GGUFWriter) -> None:
         a = s.architecture
         w.add_uint32(f"{a}.full_attention_interval", s.full_attention_interval)
         w.add_uint32(f"{a}.ssm.conv_kernel", s.ssm_d_conv)

@@ -13,7 +13,21 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import Any, Protocol
+
+Measurement = dict[str, Any]  # one run's figures (the keys above); JSON values
+
+
+class Engine(Protocol):
+    """What the bench needs from an engine."""
+
+    name: str
+    uses_draft: bool
+    info: dict[str, Any]
+
+    def run(self, text: str, osl: int, draft_max: int | None) -> Measurement: ...
+
+    def close(self) -> None: ...
 
 
 class EngineUnavailable(Exception):
@@ -23,7 +37,7 @@ class EngineUnavailable(Exception):
 class WorkerEngine:
     """An engine in a long-lived child process (pydflash.bench.worker)."""
 
-    def __init__(self, name: str, kind: str, target: str, draft: Optional[str], n_ctx: int, threads: int,
+    def __init__(self, name: str, kind: str, target: str, draft: str | None, n_ctx: int, threads: int,
                  n_batch: int, flash_attn: str):
         self.name = name
         self.uses_draft = draft is not None
@@ -32,16 +46,17 @@ class WorkerEngine:
                "--flash-attn", flash_attn]
         if draft:
             cmd += ["--draft", draft]
-        self._stderr = tempfile.TemporaryFile(mode="w+")  # a pipe nobody reads could fill up and block
+        # a pipe nobody reads could fill up and block; the file lives as long as the engine (close())
+        self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
                                      text=True, bufsize=1)
         hello = self._read()
         if "error" in hello:
             self.close()
             raise EngineUnavailable(hello["error"])
-        self.info = hello
+        self.info: dict[str, Any] = hello
 
-    def _read(self) -> dict:
+    def _read(self) -> dict[str, Any]:
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line:
@@ -49,9 +64,10 @@ class WorkerEngine:
             self._stderr.seek(0)
             err = self._stderr.read()
             raise EngineUnavailable(f"{self.name} worker exited: {err.strip()[-500:]}")
-        return json.loads(line)
+        reply: dict[str, Any] = json.loads(line)
+        return reply
 
-    def run(self, text: str, osl: int, draft_max: Optional[int]) -> dict:
+    def run(self, text: str, osl: int, draft_max: int | None) -> Measurement:
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps({"text": text, "osl": osl, "draft_max": draft_max}) + "\n")
         self.proc.stdin.flush()
@@ -81,7 +97,7 @@ _NATIVE_PATTERNS = {
 }
 
 
-def find_native(explicit: Optional[str]) -> Optional[str]:
+def find_native(explicit: str | None) -> str | None:
     """llama-speculative-simple: --native, else build/native/bin in the current
     checkout (tools/build_native.py), else on PATH."""
     if explicit:
@@ -97,7 +113,7 @@ class NativeEngine:
     (it loads the models each time; the figures are its own timings, which
     exclude loading)."""
 
-    def __init__(self, exe: Optional[str], target: str, draft: str, n_ctx: int, threads: int,
+    def __init__(self, exe: str | None, target: str, draft: str, n_ctx: int, threads: int,
                  flash_attn: str = "auto"):
         if exe is None or not os.access(exe, os.X_OK):
             raise EngineUnavailable("llama-speculative-simple not found (build it: python tools/build_native.py, "
@@ -106,10 +122,10 @@ class NativeEngine:
         self.uses_draft = True
         self.exe, self.target, self.draft, self.n_ctx, self.threads = exe, target, draft, n_ctx, threads
         self.flash_attn = flash_attn
-        self.info: dict = {"exe": exe}
+        self.info: dict[str, Any] = {"exe": exe}
         self._dir = tempfile.TemporaryDirectory(prefix="pydflash-bench-native-")
 
-    def run(self, text: str, osl: int, draft_max: Optional[int]) -> dict:
+    def run(self, text: str, osl: int, draft_max: int | None) -> Measurement:
         prompt = Path(self._dir.name) / "prompt.txt"
         prompt.write_text(text, encoding="utf-8")
         cmd = [self.exe, "-m", self.target, "-md", self.draft, "--spec-type", "draft-dflash",
@@ -151,10 +167,11 @@ class NativeEngine:
         self._dir.cleanup()
 
 
-def parse_native_output(out: str) -> dict:
+def parse_native_output(out: str) -> Measurement:
     """The figures llama-speculative-simple prints when it finishes."""
-    got = {k: p.search(out) for k, p in _NATIVE_PATTERNS.items()}
-    missing = [k for k, m in got.items() if m is None]
+    found = {k: p.search(out) for k, p in _NATIVE_PATTERNS.items()}
+    got = {k: m for k, m in found.items() if m is not None}
+    missing = [k for k in found if k not in got]
     if missing:
         raise RuntimeError(f"could not read {missing} from llama-speculative-simple's output: {out[-800:]}")
     n = int(got["decoded"].group(1))

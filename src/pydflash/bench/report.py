@@ -8,7 +8,9 @@ import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
-from typing import Optional
+from typing import Any
+
+Row = dict[str, Any]  # one configuration's figures (COLUMNS and more); JSON values
 
 TARGET_ONLY = "pydflash-target"
 DFLASH = "pydflash-dflash"
@@ -20,8 +22,8 @@ COLUMNS = ["engine", "isl", "osl", "draft_max", "repeats", "decode_tok_s", "deco
            "rss_peak_mib", "same_tokens_as_target"]
 
 
-def aggregate(measurements: list[dict], roofline: Optional[dict] = None) -> list[dict]:
-    groups: dict[tuple, list[dict]] = defaultdict(list)
+def aggregate(measurements: list[Row], roofline: dict[str, Any] | None = None) -> list[Row]:
+    groups: dict[tuple[str, int, int, int | None], list[Row]] = defaultdict(list)
     for m in measurements:
         groups[(m["engine"], m["isl_requested"], m["osl"], m["draft_max"])].append(m)
     rows = []
@@ -56,19 +58,18 @@ def aggregate(measurements: list[dict], roofline: Optional[dict] = None) -> list
     return rows
 
 
-def goals(rows: list[dict]) -> list[str]:
+def goals(rows: list[Row]) -> list[str]:
     """The issue's three goals, as measured ratios."""
     out = []
     by = {(r["engine"], r["isl"], r["draft_max"]): r for r in rows}
-    pairs = [(r, by.get((NATIVE, r["isl"], r["draft_max"]))) for r in rows if r["engine"] == DFLASH]
-    pairs = [(p, n) for p, n in pairs if n]
+    pairs = [(r, n) for r in rows if r["engine"] == DFLASH if (n := by.get((NATIVE, r["isl"], r["draft_max"])))]
     if pairs:
         ratios = [p["decode_tok_s"] / n["decode_tok_s"] for p, n in pairs]
-        detail = ", ".join(f"isl {p['isl']} dm {p['draft_max']}: {x:.3f}" for (p, _), x in zip(pairs, ratios))
+        detail = ", ".join(f"isl {p['isl']} dm {p['draft_max']}: {x:.3f}"
+                           for (p, _), x in zip(pairs, ratios, strict=True))
         out.append(f"pydflash DFlash / llama.cpp native DFlash decode tok/s: median {statistics.median(ratios):.3f}"
                    f" (goal >= 0.97) [{detail}]")
-    lcp = [(r, by.get((TARGET_ONLY, r["isl"], 0))) for r in rows if r["engine"] == LCP]
-    lcp = [(x, t) for x, t in lcp if t]
+    lcp = [(r, t) for r in rows if r["engine"] == LCP if (t := by.get((TARGET_ONLY, r["isl"], 0)))]
     if lcp:
         ratios = [t["decode_tok_s"] / x["decode_tok_s"] for x, t in lcp]
         out.append(f"pydflash target-only / llama-cpp-python decode tok/s: median {statistics.median(ratios):.3f}"
@@ -80,13 +81,14 @@ def goals(rows: list[dict]) -> list[str]:
     return out
 
 
-def table(rows: list[dict]) -> str:
+def table(rows: list[Row]) -> str:
     """Rows as text; "same" says whether the greedy tokens equalled the target's own."""
-    head = (f"{'engine':18} {'isl':>6} {'osl':>6} {'dm':>3} {'decode t/s':>11} {'(min-max)':>15} {'prefill t/s':>11} "
-            f"{'ttft ms':>8} {'itl ms':>7} {'accept':>6} {'tau':>5} {'speedup':>7} {'roof':>5} {'rss MiB':>8} {'same':>4}")
+    head = (f"{'engine':18} {'isl':>6} {'osl':>6} {'dm':>3} {'decode t/s':>11} {'(min-max)':>15} "
+            f"{'prefill t/s':>11} {'ttft ms':>8} {'itl ms':>7} {'accept':>6} {'tau':>5} {'speedup':>7} {'roof':>5} "
+            f"{'rss MiB':>8} {'same':>4}")
     lines = [head, "-" * len(head)]
 
-    def f(x, fmt):
+    def f(x: float | None, fmt: str) -> str:
         return format(x, fmt) if x is not None else "-"
 
     for r in rows:
@@ -99,18 +101,18 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_json(path: Path, meta: dict, rows: list[dict]) -> None:
+def write_json(path: Path, meta: dict[str, Any], rows: list[Row]) -> None:
     path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
+def write_csv(path: Path, rows: list[Row]) -> None:
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
 
 
-def _chart(path: Path, series: dict[str, list[tuple[float, float]]], hline: Optional[tuple[float, str]],
+def _chart(path: Path, series: dict[str, list[tuple[float, float]]], hline: tuple[float, str] | None,
            xlabel: str, ylabel: str, title: str, log_x: bool = False) -> Path:
     import matplotlib
     matplotlib.use("Agg")
@@ -134,7 +136,7 @@ def _chart(path: Path, series: dict[str, list[tuple[float, float]]], hline: Opti
     return path
 
 
-def write_charts(directory: Path, rows: list[dict], ctx_draft_max: int) -> list[Path]:
+def write_charts(directory: Path, rows: list[Row], ctx_draft_max: int) -> list[Path]:
     """speedup_vs_context.png and tok_s_vs_draft_max.png; needs matplotlib."""
     speedup = {e: sorted((r["isl"], r["speedup"]) for r in rows
                          if r["engine"] == e and r["draft_max"] == ctx_draft_max and r["speedup"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import numpy as np
 
@@ -20,11 +21,11 @@ def measure_bandwidth(threads: int, mib_per_thread: int = 256, repeats: int = 5)
     for _ in range(repeats):
         barrier = threading.Barrier(threads + 1)
 
-        def copy(i: int) -> None:
+        def copy(i: int, barrier: threading.Barrier) -> None:
             barrier.wait()
             np.copyto(dst[i], src[i])  # numpy releases the GIL for the copy
 
-        ts = [threading.Thread(target=copy, args=(i,)) for i in range(threads)]
+        ts = [threading.Thread(target=copy, args=(i, barrier)) for i in range(threads)]
         for t in ts:
             t.start()
         barrier.wait()
@@ -36,9 +37,9 @@ def measure_bandwidth(threads: int, mib_per_thread: int = 256, repeats: int = 5)
     return best
 
 
-def bytes_per_pass(memory: dict, n_ctx: int, context_tokens: float) -> float:
+def bytes_per_pass(memory: dict[str, Any], n_ctx: int, context_tokens: float) -> float:
     """Weights plus the KV cache a pass attends over (``context_tokens``
     filled slots), for one role's rows of a memory report."""
-    model = sum(r["model"] for r in memory["rows"] if r["role"] == "target")
-    kv = sum(r["context"] for r in memory["rows"] if r["role"] == "target")
+    model: int = sum(r["model"] for r in memory["rows"] if r["role"] == "target")
+    kv: int = sum(r["context"] for r in memory["rows"] if r["role"] == "target")
     return model + kv * min(context_tokens, n_ctx) / n_ctx

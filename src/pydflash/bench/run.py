@@ -10,40 +10,42 @@ import os
 import platform
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any
 
-from . import report
 from ..config import FLASH_ATTN
-from .engines import EngineUnavailable, NativeEngine, WorkerEngine, find_native
+from . import report
+from .engines import Engine, EngineUnavailable, Measurement, NativeEngine, WorkerEngine, find_native
 from .roofline import bytes_per_pass, measure_bandwidth
 from .workload import heldout_stdlib_text, make_prompts
 
 ENGINES = (report.TARGET_ONLY, report.DFLASH, report.NATIVE, report.LCP)
 DRAFT_MAX_SWEEP = (1, 2, 4, 8, 12, 15)
+Log = Callable[[str], None]
 
 
 @dataclasses.dataclass(frozen=True)
 class BenchConfig:
-    target: Optional[str] = None          # None: the embedded trained pair
-    draft: Optional[str] = None
-    pad_ffn: Optional[int] = None         # FFN width of a memory-bound copy of the target (0: as is;
+    target: str | None = None          # None: the embedded trained pair
+    draft: str | None = None
+    pad_ffn: int | None = None         # FFN width of a memory-bound copy of the target (0: as is;
                                           # None: 16384 for the embedded pair, 0 for given models)
     isl: tuple[int, ...] = (128, 512, 2048)
-    osl: Optional[tuple[int, ...]] = None  # None: OSL = ISL
-    draft_max: Optional[tuple[int, ...]] = None  # None: DRAFT_MAX_SWEEP as the block allows
-    ctx_draft_max: Optional[int] = None   # draft_max of the context sweep (None: block_size - 1)
+    osl: tuple[int, ...] | None = None  # None: OSL = ISL
+    draft_max: tuple[int, ...] | None = None  # None: DRAFT_MAX_SWEEP as the block allows
+    ctx_draft_max: int | None = None   # draft_max of the context sweep (None: block_size - 1)
     repeats: int = 3
     warmup: int = 1
     engines: tuple[str, ...] = ENGINES
-    native: Optional[str] = None          # llama-speculative-simple (None: look for it)
+    native: str | None = None          # llama-speculative-simple (None: look for it)
     threads: int = 0                      # 0: all cores
     bandwidth: bool = True                # measure memory bandwidth for the roofline
     flash_attn: str = "auto"              # every engine alike: "auto" (llama.cpp's default; enabled
                                           # on the CPU), "on" or "off" (llama-cpp-python: on unless "off")
 
     @staticmethod
-    def quick(**changes) -> "BenchConfig":
+    def quick(**changes: Any) -> BenchConfig:
         """Under 5 minutes on 2 cores."""
         return dataclasses.replace(BenchConfig(isl=(64, 256), repeats=2), **changes)
 
@@ -63,14 +65,14 @@ class BenchConfig:
             raise ValueError("give both target and draft, or neither (the embedded pair)")
 
 
-def run(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict:
+def run(cfg: BenchConfig, log: Log = print) -> dict[str, Any]:
     """Run the benchmark; returns {"meta", "rows", "goals", "skipped"}."""
     cfg.validate()
     threads = cfg.threads or os.cpu_count() or 1
     with tempfile.TemporaryDirectory(prefix="pydflash-bench-") as td:
         target, draft, source = _models(cfg, Path(td), log)
         osls = cfg.osl or cfg.isl
-        n_ctx = _round_up(max(i + o for i, o in zip(cfg.isl, osls)) + 64, 256)
+        n_ctx = _round_up(max(i + o for i, o in zip(cfg.isl, osls, strict=True)) + 64, 256)
         engines, skipped = _start(cfg, target, draft, n_ctx, threads, log)
         try:
             max_draft = next((e.info["max_draft"] for e in engines if e.name == report.DFLASH), None)
@@ -88,7 +90,7 @@ def run(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict:
         finally:
             for e in engines:
                 e.close()
-        roofline = None
+        roofline: dict[str, Any] | None = None
         if cfg.bandwidth:
             roofline = _roofline(engines, cfg, osls, n_ctx, threads, log)
         rows = report.aggregate(measurements, roofline)
@@ -106,13 +108,14 @@ def _round_up(n: int, k: int) -> int:
     return (n + k - 1) // k * k
 
 
-def _models(cfg: BenchConfig, workdir: Path, log) -> tuple[str, str, dict]:
+def _models(cfg: BenchConfig, workdir: Path, log: Log) -> tuple[str, str, dict[str, str]]:
     from .. import embedded_pair
 
     if cfg.target is None:
         t, d = embedded_pair()
         desc = "embedded pair (stdlib-code qwen3 target + DFlash drafter)"
     else:
+        assert cfg.draft is not None  # validate(): both or neither
         t, d = cfg.target, cfg.draft
         desc = str(t)
     target = str(t)
@@ -125,9 +128,12 @@ def _models(cfg: BenchConfig, workdir: Path, log) -> tuple[str, str, dict]:
     return target, str(d), {"tokenizer_model": str(t), "target_desc": desc, "draft_desc": str(d)}
 
 
-def _start(cfg, target, draft, n_ctx, threads, log):
-    engines, skipped = [], {}
+def _start(cfg: BenchConfig, target: str, draft: str, n_ctx: int, threads: int,
+           log: Log) -> tuple[list[Engine], dict[str, str]]:
+    engines: list[Engine] = []
+    skipped: dict[str, str] = {}
     for name in cfg.engines:
+        e: Engine
         try:
             if name == report.TARGET_ONLY:
                 e = WorkerEngine(name, "pydflash", target, None, n_ctx, threads, n_ctx, cfg.flash_attn)
@@ -146,14 +152,15 @@ def _start(cfg, target, draft, n_ctx, threads, log):
     return engines, skipped
 
 
-def _plan(isls, osls, ctx_dm, sweep) -> list[tuple[int, int, int, bool]]:
+def _plan(isls: Sequence[int], osls: Sequence[int], ctx_dm: int,
+          sweep: Sequence[int]) -> list[tuple[int, int, int, bool]]:
     """(isl, osl, draft_max, with_target_only) configurations in run order."""
-    plan = [(i, o, ctx_dm, True) for i, o in zip(isls, osls)]
+    plan = [(i, o, ctx_dm, True) for i, o in zip(isls, osls, strict=True)]
     plan += [(isls[0], osls[0], d, False) for d in sweep if d != ctx_dm]
     return plan
 
 
-def _prompts(source: dict, cfg: BenchConfig, count: int) -> dict[int, list[str]]:
+def _prompts(source: dict[str, str], cfg: BenchConfig, count: int) -> dict[int, list[str]]:
     from .. import Llama
 
     corpus = heldout_stdlib_text()
@@ -161,8 +168,9 @@ def _prompts(source: dict, cfg: BenchConfig, count: int) -> dict[int, list[str]]
         return {isl: make_prompts(tok.tokenize, tok.detokenize, isl, count, corpus) for isl in cfg.isl}
 
 
-def _measure(engines, plan, prompts, cfg, log) -> list[dict]:
-    out: list[dict] = []
+def _measure(engines: list[Engine], plan: list[tuple[int, int, int, bool]], prompts: dict[int, list[str]],
+             cfg: BenchConfig, log: Log) -> list[Measurement]:
+    out: list[Measurement] = []
     warm_isl = min(cfg.isl)
     for e in engines:
         for _ in range(cfg.warmup):
@@ -192,14 +200,15 @@ def _measure(engines, plan, prompts, cfg, log) -> list[dict]:
     return out
 
 
-def _roofline(engines, cfg, osls, n_ctx, threads, log) -> Optional[dict]:
+def _roofline(engines: list[Engine], cfg: BenchConfig, osls: Sequence[int], n_ctx: int, threads: int,
+              log: Log) -> dict[str, Any] | None:
     mem = next((e.info.get("memory") for e in engines if e.name == report.TARGET_ONLY), None)
     if not mem:
         return None
     bw = measure_bandwidth(threads)
     log(f"memory bandwidth (copy, {threads} threads): {bw / 1e9:.1f} GB/s")
     limits: dict[str, dict[str, float]] = {}
-    for isl, osl in zip(cfg.isl, osls):
+    for isl, osl in zip(cfg.isl, osls, strict=True):
         per_pass = bytes_per_pass(mem, n_ctx, isl + osl / 2)
         limits[str(isl)] = {report.TARGET_ONLY: bw / per_pass, report.LCP: bw / per_pass}
     return {"bandwidth_bytes_per_s": bw, "target_weight_bytes": sum(r["model"] for r in mem["rows"]
@@ -208,8 +217,9 @@ def _roofline(engines, cfg, osls, n_ctx, threads, log) -> Optional[dict]:
             "note": "limit = copy bandwidth / (target weights + KV cache read per pass); target-only engines"}
 
 
-def _machine() -> dict:
-    info = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()}
+def _machine() -> dict[str, Any]:
+    info: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version(),
+                            "cpus": os.cpu_count()}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

@@ -10,9 +10,13 @@ import argparse
 import json
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..config import FLASH_ATTN
+
+Request = dict[str, Any]  # {"text", "osl", "draft_max"} from the parent
+Reply = dict[str, Any]    # one measurement (see engines.py), JSON values
 
 
 def peak_rss_bytes() -> int:
@@ -28,7 +32,7 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def pydflash_engine(a: argparse.Namespace) -> tuple[Callable[[dict], dict], dict]:
+def pydflash_engine(a: argparse.Namespace) -> tuple[Callable[[Request], Reply], dict[str, Any]]:
     from pydflash import Llama
 
     llm = Llama(a.target, draft=a.draft, n_ctx=a.n_ctx, n_threads=a.threads, n_batch=a.n_batch,
@@ -39,7 +43,7 @@ def pydflash_engine(a: argparse.Namespace) -> tuple[Callable[[dict], dict], dict
                                      compute=r.compute) for r in mem.rows]},
             "block_size": llm.pair.block_size, "max_draft": llm.pair.max_draft}
 
-    def run(req: dict) -> dict:
+    def run(req: Request) -> Reply:
         prompt = llm.tokenize(req["text"])
         dm = req.get("draft_max") if a.draft else 0
         # a cold prefill every time, as the other engines do (repeats reuse prompts)
@@ -55,7 +59,7 @@ def pydflash_engine(a: argparse.Namespace) -> tuple[Callable[[dict], dict], dict
     return run, info
 
 
-def llama_cpp_python_engine(a: argparse.Namespace) -> tuple[Callable[[dict], dict], dict]:
+def llama_cpp_python_engine(a: argparse.Namespace) -> tuple[Callable[[Request], Reply], dict[str, Any]]:
     import llama_cpp
 
     llm = llama_cpp.Llama(model_path=a.target, n_ctx=a.n_ctx, n_threads=a.threads, n_threads_batch=a.threads,
@@ -63,7 +67,7 @@ def llama_cpp_python_engine(a: argparse.Namespace) -> tuple[Callable[[dict], dic
                           # a bool there; "auto" resolves to enabled on the CPU (llama.cpp logs it)
                           flash_attn=a.flash_attn != "off")
 
-    def run(req: dict) -> dict:
+    def run(req: Request) -> Reply:
         prompt = llm.tokenize(req["text"].encode(), add_bos=True, special=True)
         llm.reset()
         tokens: list[int] = []

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 # The embedded pair's train / held-out split (tools/train/corpus.py uses it too).
 SKIP_PARTS = {"site-packages", "test", "tests", "idle_test", "lib2to3", "__pycache__"}

@@ -57,7 +57,7 @@ def test_from_pretrained_with_globs(hub_cache, baseline):
                                draft_filename="*-b8.gguf", cache_dir=hub_cache, local_files_only=True,
                                n_ctx=256) as llm:
         assert llm.has_draft
-        path = Path(llm._model().path)
+        path = Path(llm.model_path)
         assert path.parent == hub_cache / "models--tiny-org--tiny-target-GGUF" / "snapshots" / COMMIT_MAIN
         assert path.is_symlink() and path.resolve().parent.name == "blobs"
         res = llm.generate("x = 1", max_tokens=12, ignore_eos=True)
@@ -69,7 +69,7 @@ def test_exact_filename_and_revision(hub_cache):
     with Llama.from_pretrained("tiny-org/tiny-target-GGUF", "tiny-target-f32.gguf",
                                draft_repo_id="tiny-org/tiny-dflash-GGUF", draft_filename="old/*.gguf",
                                draft_revision="v1", cache_dir=hub_cache, local_files_only=True, n_ctx=256) as llm:
-        assert COMMIT_V1 in llm._draft.path
+        assert COMMIT_V1 in llm.draft_path
         assert llm.pair.block_size == 8
 
 

@@ -1,9 +1,9 @@
 """pydflash: DFlash speculative decoding of GGUF models, in-process, from Python.
 
-    from pydflash import Llama
-    llm = Llama("target.gguf", draft="drafter.gguf")
-    print(llm.generate("def fib(n):", max_tokens=64).text)
-    llm.create_chat_completion([{"role": "user", "content": "hi"}])   # OpenAI-shaped
+from pydflash import Llama
+llm = Llama("target.gguf", draft="drafter.gguf")
+print(llm.generate("def fib(n):", max_tokens=64).text)
+llm.create_chat_completion([{"role": "user", "content": "hi"}])   # OpenAI-shaped
 """
 
 from __future__ import annotations

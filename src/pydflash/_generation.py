@@ -142,7 +142,7 @@ class Generation:
 
     def _event(self, step: _core.StepResult | None) -> StreamStep:
         text, n_new = self.text.release(final=self.finish is not None)
-        released = self.tokens[self.n_released:self.n_released + n_new]
+        released = self.tokens[self.n_released : self.n_released + n_new]
         self.n_released += n_new
         return StreamStep(
             tokens=released,
@@ -156,13 +156,18 @@ class Generation:
     def result(self) -> GenerationResult:
         """The finished generation's text, tokens, finish reason and stats."""
         stats = GenerationStats(
-            prompt_tokens=len(self.prompt), n_tokens=len(self.tokens), n_steps=len(self.steps),
-            n_drafted=sum(s.n_drafted for s in self.steps), n_accepted=sum(s.n_accepted for s in self.steps),
-            prefill_seconds=self.prefill_s, decode_seconds=self.decode_s, steps=tuple(self.steps),
-            cached_tokens=self.n_cached)
+            prompt_tokens=len(self.prompt),
+            n_tokens=len(self.tokens),
+            n_steps=len(self.steps),
+            n_drafted=sum(s.n_drafted for s in self.steps),
+            n_accepted=sum(s.n_accepted for s in self.steps),
+            prefill_seconds=self.prefill_s,
+            decode_seconds=self.decode_s,
+            steps=tuple(self.steps),
+            cached_tokens=self.n_cached,
+        )
         assert self.finish is not None
-        return GenerationResult(text=self.text.text(), tokens=list(self.tokens),
-                                finish_reason=self.finish, stats=stats)
+        return GenerationResult(text=self.text.text(), tokens=list(self.tokens), finish_reason=self.finish, stats=stats)
 
     def usage(self) -> CompletionUsage:
         """OpenAI's token counts."""
@@ -176,10 +181,12 @@ class Generation:
         p_ms, g_ms = self.prefill_s * 1e3, self.decode_s * 1e3
         return {
             "cache_n": self.n_cached,
-            "prompt_n": n_p, "prompt_ms": p_ms,
+            "prompt_n": n_p,
+            "prompt_ms": p_ms,
             "prompt_per_token_ms": p_ms / n_p if n_p else 0.0,
             "prompt_per_second": n_p / self.prefill_s if self.prefill_s > 0 else 0.0,
-            "predicted_n": n_g, "predicted_ms": g_ms,
+            "predicted_n": n_g,
+            "predicted_ms": g_ms,
             "predicted_per_token_ms": g_ms / n_g if n_g else 0.0,
             "predicted_per_second": n_g / self.decode_s if self.decode_s > 0 else 0.0,
             "draft_n": sum(s.n_drafted for s in self.steps),

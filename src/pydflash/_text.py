@@ -22,8 +22,8 @@ class TextAssembler:
         self._stop = [s for s in stop if s]
         self._buf = bytearray()
         self._ends: list[int] = []  # byte offset after each token
-        self._sent = 0              # bytes already released as text
-        self._released = 0          # tokens already released
+        self._sent = 0  # bytes already released as text
+        self._released = 0  # tokens already released
         self.stopped = False
 
     @property
@@ -40,7 +40,7 @@ class TextAssembler:
         ``final``: no more tokens come, so an incomplete UTF-8 tail counts
         (as U+FFFD, as the final text shows it)."""
         end = len(self._buf) if final else _complete_len(self._buf)
-        tail = bytes(self._buf[self._sent:end])
+        tail = bytes(self._buf[self._sent : end])
         text = tail.decode("utf-8", errors="replace")
         hits = [i for i in (text.find(s) for s in self._stop) if i >= 0]
         if not hits:
@@ -56,7 +56,7 @@ class TextAssembler:
         """Text that became final since the last call, and how many more
         tokens are now wholly inside released text."""
         end = len(self._buf) if final else _complete_len(self._buf)
-        tail = bytes(self._buf[self._sent:end])
+        tail = bytes(self._buf[self._sent : end])
         text = tail.decode("utf-8", errors="replace")
         if not final and not self.stopped:
             # hold back the longest tail that may still grow into a stop string
@@ -94,7 +94,7 @@ def _char_starts(b: bytes) -> list[int]:
     starts: list[int] = []
     done = 0  # bytes that emitted characters stand for
     for i in range(len(b)):
-        out = dec.decode(b[i:i + 1])
+        out = dec.decode(b[i : i + 1])
         if out:
             # a second character is this byte's own: the first was a U+FFFD
             # for the pending bytes that this byte showed to be invalid

@@ -55,8 +55,9 @@ class ChatTemplate:
     llama.cpp built-in name (see ``builtin_templates()``) or jinja source overrides it.
     A template that does not parse raises ``ChatTemplateError``."""
 
-    def __init__(self, model: _core.Model | None, source: str | None = None, *,
-                 bos_token: str = "", eos_token: str = ""):
+    def __init__(
+        self, model: _core.Model | None, source: str | None = None, *, bos_token: str = "", eos_token: str = ""
+    ):
         if source is not None and not isinstance(source, str):
             raise TypeError(f"chat template must be str, not {type(source).__name__}")
         self._t = _core.ChatTemplate(model, source or "", bos_token, eos_token)
@@ -75,9 +76,15 @@ class ChatTemplate:
     def supports_thinking(self) -> bool:
         return self._t.supports_thinking
 
-    def apply(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
-              enable_thinking: bool = True, tools: Sequence[Mapping[str, Any]] | None = None,
-              **template_kwargs: Any) -> ChatPrompt:
+    def apply(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        enable_thinking: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        **template_kwargs: Any,
+    ) -> ChatPrompt:
         """Render ``messages`` (OpenAI-style dicts) into a prompt."""
         _check_messages(messages)
         try:
@@ -90,11 +97,17 @@ class ChatTemplate:
         stops = _strs(d["additional_stops"])
         if self._fallback and _CHATML_END not in stops:
             stops.append(_CHATML_END)
-        return ChatPrompt(prompt=str(d["prompt"]), stop=tuple(stops), generation_prompt=str(d["generation_prompt"]),
-                          format=str(d["format"]), supports_thinking=bool(d["supports_thinking"]),
-                          thinking_start_tag=str(d["thinking_start_tag"]),
-                          thinking_end_tags=tuple(_strs(d["thinking_end_tags"])),
-                          format_id=_int(d["format_id"]), parser=str(d["parser"]))
+        return ChatPrompt(
+            prompt=str(d["prompt"]),
+            stop=tuple(stops),
+            generation_prompt=str(d["generation_prompt"]),
+            format=str(d["format"]),
+            supports_thinking=bool(d["supports_thinking"]),
+            thinking_start_tag=str(d["thinking_start_tag"]),
+            thinking_end_tags=tuple(_strs(d["thinking_end_tags"])),
+            format_id=_int(d["format_id"]),
+            parser=str(d["parser"]),
+        )
 
     @staticmethod
     def parse(text: str, prompt: ChatPrompt, *, extract_reasoning: bool = True, partial: bool = False) -> ChatReply:
@@ -102,8 +115,9 @@ class ChatTemplate:
         template's reply parser. Raises ``ChatTemplateError`` when it does not match."""
         if not prompt.needs_parse:
             return ChatReply(text, "", ())
-        d = _core.ChatTemplate.parse(text, prompt.format_id, prompt.generation_prompt, prompt.parser,
-                                     extract_reasoning, partial)
+        d = _core.ChatTemplate.parse(
+            text, prompt.format_id, prompt.generation_prompt, prompt.parser, extract_reasoning, partial
+        )
         calls = d["tool_calls"]
         if not isinstance(calls, (list, tuple)):
             raise TypeError(f"the core's tool_calls must be a list, not {type(calls).__name__}")
@@ -112,6 +126,7 @@ class ChatTemplate:
 
 # The core returns dicts of plain values (str, int, lists): these read them with
 # the type they must have (a TypeError would be a binding bug).
+
 
 def _strs(value: object) -> list[str]:
     if not isinstance(value, (list, tuple)) or not all(isinstance(s, str) for s in value):

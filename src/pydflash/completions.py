@@ -128,11 +128,23 @@ def create_completion(
     _unsupported(suffix=suffix, logprobs=logprobs)
     tokens = llm.prompt_tokens(prompt)
     cfg = SamplingConfig.build(
-        max_tokens=_fill(max_tokens, llm.n_ctx, len(tokens)), temperature=temperature, top_p=top_p, top_k=top_k,
-        min_p=min_p, seed=seed, stop=_stops(stop), frequency_penalty=frequency_penalty,
-        presence_penalty=presence_penalty, repeat_penalty=repeat_penalty, logit_bias=_logit_bias(logit_bias),
-        ignore_eos=ignore_eos, draft_max=draft_max, draft_min=draft_min, draft_p_min=draft_p_min,
-        cache_prompt=cache_prompt)
+        max_tokens=_fill(max_tokens, llm.n_ctx, len(tokens)),
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        seed=seed,
+        stop=_stops(stop),
+        frequency_penalty=frequency_penalty,
+        presence_penalty=presence_penalty,
+        repeat_penalty=repeat_penalty,
+        logit_bias=_logit_bias(logit_bias),
+        ignore_eos=ignore_eos,
+        draft_max=draft_max,
+        draft_min=draft_min,
+        draft_p_min=draft_p_min,
+        cache_prompt=cache_prompt,
+    )
     gen = Generation(llm, tokens, cfg)
     meta: _Meta = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or llm.model_name}
     head = (prompt if isinstance(prompt, str) else llm.detokenize(tokens)) if echo else ""
@@ -142,17 +154,28 @@ def create_completion(
     for step in gen.run(cancel):
         text += step.text
     res: Completion = {
-        "id": meta["id"], "object": "text_completion", "created": meta["created"], "model": meta["model"],
+        "id": meta["id"],
+        "object": "text_completion",
+        "created": meta["created"],
+        "model": meta["model"],
         "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": _finish(gen.finish)}],
-        "usage": gen.usage(), "timings": gen.timings()}
+        "usage": gen.usage(),
+        "timings": gen.timings(),
+    }
     return res
 
 
-def _completion_chunks(gen: Generation, cancel: Callable[[], bool] | None, meta: _Meta,
-                       head: str) -> Iterator[CompletionChunk]:
+def _completion_chunks(
+    gen: Generation, cancel: Callable[[], bool] | None, meta: _Meta, head: str
+) -> Iterator[CompletionChunk]:
     def chunk(text: str, finish: FinishReasonOAI | None) -> CompletionChunk:
-        return {"id": meta["id"], "object": "text_completion", "created": meta["created"], "model": meta["model"],
-                "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
+        return {
+            "id": meta["id"],
+            "object": "text_completion",
+            "created": meta["created"],
+            "model": meta["model"],
+            "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}],
+        }
 
     it = gen.run(cancel)
     try:
@@ -209,20 +232,37 @@ def create_chat_completion(
     kwargs = dict(chat_template_kwargs or {})
     if "enable_thinking" in kwargs:
         enable_thinking = bool(kwargs.pop("enable_thinking"))
-    cp = llm.chat_template.apply(messages, add_generation_prompt=True, enable_thinking=enable_thinking,
-                                  tools=tools, **kwargs)
+    cp = llm.chat_template.apply(
+        messages, add_generation_prompt=True, enable_thinking=enable_thinking, tools=tools, **kwargs
+    )
     tokens = llm.prompt_tokens(cp.prompt)
     cfg = SamplingConfig.build(
-        max_tokens=_fill(max_tokens, llm.n_ctx, len(tokens)), temperature=temperature, top_p=top_p, top_k=top_k,
-        min_p=min_p, seed=seed, stop=_stops(stop, cp.stop), frequency_penalty=frequency_penalty,
-        presence_penalty=presence_penalty, repeat_penalty=repeat_penalty, logit_bias=_logit_bias(logit_bias),
-        ignore_eos=ignore_eos, draft_max=draft_max, draft_min=draft_min, draft_p_min=draft_p_min,
-        cache_prompt=cache_prompt)
+        max_tokens=_fill(max_tokens, llm.n_ctx, len(tokens)),
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        seed=seed,
+        stop=_stops(stop, cp.stop),
+        frequency_penalty=frequency_penalty,
+        presence_penalty=presence_penalty,
+        repeat_penalty=repeat_penalty,
+        logit_bias=_logit_bias(logit_bias),
+        ignore_eos=ignore_eos,
+        draft_max=draft_max,
+        draft_min=draft_min,
+        draft_p_min=draft_p_min,
+        cache_prompt=cache_prompt,
+    )
     gen = Generation(llm, tokens, cfg)
-    meta: _Meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
-                   "model": model or llm.model_name}
+    meta: _Meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or llm.model_name}
     if stream:
         return _chat_chunks(gen, cancel, cp, meta)
+    return _chat_completion(gen, cancel, cp, meta)
+
+
+def _chat_completion(gen: Generation, cancel: Callable[[], bool] | None, cp: ChatPrompt, meta: _Meta) -> ChatCompletion:
+    """The whole reply, parsed by the template's parser (reasoning, tool calls)."""
     text = "".join(step.text for step in gen.run(cancel))
     reply = _parse_final(text, cp)
     msg: ChatCompletionMessage = {"role": "assistant", "content": reply.content}
@@ -233,9 +273,14 @@ def create_chat_completion(
         msg["tool_calls"] = _tool_calls(reply)
         finish = "tool_calls"
     res: ChatCompletion = {
-        "id": meta["id"], "object": "chat.completion", "created": meta["created"], "model": meta["model"],
+        "id": meta["id"],
+        "object": "chat.completion",
+        "created": meta["created"],
+        "model": meta["model"],
         "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": finish}],
-        "usage": gen.usage(), "timings": gen.timings()}
+        "usage": gen.usage(),
+        "timings": gen.timings(),
+    }
     return res
 
 
@@ -247,27 +292,40 @@ def _parse_final(text: str, cp: ChatPrompt) -> ChatReply:
 
 
 def _tool_calls(reply: ChatReply) -> list[ChatCompletionToolCall]:
-    return [{"id": cid or f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-             "function": {"name": name, "arguments": args}} for name, args, cid in reply.tool_calls]
+    return [
+        {
+            "id": cid or f"call_{uuid.uuid4().hex[:24]}",
+            "type": "function",
+            "function": {"name": name, "arguments": args},
+        }
+        for name, args, cid in reply.tool_calls
+    ]
 
 
-def _chat_chunks(gen: Generation, cancel: Callable[[], bool] | None, cp: ChatPrompt,
-                 meta: _Meta) -> Iterator[ChatCompletionChunk]:
+def _chat_chunks(
+    gen: Generation, cancel: Callable[[], bool] | None, cp: ChatPrompt, meta: _Meta
+) -> Iterator[ChatCompletionChunk]:
     def chunk(delta: ChatCompletionChunkDelta, finish: FinishReasonOAI | None = None) -> ChatCompletionChunk:
-        return {"id": meta["id"], "object": "chat.completion.chunk", "created": meta["created"],
-                "model": meta["model"], "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                                                     "finish_reason": finish}]}
+        return {
+            "id": meta["id"],
+            "object": "chat.completion.chunk",
+            "created": meta["created"],
+            "model": meta["model"],
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        }
 
     sent = {"content": "", "reasoning_content": ""}
 
     def deltas(reply: ChatReply) -> ChatCompletionChunkDelta | None:
         d: ChatCompletionChunkDelta = {}
         parts: tuple[tuple[Literal["reasoning_content", "content"], str], ...] = (
-            ("reasoning_content", reply.reasoning_content), ("content", reply.content))
+            ("reasoning_content", reply.reasoning_content),
+            ("content", reply.content),
+        )
         for key, now in parts:
             before = sent[key]
             if len(now) > len(before) and now.startswith(before):
-                d[key] = now[len(before):]
+                d[key] = now[len(before) :]
                 sent[key] = now
         return d or None
 

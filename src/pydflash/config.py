@@ -60,19 +60,19 @@ class ModelConfig:
 
     n_ctx: int = _PAIR.n_ctx
     n_batch: int = _PAIR.n_batch
-    n_gpu_layers: int = _MODEL.n_gpu_layers   # target layers to offload; -1: all
+    n_gpu_layers: int = _MODEL.n_gpu_layers  # target layers to offload; -1: all
     draft_n_gpu_layers: int | None = None  # the drafter's; None: as n_gpu_layers
-    main_gpu: int = _MODEL.main_gpu           # the device used with split_mode "none"
-    split_mode: str = _MODEL.split_mode       # across several GPUs: "none", "layer" or "row"
-    tensor_split: tuple[float, ...] = ()      # share of the model per device; (): by free memory
-    rpc_servers: tuple[str, ...] = ()         # "host:port" of ggml RPC servers (offload targets)
-    flash_attn: str = _PAIR.flash_attn        # "auto", "on" or "off" (True/False accepted), both contexts
-    type_k: str = _PAIR.type_k                # the target's KV cache types
+    main_gpu: int = _MODEL.main_gpu  # the device used with split_mode "none"
+    split_mode: str = _MODEL.split_mode  # across several GPUs: "none", "layer" or "row"
+    tensor_split: tuple[float, ...] = ()  # share of the model per device; (): by free memory
+    rpc_servers: tuple[str, ...] = ()  # "host:port" of ggml RPC servers (offload targets)
+    flash_attn: str = _PAIR.flash_attn  # "auto", "on" or "off" (True/False accepted), both contexts
+    type_k: str = _PAIR.type_k  # the target's KV cache types
     type_v: str = _PAIR.type_v
-    draft_type_k: str = _PAIR.draft_type_k    # the drafter's
+    draft_type_k: str = _PAIR.draft_type_k  # the drafter's
     draft_type_v: str = _PAIR.draft_type_v
-    n_threads: int | None = None           # None: all hardware threads
-    draft_max: int | None = None           # None: the drafter's block size - 1
+    n_threads: int | None = None  # None: all hardware threads
+    draft_max: int | None = None  # None: the drafter's block size - 1
     seed: int = 0
     rollback: str = _PAIR.rollback
 
@@ -110,16 +110,29 @@ class ModelConfig:
         ngl = self.n_gpu_layers
         if role == "drafter" and self.draft_n_gpu_layers is not None:
             ngl = self.draft_n_gpu_layers
-        return _core.ModelParams(n_gpu_layers=ngl, main_gpu=self.main_gpu, split_mode=self.split_mode,
-                                 tensor_split=list(self.tensor_split), rpc_servers=list(self.rpc_servers))
+        return _core.ModelParams(
+            n_gpu_layers=ngl,
+            main_gpu=self.main_gpu,
+            split_mode=self.split_mode,
+            tensor_split=list(self.tensor_split),
+            rpc_servers=list(self.rpc_servers),
+        )
 
     def pair_params(self) -> _core.PairParams:
         """The core ContextPair's options."""
         return _core.PairParams(
-            n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=min(self.n_batch, _PAIR.n_ubatch),
-            n_threads=self.n_threads or 0, draft_max=-1 if self.draft_max is None else self.draft_max,
-            rollback=self.rollback, flash_attn=self.flash_attn, type_k=self.type_k, type_v=self.type_v,
-            draft_type_k=self.draft_type_k, draft_type_v=self.draft_type_v)
+            n_ctx=self.n_ctx,
+            n_batch=self.n_batch,
+            n_ubatch=min(self.n_batch, _PAIR.n_ubatch),
+            n_threads=self.n_threads or 0,
+            draft_max=-1 if self.draft_max is None else self.draft_max,
+            rollback=self.rollback,
+            flash_attn=self.flash_attn,
+            type_k=self.type_k,
+            type_v=self.type_v,
+            draft_type_k=self.draft_type_k,
+            draft_type_v=self.draft_type_v,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,8 +167,15 @@ class SamplingConfig:
             raise TypeError(f"cache_prompt must be a bool, not {type(self.cache_prompt).__name__}")
         for name in ("top_k", "penalty_last_n", "draft_min"):
             int_option(name, getattr(self, name))
-        for name in ("temperature", "top_p", "min_p", "repeat_penalty", "frequency_penalty", "presence_penalty",
-                     "draft_p_min"):
+        for name in (
+            "temperature",
+            "top_p",
+            "min_p",
+            "repeat_penalty",
+            "frequency_penalty",
+            "presence_penalty",
+            "draft_p_min",
+        ):
             float_option(name, getattr(self, name))
         if self.seed is not None:
             int_option("seed", self.seed, bits=64)
@@ -173,26 +193,44 @@ class SamplingConfig:
         self.draft_control().validate()
 
     @classmethod
-    def build(cls, *, stop: str | Sequence[str] | None = (), logit_bias: Mapping[int, float] | None = None,
-              verify: str | None = None, **kw: Any) -> SamplingConfig:
+    def build(
+        cls,
+        *,
+        stop: str | Sequence[str] | None = (),
+        logit_bias: Mapping[int, float] | None = None,
+        verify: str | None = None,
+        **kw: Any,
+    ) -> SamplingConfig:
         """From the keyword arguments of generate()/stream() (the others are this
         class's fields, checked when it is built)."""
         bias = tuple(sorted((operator.index(t), float(b)) for t, b in (logit_bias or {}).items()))
-        return cls(stop=cls.normalise_stop(stop), logit_bias=bias,
-                   verify=_SAMPLING.verify if verify is None else verify, **kw)
+        return cls(
+            stop=cls.normalise_stop(stop), logit_bias=bias, verify=_SAMPLING.verify if verify is None else verify, **kw
+        )
 
     def core_params(self, seed: int) -> _core.SamplingParams:
         """The core's sampling options, with the seed this run uses."""
         return _core.SamplingParams(
-            temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
-            repeat_penalty=self.repeat_penalty, frequency_penalty=self.frequency_penalty,
-            presence_penalty=self.presence_penalty, penalty_last_n=self.penalty_last_n,
-            logit_bias=list(self.logit_bias), seed=seed & 0xFFFFFFFFFFFFFFFF, verify=self.verify)
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            min_p=self.min_p,
+            repeat_penalty=self.repeat_penalty,
+            frequency_penalty=self.frequency_penalty,
+            presence_penalty=self.presence_penalty,
+            penalty_last_n=self.penalty_last_n,
+            logit_bias=list(self.logit_bias),
+            seed=seed & 0xFFFFFFFFFFFFFFFF,
+            verify=self.verify,
+        )
 
     def draft_control(self) -> _core.DraftControl:
         """The core's draft-length controls (draft_max None: the pair's default)."""
-        return _core.DraftControl(draft_max=-1 if self.draft_max is None else self.draft_max,
-                                  draft_min=self.draft_min, draft_p_min=self.draft_p_min)
+        return _core.DraftControl(
+            draft_max=-1 if self.draft_max is None else self.draft_max,
+            draft_min=self.draft_min,
+            draft_p_min=self.draft_p_min,
+        )
 
     @staticmethod
     def normalise_stop(stop: str | Sequence[str] | None) -> tuple[str, ...]:

@@ -30,9 +30,15 @@ def _hub() -> Any:
     return huggingface_hub
 
 
-def resolve(repo_id: str, filename: str, *, revision: str | None = None,
-            cache_dir: os.PathLike[str] | str | None = None, local_files_only: bool = False,
-            token: str | None = None) -> Path:
+def resolve(
+    repo_id: str,
+    filename: str,
+    *,
+    revision: str | None = None,
+    cache_dir: os.PathLike[str] | str | None = None,
+    local_files_only: bool = False,
+    token: str | None = None,
+) -> Path:
     """The local path of ``filename`` in ``repo_id`` (downloaded when missing).
 
     ``filename`` may be a glob (``"*Q4_K_M.gguf"``); it must match exactly one
@@ -45,14 +51,37 @@ def resolve(repo_id: str, filename: str, *, revision: str | None = None,
     cache = os.fspath(cache_dir) if cache_dir is not None else None
     try:
         if not _GLOB_CHARS & set(filename):
-            return Path(hf.hf_hub_download(repo_id, filename, revision=revision, cache_dir=cache,
-                                           local_files_only=local_files_only, token=token))
-        folder = Path(hf.snapshot_download(repo_id, revision=revision, cache_dir=cache, allow_patterns=[filename],
-                                           local_files_only=local_files_only, token=token))
-    except (hf.errors.LocalEntryNotFoundError, hf.errors.EntryNotFoundError,
-            hf.errors.RepositoryNotFoundError, hf.errors.RevisionNotFoundError, hf.errors.OfflineModeIsEnabled) as e:
-        raise ModelLoadError(f"{repo_id}: {filename!r} is not available"
-                             f"{' in the local cache' if local_files_only or _offline() else ''}: {e}") from e
+            return Path(
+                hf.hf_hub_download(
+                    repo_id,
+                    filename,
+                    revision=revision,
+                    cache_dir=cache,
+                    local_files_only=local_files_only,
+                    token=token,
+                )
+            )
+        folder = Path(
+            hf.snapshot_download(
+                repo_id,
+                revision=revision,
+                cache_dir=cache,
+                allow_patterns=[filename],
+                local_files_only=local_files_only,
+                token=token,
+            )
+        )
+    except (
+        hf.errors.LocalEntryNotFoundError,
+        hf.errors.EntryNotFoundError,
+        hf.errors.RepositoryNotFoundError,
+        hf.errors.RevisionNotFoundError,
+        hf.errors.OfflineModeIsEnabled,
+    ) as e:
+        raise ModelLoadError(
+            f"{repo_id}: {filename!r} is not available"
+            f"{' in the local cache' if local_files_only or _offline() else ''}: {e}"
+        ) from e
     files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() or p.is_symlink())
     matches = [f for f in files if fnmatch.fnmatch(f, filename)]
     if len(matches) > 1:
@@ -62,14 +91,22 @@ def resolve(repo_id: str, filename: str, *, revision: str | None = None,
         else:
             raise ValueError(f"{repo_id}: {filename!r} matches {len(matches)} files: {', '.join(matches)}")
     if not matches:
-        raise ModelLoadError(f"{repo_id}: no file matches {filename!r}"
-                             + (f" (files: {', '.join(files)})" if files else ""))
+        raise ModelLoadError(
+            f"{repo_id}: no file matches {filename!r}" + (f" (files: {', '.join(files)})" if files else "")
+        )
     if "-00001-of-" in matches[0]:
         # llama.cpp loads the other shards from beside the first one
         rest = matches[0].replace("-00001-of-", "-*-of-")
-        snapshot_folder = Path(hf.snapshot_download(repo_id, revision=revision, cache_dir=cache,
-                                                    allow_patterns=[rest], local_files_only=local_files_only,
-                                                    token=token))
+        snapshot_folder = Path(
+            hf.snapshot_download(
+                repo_id,
+                revision=revision,
+                cache_dir=cache,
+                allow_patterns=[rest],
+                local_files_only=local_files_only,
+                token=token,
+            )
+        )
         return snapshot_folder / matches[0]
     return folder / matches[0]
 
@@ -78,11 +115,20 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
 
 
-def from_pretrained(cls: type[L], repo_id: str, filename: str | None = None, *,
-                    draft_repo_id: str | None = None, draft_filename: str | None = None,
-                    revision: str | None = None, draft_revision: str | None = None,
-                    cache_dir: os.PathLike[str] | str | None = None, local_files_only: bool = False,
-                    token: str | None = None, **kwargs: Any) -> L:
+def from_pretrained(
+    cls: type[L],
+    repo_id: str,
+    filename: str | None = None,
+    *,
+    draft_repo_id: str | None = None,
+    draft_filename: str | None = None,
+    revision: str | None = None,
+    draft_revision: str | None = None,
+    cache_dir: os.PathLike[str] | str | None = None,
+    local_files_only: bool = False,
+    token: str | None = None,
+    **kwargs: Any,
+) -> L:
     """``Llama.from_pretrained(repo_id, filename, draft_repo_id=..., draft_filename=...)``.
 
     ``filename`` / ``draft_filename`` may be globs. The drafter comes from
@@ -93,11 +139,17 @@ def from_pretrained(cls: type[L], repo_id: str, filename: str | None = None, *,
         filename = "*.gguf"
     if "draft" in kwargs:
         raise TypeError("from_pretrained takes draft_repo_id / draft_filename, not draft=")
-    target = resolve(repo_id, filename, revision=revision, cache_dir=cache_dir,
-                     local_files_only=local_files_only, token=token)
+    target = resolve(
+        repo_id, filename, revision=revision, cache_dir=cache_dir, local_files_only=local_files_only, token=token
+    )
     draft: Path | None = None
     if draft_repo_id is not None or draft_filename is not None:
-        draft = resolve(draft_repo_id or repo_id, draft_filename or "*.gguf",
-                        revision=draft_revision if draft_repo_id else (draft_revision or revision),
-                        cache_dir=cache_dir, local_files_only=local_files_only, token=token)
+        draft = resolve(
+            draft_repo_id or repo_id,
+            draft_filename or "*.gguf",
+            revision=draft_revision if draft_repo_id else (draft_revision or revision),
+            cache_dir=cache_dir,
+            local_files_only=local_files_only,
+            token=token,
+        )
     return cls(target, draft=draft, **kwargs)

@@ -82,13 +82,24 @@ class Llama:
         # sequence of numbers into the tensor_split tuple, "a:1,b:2" into the rpc_servers
         # tuple and a bool flash_attn into "on"/"off" (and checks them, with typed errors)
         self.config = ModelConfig(
-            n_ctx=n_ctx, n_batch=n_batch, n_gpu_layers=n_gpu_layers, draft_n_gpu_layers=draft_n_gpu_layers,
-            main_gpu=main_gpu, split_mode=split_mode,
+            n_ctx=n_ctx,
+            n_batch=n_batch,
+            n_gpu_layers=n_gpu_layers,
+            draft_n_gpu_layers=draft_n_gpu_layers,
+            main_gpu=main_gpu,
+            split_mode=split_mode,
             tensor_split=tensor_split,  # type: ignore[arg-type]  # normalised by ModelConfig (above)
             rpc_servers=rpc_servers,  # type: ignore[arg-type]  # normalised by ModelConfig (above)
             flash_attn=flash_attn,  # type: ignore[arg-type]  # normalised by ModelConfig (above)
-            type_k=type_k, type_v=type_v, draft_type_k=draft_type_k, draft_type_v=draft_type_v,
-            n_threads=n_threads, draft_max=draft_max, seed=seed, rollback=rollback)
+            type_k=type_k,
+            type_v=type_v,
+            draft_type_k=draft_type_k,
+            draft_type_v=draft_type_v,
+            n_threads=n_threads,
+            draft_max=draft_max,
+            seed=seed,
+            rollback=rollback,
+        )
         _logging.set_verbose(verbose)
         self._lock = threading.Lock()
         self._owner: int | None = None
@@ -97,8 +108,9 @@ class Llama:
         cfg = self.config
         try:
             self._target = _core.Model.load(os.fspath(model_path), cfg.model_params("target"), "target")
-            self._draft = (None if draft is None
-                           else _core.Model.load_drafter(os.fspath(draft), cfg.model_params("drafter")))
+            self._draft = (
+                None if draft is None else _core.Model.load_drafter(os.fspath(draft), cfg.model_params("drafter"))
+            )
             self._pair_core = _core.ContextPair(self._target, self._draft, cfg.pair_params())
         finally:
             _logging.flush()
@@ -147,6 +159,12 @@ class Llama:
     def model_path(self) -> str:
         """The target GGUF's path, as loaded."""
         return self._model().path
+
+    @property
+    def draft_path(self) -> str | None:
+        """The drafter GGUF's path, as loaded (None without a drafter)."""
+        self._model()
+        return self._draft.path if self._draft is not None else None
 
     @property
     def model_name(self) -> str:
@@ -252,11 +270,25 @@ class Llama:
         previous prompt and its output) is not evaluated again; the output is
         the same either way. ``stats.cached_tokens`` says how many were kept."""
         cfg = SamplingConfig.build(
-            max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-            repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-            penalty_last_n=penalty_last_n, logit_bias=logit_bias, seed=seed, stop=stop, ignore_eos=ignore_eos,
-            verify=verify, draft_max=draft_max, draft_min=draft_min, draft_p_min=draft_p_min,
-            cache_prompt=cache_prompt)
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            repeat_penalty=repeat_penalty,
+            frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty,
+            penalty_last_n=penalty_last_n,
+            logit_bias=logit_bias,
+            seed=seed,
+            stop=stop,
+            ignore_eos=ignore_eos,
+            verify=verify,
+            draft_max=draft_max,
+            draft_min=draft_min,
+            draft_p_min=draft_p_min,
+            cache_prompt=cache_prompt,
+        )
         gen = Generation(self, prompt, cfg)
         for _ in gen:
             pass
@@ -288,11 +320,25 @@ class Llama:
         """Like ``generate`` (same options), one ``StreamStep`` per speculative
         step. The last step carries the finish_reason."""
         cfg = SamplingConfig.build(
-            max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-            repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-            penalty_last_n=penalty_last_n, logit_bias=logit_bias, seed=seed, stop=stop, ignore_eos=ignore_eos,
-            verify=verify, draft_max=draft_max, draft_min=draft_min, draft_p_min=draft_p_min,
-            cache_prompt=cache_prompt)
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            repeat_penalty=repeat_penalty,
+            frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty,
+            penalty_last_n=penalty_last_n,
+            logit_bias=logit_bias,
+            seed=seed,
+            stop=stop,
+            ignore_eos=ignore_eos,
+            verify=verify,
+            draft_max=draft_max,
+            draft_min=draft_min,
+            draft_p_min=draft_p_min,
+            cache_prompt=cache_prompt,
+        )
         return iter(Generation(self, prompt, cfg))
 
     def __repr__(self) -> str:
@@ -304,42 +350,72 @@ class Llama:
     # -- OpenAI-style API (pydflash.completions) --------------------------------
 
     @classmethod
-    def from_pretrained(cls, repo_id: str, filename: str | None = None, *, draft_repo_id: str | None = None,
-                        draft_filename: str | None = None, revision: str | None = None,
-                        draft_revision: str | None = None, cache_dir: str | os.PathLike[str] | None = None,
-                        local_files_only: bool = False, token: str | None = None, **kwargs: Any) -> Llama:
+    def from_pretrained(
+        cls,
+        repo_id: str,
+        filename: str | None = None,
+        *,
+        draft_repo_id: str | None = None,
+        draft_filename: str | None = None,
+        revision: str | None = None,
+        draft_revision: str | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        local_files_only: bool = False,
+        token: str | None = None,
+        **kwargs: Any,
+    ) -> Llama:
         """Download (or find in the cache) a GGUF target, and optionally a DFlash
         drafter, from the Hugging Face Hub; filenames may be globs. Other keyword
         arguments go to ``Llama(...)``. See ``pydflash.hub.from_pretrained``."""
         from .hub import from_pretrained
 
-        return from_pretrained(cls, repo_id, filename, draft_repo_id=draft_repo_id, draft_filename=draft_filename,
-                               revision=revision, draft_revision=draft_revision, cache_dir=cache_dir,
-                               local_files_only=local_files_only, token=token, **kwargs)
+        return from_pretrained(
+            cls,
+            repo_id,
+            filename,
+            draft_repo_id=draft_repo_id,
+            draft_filename=draft_filename,
+            revision=revision,
+            draft_revision=draft_revision,
+            cache_dir=cache_dir,
+            local_files_only=local_files_only,
+            token=token,
+            **kwargs,
+        )
 
-    def create_completion(self, prompt: Prompt, *args: Any,
-                          **kwargs: Any) -> Completion | Iterator[CompletionChunk]:
+    def create_completion(self, prompt: Prompt, *args: Any, **kwargs: Any) -> Completion | Iterator[CompletionChunk]:
         """OpenAI-style text completion (``stream=True``: chunks); options and
         defaults as llama-cpp-python's. See ``pydflash.completions.create_completion``."""
         return create_completion(self, prompt, *args, **kwargs)
 
-    def __call__(self, prompt: Prompt, *args: Any,
-                 **kwargs: Any) -> Completion | Iterator[CompletionChunk]:
+    def __call__(self, prompt: Prompt, *args: Any, **kwargs: Any) -> Completion | Iterator[CompletionChunk]:
         """Same as ``create_completion``."""
         return self.create_completion(prompt, *args, **kwargs)
 
-    def create_chat_completion(self, messages: Sequence[Mapping[str, Any]], *args: Any,
-                               **kwargs: Any) -> ChatCompletion | Iterator[ChatCompletionChunk]:
+    def create_chat_completion(
+        self, messages: Sequence[Mapping[str, Any]], *args: Any, **kwargs: Any
+    ) -> ChatCompletion | Iterator[ChatCompletionChunk]:
         """OpenAI-style chat completion through the model's chat template.
         See ``pydflash.completions.create_chat_completion``."""
         return create_chat_completion(self, messages, *args, **kwargs)
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
-                            enable_thinking: bool = True, tools: Sequence[Mapping[str, Any]] | None = None,
-                            **template_kwargs: Any) -> ChatPrompt:
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        enable_thinking: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        **template_kwargs: Any,
+    ) -> ChatPrompt:
         """The prompt the chat template makes of ``messages`` (nothing is generated)."""
-        return self.chat_template.apply(messages, add_generation_prompt=add_generation_prompt,
-                                         enable_thinking=enable_thinking, tools=tools, **template_kwargs)
+        return self.chat_template.apply(
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            enable_thinking=enable_thinking,
+            tools=tools,
+            **template_kwargs,
+        )
 
     @property
     def chat_template(self) -> ChatTemplate:
@@ -359,8 +435,9 @@ class Llama:
         thread generating twice at once (an open stream) is a PyDFlashError."""
         me = threading.get_ident()
         if self._owner == me:
-            raise PyDFlashError("this thread is already generating with this Llama object "
-                                "(finish or close the open stream first)")
+            raise PyDFlashError(
+                "this thread is already generating with this Llama object (finish or close the open stream first)"
+            )
         self._lock.acquire()
         self._owner = me
         try:

@@ -24,10 +24,20 @@ class Metrics:
         self.bucket_counts = [0] * len(self.buckets)
         self.hist_count = 0
         self.hist_sum = 0
-        self.counters: dict[str, float] = {k: 0 for k in (
-            "prompt_tokens_total", "prompt_seconds_total", "tokens_predicted_total",
-            "tokens_predicted_seconds_total", "draft_tokens_total", "draft_tokens_accepted_total",
-            "target_passes_total", "requests_cancelled_total", "requests_failed_total")}
+        self.counters: dict[str, float] = {
+            k: 0
+            for k in (
+                "prompt_tokens_total",
+                "prompt_seconds_total",
+                "tokens_predicted_total",
+                "tokens_predicted_seconds_total",
+                "draft_tokens_total",
+                "draft_tokens_accepted_total",
+                "target_passes_total",
+                "requests_cancelled_total",
+                "requests_failed_total",
+            )
+        }
         self.requests: dict[str, int] = {}
         self.processing = 0
         self.deferred = 0
@@ -73,41 +83,23 @@ class Metrics:
             c = dict(self.counters)
             out: list[str] = []
 
-            def metric(name: str, kind: str, help_: str, value: float, labels: str = "") -> None:
+            def metric(name: str, kind: str, help_: str, value: float) -> None:
                 out.append(f"# HELP {PREFIX}{name} {help_}")
                 out.append(f"# TYPE {PREFIX}{name} {kind}")
-                out.append(f"{PREFIX}{name}{labels} {_num(value)}")
+                out.append(f"{PREFIX}{name} {_num(value)}")
 
             out.append(f"# HELP {PREFIX}requests_total Requests per endpoint.")
             out.append(f"# TYPE {PREFIX}requests_total counter")
             for ep, n in sorted(self.requests.items()):
                 out.append(f'{PREFIX}requests_total{{endpoint="{ep}"}} {n}')
-            metric("requests_cancelled_total", "counter", "Generations cancelled by a client disconnect.",
-                   c["requests_cancelled_total"])
-            metric("requests_failed_total", "counter", "Requests that ended in an error.", c["requests_failed_total"])
-            metric("requests_processing", "gauge", "Generations running now (at most one per model pair).",
-                   self.processing)
+            for name, help_ in _COUNTERS:
+                metric(name, "counter", help_, c[name])
+            metric(
+                "requests_processing", "gauge", "Generations running now (at most one per model pair).", self.processing
+            )
             metric("requests_deferred", "gauge", "Requests waiting for the model pair.", self.deferred)
-            metric("prompt_tokens_total", "counter", "Prompt tokens processed.", c["prompt_tokens_total"])
-            metric("prompt_seconds_total", "counter", "Prompt processing time.", c["prompt_seconds_total"])
-            metric("tokens_predicted_total", "counter", "Generated tokens.", c["tokens_predicted_total"])
-            metric("tokens_predicted_seconds_total", "counter", "Generation (decode) time.",
-                   c["tokens_predicted_seconds_total"])
-            metric("draft_tokens_total", "counter", "Tokens proposed by the DFlash drafter.", c["draft_tokens_total"])
-            metric("draft_tokens_accepted_total", "counter", "Drafted tokens the target accepted.",
-                   c["draft_tokens_accepted_total"])
-            metric("target_passes_total", "counter", "Target verification passes (speculative steps).",
-                   c["target_passes_total"])
-            for gname, help_, num, den in (
-                    ("draft_acceptance_rate", "Accepted / drafted tokens since start.",
-                     "draft_tokens_accepted_total", "draft_tokens_total"),
-                    ("tokens_per_target_pass", "Generated tokens per target pass (tau) since start.",
-                     "tokens_predicted_total", "target_passes_total"),
-                    ("predicted_tokens_seconds", "Average generation throughput in tokens/s.",
-                     "tokens_predicted_total", "tokens_predicted_seconds_total"),
-                    ("prompt_tokens_seconds", "Average prompt throughput in tokens/s.",
-                     "prompt_tokens_total", "prompt_seconds_total")):
-                metric(gname, "gauge", help_, c[num] / c[den] if c[den] else 0.0)
+            for name, help_, num, den in _RATIOS:
+                metric(name, "gauge", help_, c[num] / c[den] if c[den] else 0.0)
             name = f"{PREFIX}accepted_length"
             out.append(f"# HELP {name} Drafted tokens accepted per speculative step.")
             out.append(f"# TYPE {name} histogram")
@@ -117,6 +109,42 @@ class Metrics:
             out.append(f"{name}_sum {self.hist_sum}")
             out.append(f"{name}_count {self.hist_count}")
         return "\n".join(out) + "\n"
+
+
+# counters rendered as they are: (name, help)
+_COUNTERS = (
+    ("requests_cancelled_total", "Generations cancelled by a client disconnect."),
+    ("requests_failed_total", "Requests that ended in an error."),
+    ("prompt_tokens_total", "Prompt tokens processed."),
+    ("prompt_seconds_total", "Prompt processing time."),
+    ("tokens_predicted_total", "Generated tokens."),
+    ("tokens_predicted_seconds_total", "Generation (decode) time."),
+    ("draft_tokens_total", "Tokens proposed by the DFlash drafter."),
+    ("draft_tokens_accepted_total", "Drafted tokens the target accepted."),
+    ("target_passes_total", "Target verification passes (speculative steps)."),
+)
+# gauges that are ratios of two counters since start: (name, help, numerator, denominator)
+_RATIOS = (
+    (
+        "draft_acceptance_rate",
+        "Accepted / drafted tokens since start.",
+        "draft_tokens_accepted_total",
+        "draft_tokens_total",
+    ),
+    (
+        "tokens_per_target_pass",
+        "Generated tokens per target pass (tau) since start.",
+        "tokens_predicted_total",
+        "target_passes_total",
+    ),
+    (
+        "predicted_tokens_seconds",
+        "Average generation throughput in tokens/s.",
+        "tokens_predicted_total",
+        "tokens_predicted_seconds_total",
+    ),
+    ("prompt_tokens_seconds", "Average prompt throughput in tokens/s.", "prompt_tokens_total", "prompt_seconds_total"),
+)
 
 
 def _num(v: float) -> str:

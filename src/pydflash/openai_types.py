@@ -60,8 +60,8 @@ class CompletionUsage(TypedDict):
 class Timings(TypedDict):
     """llama-server's ``timings`` object, plus the DFlash step counts."""
 
-    cache_n: int                 # prompt tokens taken from the prompt cache
-    prompt_n: int                # prompt tokens evaluated
+    cache_n: int  # prompt tokens taken from the prompt cache
+    prompt_n: int  # prompt tokens evaluated
     prompt_ms: float
     prompt_per_token_ms: float
     prompt_per_second: float
@@ -69,9 +69,9 @@ class Timings(TypedDict):
     predicted_ms: float
     predicted_per_token_ms: float
     predicted_per_second: float
-    draft_n: int                 # tokens the drafter proposed
-    draft_n_accepted: int        # of those, tokens the target accepted
-    n_steps: int                 # target verification passes
+    draft_n: int  # tokens the drafter proposed
+    draft_n_accepted: int  # of those, tokens the target accepted
+    n_steps: int  # target verification passes
     accepted_lengths: list[int]  # accepted draft tokens of each step
 
 
@@ -98,8 +98,8 @@ class CompletionChunk(TypedDict):
     created: int
     model: str
     choices: list[CompletionChoice]
-    usage: NotRequired[CompletionUsage]   # last chunk only
-    timings: NotRequired[Timings]         # last chunk only
+    usage: NotRequired[CompletionUsage]  # last chunk only
+    timings: NotRequired[Timings]  # last chunk only
 
 
 class ChatCompletionToolCallFunction(TypedDict):
@@ -116,7 +116,7 @@ class ChatCompletionToolCall(TypedDict):
 class ChatCompletionMessage(TypedDict):
     role: Literal["assistant"]
     content: str | None
-    reasoning_content: NotRequired[str]            # only when the template separates reasoning
+    reasoning_content: NotRequired[str]  # only when the template separates reasoning
     tool_calls: NotRequired[list[ChatCompletionToolCall]]
 
 
@@ -157,5 +157,5 @@ class ChatCompletionChunk(TypedDict):
     created: int
     model: str
     choices: list[ChatCompletionChunkChoice]
-    usage: NotRequired[CompletionUsage]   # last chunk only
-    timings: NotRequired[Timings]         # last chunk only
+    usage: NotRequired[CompletionUsage]  # last chunk only
+    timings: NotRequired[Timings]  # last chunk only

@@ -47,8 +47,14 @@ class ContextPair:
         finally:
             _logging.flush()
 
-    def step(self, draft_max: int | None = None, *, draft_min: int = 0, draft_p_min: float = 0.0,
-             draft: Sequence[int] | None = None) -> StepResult:
+    def step(
+        self,
+        draft_max: int | None = None,
+        *,
+        draft_min: int = 0,
+        draft_p_min: float = 0.0,
+        draft: Sequence[int] | None = None,
+    ) -> StepResult:
         """One speculative step. ``draft_max`` bounds the drafted block (None:
         the pair's default; 0: plain target decoding); a block shorter than
         ``draft_min`` is dropped; the block is cut where the drafter's
@@ -56,8 +62,12 @@ class ContextPair:
         instead of the drafter's block (any external draft source)."""
         dm = -1 if draft_max is None else int_option("draft_max", draft_max, 0)
         try:
-            return self._core.step(dm, int_option("draft_min", draft_min),
-                                   float_option("draft_p_min", draft_p_min), None if draft is None else list(draft))
+            return self._core.step(
+                dm,
+                int_option("draft_min", draft_min),
+                float_option("draft_p_min", draft_p_min),
+                None if draft is None else list(draft),
+            )
         finally:
             _logging.flush()
 
@@ -79,18 +89,37 @@ class ContextPair:
         generation loop's way), with the seed this run uses."""
         self._core.set_sampling(config.core_params(seed))
 
-    def set_sampling(self, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, *, min_p: float = 0.0,
-                     repeat_penalty: float = 1.0, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
-                     penalty_last_n: int = 64, logit_bias: Mapping[int, float] | None = None, seed: int = 0,
-                     verify: str = "rejection") -> None:
+    def set_sampling(
+        self,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        *,
+        min_p: float = 0.0,
+        repeat_penalty: float = 1.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        penalty_last_n: int = 64,
+        logit_bias: Mapping[int, float] | None = None,
+        seed: int = 0,
+        verify: str = "rejection",
+    ) -> None:
         """How the target's tokens are chosen (temperature 0: greedy) and how
         drafts are verified at temperature > 0: "rejection" (speculative
         sampling, exact for the target's distribution) or "match" (accept a
         draft only when the target's own sample equals it)."""
-        cfg = SamplingConfig.build(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                                   repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
-                                   presence_penalty=presence_penalty, penalty_last_n=penalty_last_n,
-                                   logit_bias=logit_bias, verify=verify)
+        cfg = SamplingConfig.build(
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            repeat_penalty=repeat_penalty,
+            frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty,
+            penalty_last_n=penalty_last_n,
+            logit_bias=logit_bias,
+            verify=verify,
+        )
         self._core.set_sampling(cfg.core_params(seed))
 
     def interrupt(self) -> None:
@@ -159,5 +188,7 @@ class ContextPair:
         return self._core.n_rs_seq
 
     def __repr__(self) -> str:
-        return (f"<pydflash.ContextPair n_past={self.n_past} n_ctx={self.n_ctx} "
-                f"block_size={self.block_size} drafter={self.has_drafter} rollback={self.rollback}>")
+        return (
+            f"<pydflash.ContextPair n_past={self.n_past} n_ctx={self.n_ctx} "
+            f"block_size={self.block_size} drafter={self.has_drafter} rollback={self.rollback}>"
+        )

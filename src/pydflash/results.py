@@ -26,14 +26,14 @@ class GenerationStats:
     """What one generation cost and how well the drafter did."""
 
     prompt_tokens: int
-    n_tokens: int                   # generated tokens returned to the caller
-    n_steps: int                    # target verification passes
+    n_tokens: int  # generated tokens returned to the caller
+    n_steps: int  # target verification passes
     n_drafted: int
     n_accepted: int
     prefill_seconds: float
     decode_seconds: float
     steps: Sequence[StepResult] = dataclasses.field(repr=False)
-    cached_tokens: int = 0          # prompt tokens taken from the prompt cache (not prefilled)
+    cached_tokens: int = 0  # prompt tokens taken from the prompt cache (not prefilled)
 
     @property
     def acceptance_rate(self) -> float:
@@ -99,8 +99,8 @@ class MemoryRow:
     """Bytes one context holds in one buffer type (llama.cpp's breakdown)."""
 
     role: Literal["target", "drafter"]
-    buffer: str   # ggml buffer type: "CPU", "CUDA0", ...
-    model: int    # weights
+    buffer: str  # ggml buffer type: "CPU", "CUDA0", ...
+    model: int  # weights
     context: int  # KV cache / recurrent state
     compute: int  # compute buffers
 
@@ -131,6 +131,7 @@ class MemoryReport:
     def __str__(self) -> str:
         lines = [f"{'role':8} {'buffer':10} {'model MiB':>10} {'context MiB':>12} {'compute MiB':>12}"]
         for r in self.rows:
-            lines.append(f"{r.role:8} {r.buffer:10} {r.model / 2**20:10.2f} {r.context / 2**20:12.2f} "
-                         f"{r.compute / 2**20:12.2f}")
+            lines.append(
+                f"{r.role:8} {r.buffer:10} {r.model / 2**20:10.2f} {r.context / 2**20:12.2f} {r.compute / 2**20:12.2f}"
+            )
         return "\n".join(lines)

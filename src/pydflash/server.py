@@ -27,8 +27,16 @@ __all__ = ["Server", "serve"]
 log = logging.getLogger("pydflash.server")
 
 MAX_BODY = 32 * 1024 * 1024
-ROUTES = {"/health", "/v1/models", "/models", "/metrics", "/v1/completions", "/completions",
-          "/v1/chat/completions", "/chat/completions"}
+ROUTES = {
+    "/health",
+    "/v1/models",
+    "/models",
+    "/metrics",
+    "/v1/completions",
+    "/completions",
+    "/v1/chat/completions",
+    "/chat/completions",
+}
 
 
 class BadRequest(Exception):
@@ -63,10 +71,21 @@ def _sampling_args(body: Mapping[str, Any]) -> dict[str, Any]:
         if body.get(name):
             raise BadRequest(f"'{name}' is not supported")
     kw: dict[str, Any] = {}
-    for name, kind in (("temperature", float), ("top_p", float), ("min_p", float), ("top_k", int),
-                       ("frequency_penalty", float), ("presence_penalty", float), ("repeat_penalty", float),
-                       ("seed", int), ("ignore_eos", bool), ("draft_max", int), ("draft_min", int),
-                       ("draft_p_min", float), ("cache_prompt", bool)):
+    for name, kind in (
+        ("temperature", float),
+        ("top_p", float),
+        ("min_p", float),
+        ("top_k", int),
+        ("frequency_penalty", float),
+        ("presence_penalty", float),
+        ("repeat_penalty", float),
+        ("seed", int),
+        ("ignore_eos", bool),
+        ("draft_max", int),
+        ("draft_min", int),
+        ("draft_p_min", float),
+        ("cache_prompt", bool),
+    ):
         if body.get(name) is not None:
             kw[name] = _opt(body, name, kind)
     if _opt(body, "id_slot", int, -1) not in (-1, 0):  # llama-server's slot pin; one slot here
@@ -91,7 +110,7 @@ class Server:
         self.llm = llm
         self.alias = alias or llm.model_name
         self.metrics = Metrics(max_accepted=max(1, llm.pair.max_draft) if llm.has_draft else 1)
-        self.queue = threading.Lock()   # one generation at a time per pair
+        self.queue = threading.Lock()  # one generation at a time per pair
         self.created = int(time.time())
         self.httpd = ThreadingHTTPServer((host, port), _handler(self))
         self.httpd.daemon_threads = True
@@ -157,8 +176,12 @@ class Server:
 
     def model_card(self) -> dict[str, Any]:
         llm = self.llm
-        meta = {"n_ctx": llm.n_ctx, "n_vocab": llm.n_vocab, "draft": llm.has_draft,
-                "block_size": llm.pair.block_size if llm.has_draft else 0}
+        meta = {
+            "n_ctx": llm.n_ctx,
+            "n_vocab": llm.n_vocab,
+            "draft": llm.has_draft,
+            "block_size": llm.pair.block_size if llm.has_draft else 0,
+        }
         return {"id": self.alias, "object": "model", "created": self.created, "owned_by": "pydflash", "meta": meta}
 
 
@@ -297,8 +320,9 @@ class _Handler(BaseHTTPRequestHandler):
         # the template is applied here, before queueing, so a template error is a 400 at once
         llm, alias = self.srv.llm, self.srv.alias
         llm.apply_chat_template(messages, tools=tools, **(ctk or {}))
-        return lambda stream: llm.create_chat_completion(messages, tools=tools, stream=stream, model=alias,
-                                                         chat_template_kwargs=ctk, cancel=self._client_gone, **kw)
+        return lambda stream: llm.create_chat_completion(
+            messages, tools=tools, stream=stream, model=alias, chat_template_kwargs=ctk, cancel=self._client_gone, **kw
+        )
 
     def _stream(self, chunks: Generator[dict[str, Any], None, None]) -> None:
         """Server-sent events; a failed write (client gone) closes the
@@ -337,8 +361,16 @@ def _chain(first: dict[str, Any] | None, rest: Iterator[dict[str, Any]]) -> Iter
     yield from rest
 
 
-def serve(model: str, draft: str | None = None, *, host: str = "127.0.0.1", port: int = 8080,
-          alias: str | None = None, ready: Callable[[Server], None] | None = None, **llama_kwargs: Any) -> None:
+def serve(
+    model: str,
+    draft: str | None = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    alias: str | None = None,
+    ready: Callable[[Server], None] | None = None,
+    **llama_kwargs: Any,
+) -> None:
     """Load the pair and serve until interrupted (Ctrl-C / SIGTERM)."""
     import signal
 

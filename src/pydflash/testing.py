@@ -149,16 +149,16 @@ class HybridSpec(TargetSpec):
     """A Gated-DeltaNet hybrid target: every ``full_attention_interval``-th
     layer is full attention, the others recurrent (as in Qwen3.5/3.6)."""
 
-    architecture: str = "qwen35"         # or "qwen35moe" (MoE FFNs), "qwen3next" (MoE, no partial rollback)
+    architecture: str = "qwen35"  # or "qwen35moe" (MoE FFNs), "qwen3next" (MoE, no partial rollback)
     full_attention_interval: int = 4
     rope_sections: tuple[int, int, int, int] = (3, 3, 2, 0)  # qwen35*: rope pairs per section (sum <= head_dim / 2)
-    ssm_d_state: int = 16                # head size of the recurrent layers (keys and values)
-    ssm_n_group: int = 2                 # key heads
-    ssm_dt_rank: int = 4                 # value heads
+    ssm_d_state: int = 16  # head size of the recurrent layers (keys and values)
+    ssm_n_group: int = 2  # key heads
+    ssm_dt_rank: int = 4  # value heads
     ssm_d_conv: int = 4
-    ssm_out_scale: float = 3.0           # how strongly the recurrent layers move the residual stream
-    ssm_decay: float = 0.05              # -A: small means a long memory
-    n_expert: int = 4                    # MoE architectures only
+    ssm_out_scale: float = 3.0  # how strongly the recurrent layers move the residual stream
+    ssm_decay: float = 0.05  # -A: small means a long memory
+    n_expert: int = 4  # MoE architectures only
     n_expert_used: int = 2
 
 
@@ -175,8 +175,8 @@ class DrafterSpec:
     attn_out_scale: float = 4.0
     # broken variants, for tests of the load checks
     architecture: str = "dflash"
-    n_embd: int | None = None      # None = the target's
-    n_vocab: int | None = None     # None = the target's
+    n_embd: int | None = None  # None = the target's
+    n_vocab: int | None = None  # None = the target's
     mask_token: bool = True
     extra_tensors: tuple[str, ...] = ()
     rope_sections: tuple[int, int, int, int] | None = None  # multi-section RoPE (Qwen3.5/3.6 drafters)
@@ -197,18 +197,36 @@ class Hparams:
     rms_eps: float = 1e-6
 
 
-def write_qwen3_gguf(path: str | Path, hp: Hparams, tok: Tokenizer, tensors: dict[str, np.ndarray], *,
-                     name: str, architecture: str = "qwen3", extra_kv: dict[str, str] | None = None) -> Path:
+def write_qwen3_gguf(
+    path: str | Path,
+    hp: Hparams,
+    tok: Tokenizer,
+    tensors: dict[str, np.ndarray],
+    *,
+    name: str,
+    architecture: str = "qwen3",
+    extra_kv: dict[str, str] | None = None,
+) -> Path:
     """Write a target GGUF. ``tensors`` uses llama.cpp names (token_embd.weight,
     blk.N.attn_q.weight, ..., output.weight) with numpy shapes (rows, cols) =
     (out_features, in_features), as torch stores nn.Linear weights."""
     return _write_gguf(path, architecture, name, hp, tok, tensors, mask_token=False, extra_kv=extra_kv)
 
 
-def write_dflash_gguf(path: str | Path, hp: Hparams, tok: Tokenizer, tensors: dict[str, np.ndarray], *,
-                      block_size: int, target_layers: Sequence[int], name: str, mask_token: bool = True,
-                      architecture: str = "dflash", extra_kv: dict[str, str] | None = None,
-                      rope_sections: Sequence[int] | None = None) -> Path:
+def write_dflash_gguf(
+    path: str | Path,
+    hp: Hparams,
+    tok: Tokenizer,
+    tensors: dict[str, np.ndarray],
+    *,
+    block_size: int,
+    target_layers: Sequence[int],
+    name: str,
+    mask_token: bool = True,
+    architecture: str = "dflash",
+    extra_kv: dict[str, str] | None = None,
+    rope_sections: Sequence[int] | None = None,
+) -> Path:
     """Write a DFlash drafter GGUF (embeddings and head are the target's).
     ``target_layers`` are llama.cpp ids: the INPUT of those target layers.
     ``rope_sections`` (4 ints) makes it a multi-section-RoPE drafter, as
@@ -221,13 +239,23 @@ def write_dflash_gguf(path: str | Path, hp: Hparams, tok: Tokenizer, tensors: di
         if rope_sections is not None:
             w.add_array(f"{architecture}.rope.dimension_sections", [int(x) for x in rope_sections])
 
-    return _write_gguf(path, architecture, name, hp, tok, tensors, mask_token=mask_token, extra_kv=extra_kv,
-                       arch_keys=dflash_keys)
+    return _write_gguf(
+        path, architecture, name, hp, tok, tensors, mask_token=mask_token, extra_kv=extra_kv, arch_keys=dflash_keys
+    )
 
 
-def _write_gguf(path: str | Path, architecture: str, name: str, hp: Hparams, tok: Tokenizer,
-                tensors: dict[str, np.ndarray], *, mask_token: bool, extra_kv: dict[str, str] | None,
-                arch_keys: Callable[[gguf.GGUFWriter], None] | None = None) -> Path:
+def _write_gguf(
+    path: str | Path,
+    architecture: str,
+    name: str,
+    hp: Hparams,
+    tok: Tokenizer,
+    tensors: dict[str, np.ndarray],
+    *,
+    mask_token: bool,
+    extra_kv: dict[str, str] | None,
+    arch_keys: Callable[[gguf.GGUFWriter], None] | None = None,
+) -> Path:
     import gguf
 
     w = gguf.GGUFWriter(str(path), architecture)
@@ -299,16 +327,26 @@ def _norm(rng: np.random.Generator, n: int) -> np.ndarray:
     return (1.0 + 0.05 * rng.standard_normal(n)).astype(np.float32)
 
 
-def _attention_layer(rng: np.random.Generator, i: int, n_embd: int, n_head: int, n_head_kv: int, head_dim: int,
-                     n_ff: int, out_scale: float = 1.0, qk_norm: bool = True) -> dict[str, np.ndarray]:
+def _attention_layer(
+    rng: np.random.Generator,
+    i: int,
+    n_embd: int,
+    n_head: int,
+    n_head_kv: int,
+    head_dim: int,
+    n_ff: int,
+    out_scale: float = 1.0,
+    qk_norm: bool = True,
+) -> dict[str, np.ndarray]:
     s = 1.0 / np.sqrt(n_embd)
     t = {
         f"blk.{i}.attn_norm.weight": _norm(rng, n_embd),
         f"blk.{i}.attn_q.weight": _rng_tensor(rng, (n_head * head_dim, n_embd), s),
         f"blk.{i}.attn_k.weight": _rng_tensor(rng, (n_head_kv * head_dim, n_embd), s),
         f"blk.{i}.attn_v.weight": _rng_tensor(rng, (n_head_kv * head_dim, n_embd), s),
-        f"blk.{i}.attn_output.weight": _rng_tensor(rng, (n_embd, n_head * head_dim),
-                                                   out_scale / np.sqrt(n_head * head_dim)),
+        f"blk.{i}.attn_output.weight": _rng_tensor(
+            rng, (n_embd, n_head * head_dim), out_scale / np.sqrt(n_head * head_dim)
+        ),
     }
     if qk_norm:
         t[f"blk.{i}.attn_q_norm.weight"] = _norm(rng, head_dim)
@@ -340,17 +378,29 @@ def write_target(path: str | Path, spec: TargetSpec = TargetSpec(), *, architect
     tensors = {"token_embd.weight": _rng_tensor(rng, (s.n_vocab, s.n_embd), 1.0)}
     for i in range(s.n_layer):
         # qwen2 (also llama-style) has no per-head q/k norms
-        tensors.update(_attention_layer(rng, i, s.n_embd, s.n_head, s.n_head_kv, s.head_dim, s.n_ff,
-                                        qk_norm=architecture not in ("qwen2", "llama")))
+        tensors.update(
+            _attention_layer(
+                rng,
+                i,
+                s.n_embd,
+                s.n_head,
+                s.n_head_kv,
+                s.head_dim,
+                s.n_ff,
+                qk_norm=architecture not in ("qwen2", "llama"),
+            )
+        )
     tensors["output_norm.weight"] = _norm(rng, s.n_embd)
     tensors["output.weight"] = _head(rng, s, tok)
     extra = {"tokenizer.chat_template": s.chat_template} if s.chat_template is not None else None
-    return write_qwen3_gguf(path, hp, tok, tensors, name=f"pydflash tiny {architecture} target",
-                            architecture=architecture, extra_kv=extra)
+    return write_qwen3_gguf(
+        path, hp, tok, tensors, name=f"pydflash tiny {architecture} target", architecture=architecture, extra_kv=extra
+    )
 
 
-def _ffn(rng: np.random.Generator, i: int, n_embd: int, n_ff: int, prefix: str = "ffn",
-         suffix: str = "") -> dict[str, np.ndarray]:
+def _ffn(
+    rng: np.random.Generator, i: int, n_embd: int, n_ff: int, prefix: str = "ffn", suffix: str = ""
+) -> dict[str, np.ndarray]:
     s = 1.0 / np.sqrt(n_embd)
     return {
         f"blk.{i}.{prefix}_gate{suffix}.weight": _rng_tensor(rng, (n_ff, n_embd), s),
@@ -369,29 +419,34 @@ def _hybrid_layer(rng: np.random.Generator, i: int, s: HybridSpec) -> dict[str, 
     t = {f"blk.{i}.attn_norm.weight": _norm(rng, e), f"blk.{i}.post_attention_norm.weight": _norm(rng, e)}
     if (i + 1) % s.full_attention_interval == 0:
         # gated full attention: attn_q holds query and gate, per head
-        t.update({
-            f"blk.{i}.attn_q.weight": _rng_tensor(rng, (2 * s.n_head * s.head_dim, e), sc),
-            f"blk.{i}.attn_k.weight": _rng_tensor(rng, (s.n_head_kv * s.head_dim, e), sc),
-            f"blk.{i}.attn_v.weight": _rng_tensor(rng, (s.n_head_kv * s.head_dim, e), sc),
-            f"blk.{i}.attn_output.weight": _rng_tensor(rng, (e, s.n_head * s.head_dim),
-                                                       1.0 / np.sqrt(s.n_head * s.head_dim)),
-            f"blk.{i}.attn_q_norm.weight": _norm(rng, s.head_dim),
-            f"blk.{i}.attn_k_norm.weight": _norm(rng, s.head_dim),
-        })
+        t.update(
+            {
+                f"blk.{i}.attn_q.weight": _rng_tensor(rng, (2 * s.n_head * s.head_dim, e), sc),
+                f"blk.{i}.attn_k.weight": _rng_tensor(rng, (s.n_head_kv * s.head_dim, e), sc),
+                f"blk.{i}.attn_v.weight": _rng_tensor(rng, (s.n_head_kv * s.head_dim, e), sc),
+                f"blk.{i}.attn_output.weight": _rng_tensor(
+                    rng, (e, s.n_head * s.head_dim), 1.0 / np.sqrt(s.n_head * s.head_dim)
+                ),
+                f"blk.{i}.attn_q_norm.weight": _norm(rng, s.head_dim),
+                f"blk.{i}.attn_k_norm.weight": _norm(rng, s.head_dim),
+            }
+        )
     else:
         key_dim = s.ssm_d_state * s.ssm_n_group
         value_dim = s.ssm_d_state * s.ssm_dt_rank
         conv_dim = 2 * key_dim + value_dim
-        t.update({
-            f"blk.{i}.attn_qkv.weight": _rng_tensor(rng, (conv_dim, e), sc),
-            f"blk.{i}.attn_gate.weight": _rng_tensor(rng, (value_dim, e), sc),
-            f"blk.{i}.ssm_conv1d.weight": _rng_tensor(rng, (conv_dim, s.ssm_d_conv), 1.0 / np.sqrt(s.ssm_d_conv)),
-            f"blk.{i}.ssm_dt.bias": _rng_tensor(rng, (s.ssm_dt_rank,), 0.5),
-            # A < 0 (decay); small |A| keeps a long memory, so the state matters
-            f"blk.{i}.ssm_a": (-s.ssm_decay * (0.5 + rng.random(s.ssm_dt_rank))).astype(np.float32),
-            f"blk.{i}.ssm_norm.weight": _norm(rng, s.ssm_d_state),
-            f"blk.{i}.ssm_out.weight": _rng_tensor(rng, (e, value_dim), s.ssm_out_scale / np.sqrt(value_dim)),
-        })
+        t.update(
+            {
+                f"blk.{i}.attn_qkv.weight": _rng_tensor(rng, (conv_dim, e), sc),
+                f"blk.{i}.attn_gate.weight": _rng_tensor(rng, (value_dim, e), sc),
+                f"blk.{i}.ssm_conv1d.weight": _rng_tensor(rng, (conv_dim, s.ssm_d_conv), 1.0 / np.sqrt(s.ssm_d_conv)),
+                f"blk.{i}.ssm_dt.bias": _rng_tensor(rng, (s.ssm_dt_rank,), 0.5),
+                # A < 0 (decay); small |A| keeps a long memory, so the state matters
+                f"blk.{i}.ssm_a": (-s.ssm_decay * (0.5 + rng.random(s.ssm_dt_rank))).astype(np.float32),
+                f"blk.{i}.ssm_norm.weight": _norm(rng, s.ssm_d_state),
+                f"blk.{i}.ssm_out.weight": _rng_tensor(rng, (e, value_dim), s.ssm_out_scale / np.sqrt(value_dim)),
+            }
+        )
         if s.architecture == "qwen3next":
             t[f"blk.{i}.ssm_ba.weight"] = _rng_tensor(rng, (2 * s.ssm_dt_rank, e), sc)
         else:
@@ -445,8 +500,17 @@ def write_hybrid_target(path: str | Path, spec: HybridSpec = HybridSpec()) -> Pa
             w.add_uint32(f"{a}.expert_feed_forward_length", s.n_ff // s.n_expert_used)
             w.add_uint32(f"{a}.expert_shared_feed_forward_length", s.n_ff)
 
-    return _write_gguf(path, s.architecture, f"pydflash tiny {s.architecture} target", hp, tok, tensors,
-                       mask_token=False, extra_kv=None, arch_keys=hybrid_keys)
+    return _write_gguf(
+        path,
+        s.architecture,
+        f"pydflash tiny {s.architecture} target",
+        hp,
+        tok,
+        tensors,
+        mask_token=False,
+        extra_kv=None,
+        arch_keys=hybrid_keys,
+    )
 
 
 def write_drafter(path: str | Path, target: TargetSpec = TargetSpec(), spec: DrafterSpec = DrafterSpec()) -> Path:
@@ -462,19 +526,33 @@ def write_drafter(path: str | Path, target: TargetSpec = TargetSpec(), spec: Dra
     }
     for i in range(s.n_layer):
         # a strong attention output makes the block depend on the injected context
-        tensors.update(_attention_layer(rng, i, n_embd, s.n_head, s.n_head_kv, s.head_dim, s.n_ff,
-                                        out_scale=s.attn_out_scale))
+        tensors.update(
+            _attention_layer(rng, i, n_embd, s.n_head, s.n_head_kv, s.head_dim, s.n_ff, out_scale=s.attn_out_scale)
+        )
     tensors["output_norm.weight"] = _norm(rng, n_embd)
     for name in s.extra_tensors:
         tensors[name] = _rng_tensor(rng, (4, n_embd), 0.1)
-    return write_dflash_gguf(path, hp, tokenizer(s.n_vocab or target.n_vocab), tensors,
-                             block_size=s.block_size, target_layers=s.target_layers,
-                             name="pydflash tiny dflash drafter", mask_token=s.mask_token,
-                             architecture=s.architecture, rope_sections=s.rope_sections)
+    return write_dflash_gguf(
+        path,
+        hp,
+        tokenizer(s.n_vocab or target.n_vocab),
+        tensors,
+        block_size=s.block_size,
+        target_layers=s.target_layers,
+        name="pydflash tiny dflash drafter",
+        mask_token=s.mask_token,
+        architecture=s.architecture,
+        rope_sections=s.rope_sections,
+    )
 
 
-def write_pair(directory: str | Path, target: TargetSpec = TargetSpec(),
-               drafter: DrafterSpec = DrafterSpec(), *, prefix: str = "tiny") -> tuple[Path, Path]:
+def write_pair(
+    directory: str | Path,
+    target: TargetSpec = TargetSpec(),
+    drafter: DrafterSpec = DrafterSpec(),
+    *,
+    prefix: str = "tiny",
+) -> tuple[Path, Path]:
     """Write a matching target + drafter into ``directory``; returns both paths."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -483,9 +561,13 @@ def write_pair(directory: str | Path, target: TargetSpec = TargetSpec(),
     return t, d
 
 
-
-def write_hybrid_pair(directory: str | Path, target: HybridSpec = HybridSpec(),
-                      drafter: DrafterSpec | None = None, *, prefix: str = "hybrid") -> tuple[Path, Path]:
+def write_hybrid_pair(
+    directory: str | Path,
+    target: HybridSpec = HybridSpec(),
+    drafter: DrafterSpec | None = None,
+    *,
+    prefix: str = "hybrid",
+) -> tuple[Path, Path]:
     """Write a hybrid target and a matching drafter (by default one with the
     target's multi-section RoPE layout, as Qwen3.5/3.6 drafters carry)."""
     if drafter is None:

@@ -37,19 +37,43 @@ class EngineUnavailable(Exception):
 class WorkerEngine:
     """An engine in a long-lived child process (pydflash.bench.worker)."""
 
-    def __init__(self, name: str, kind: str, target: str, draft: str | None, n_ctx: int, threads: int,
-                 n_batch: int, flash_attn: str):
+    def __init__(
+        self,
+        name: str,
+        kind: str,
+        target: str,
+        draft: str | None,
+        n_ctx: int,
+        threads: int,
+        n_batch: int,
+        flash_attn: str,
+    ):
         self.name = name
         self.uses_draft = draft is not None
-        cmd = [sys.executable, "-m", "pydflash.bench.worker", "--engine", kind, "--target", target,
-               "--n-ctx", str(n_ctx), "--threads", str(threads), "--n-batch", str(n_batch),
-               "--flash-attn", flash_attn]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pydflash.bench.worker",
+            "--engine",
+            kind,
+            "--target",
+            target,
+            "--n-ctx",
+            str(n_ctx),
+            "--threads",
+            str(threads),
+            "--n-batch",
+            str(n_batch),
+            "--flash-attn",
+            flash_attn,
+        ]
         if draft:
             cmd += ["--draft", draft]
         # a pipe nobody reads could fill up and block; the file lives as long as the engine (close())
         self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
-                                     text=True, bufsize=1)
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True, bufsize=1
+        )
         hello = self._read()
         if "error" in hello:
             self.close()
@@ -113,11 +137,11 @@ class NativeEngine:
     (it loads the models each time; the figures are its own timings, which
     exclude loading)."""
 
-    def __init__(self, exe: str | None, target: str, draft: str, n_ctx: int, threads: int,
-                 flash_attn: str = "auto"):
+    def __init__(self, exe: str | None, target: str, draft: str, n_ctx: int, threads: int, flash_attn: str = "auto"):
         if exe is None or not os.access(exe, os.X_OK):
-            raise EngineUnavailable("llama-speculative-simple not found (build it: python tools/build_native.py, "
-                                    "or pass --native PATH)")
+            raise EngineUnavailable(
+                "llama-speculative-simple not found (build it: python tools/build_native.py, or pass --native PATH)"
+            )
         self.name = "llama.cpp-dflash"
         self.uses_draft = True
         self.exe, self.target, self.draft, self.n_ctx, self.threads = exe, target, draft, n_ctx, threads
@@ -128,12 +152,47 @@ class NativeEngine:
     def run(self, text: str, osl: int, draft_max: int | None) -> Measurement:
         prompt = Path(self._dir.name) / "prompt.txt"
         prompt.write_text(text, encoding="utf-8")
-        cmd = [self.exe, "-m", self.target, "-md", self.draft, "--spec-type", "draft-dflash",
-               "--spec-draft-n-max", str(draft_max), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0",
-               "-f", str(prompt), "-n", str(osl), "-c", str(self.n_ctx),
-               "-b", str(self.n_ctx),  # its prompt must fit one batch
-               "-ub", "512", "-t", str(self.threads), "--temp", "0", "--top-k", "1", "--seed", "0",
-               "--ignore-eos", "--no-escape", "-ngl", "0", "-ngld", "0", "-fa", self.flash_attn]
+        cmd = [
+            self.exe,
+            "-m",
+            self.target,
+            "-md",
+            self.draft,
+            "--spec-type",
+            "draft-dflash",
+            "--spec-draft-n-max",
+            str(draft_max),
+            "--spec-draft-n-min",
+            "0",
+            "--spec-draft-p-min",
+            "0",
+            "-f",
+            str(prompt),
+            "-n",
+            str(osl),
+            "-c",
+            str(self.n_ctx),
+            "-b",
+            str(self.n_ctx),  # its prompt must fit one batch
+            "-ub",
+            "512",
+            "-t",
+            str(self.threads),
+            "--temp",
+            "0",
+            "--top-k",
+            "1",
+            "--seed",
+            "0",
+            "--ignore-eos",
+            "--no-escape",
+            "-ngl",
+            "0",
+            "-ngld",
+            "0",
+            "-fa",
+            self.flash_attn,
+        ]
         # Its logger is asynchronous and never flushed at exit (upstream issue
         # 22142): under load the final figures can be lost. Rerun then; the
         # count of such reruns is reported.
@@ -179,6 +238,13 @@ def parse_native_output(out: str) -> Measurement:
     decode_s = float(got["decoded"].group(2))
     n_accept = int(got["n_accept"].group(1))
     steps = max(n - n_accept, 1)  # every target pass yields its accepted drafts + 1 token
-    return {"isl": int(got["encoded"].group(1)), "n_generated": n, "prefill_s": prefill_s, "decode_s": decode_s,
-            "ttft_s": prefill_s + decode_s / steps, "n_steps": steps, "n_drafted": int(got["n_drafted"].group(1)),
-            "n_accepted": n_accept}
+    return {
+        "isl": int(got["encoded"].group(1)),
+        "n_generated": n,
+        "prefill_s": prefill_s,
+        "decode_s": decode_s,
+        "ttft_s": prefill_s + decode_s / steps,
+        "n_steps": steps,
+        "n_drafted": int(got["n_drafted"].group(1)),
+        "n_accepted": n_accept,
+    }

@@ -17,9 +17,25 @@ DFLASH = "pydflash-dflash"
 NATIVE = "llama.cpp-dflash"
 LCP = "llama-cpp-python"
 
-COLUMNS = ["engine", "isl", "osl", "draft_max", "repeats", "decode_tok_s", "decode_tok_s_min", "decode_tok_s_max",
-           "prefill_tok_s", "ttft_ms", "itl_ms", "acceptance_rate", "tau", "speedup", "roofline_fraction",
-           "rss_peak_mib", "same_tokens_as_target"]
+COLUMNS = [
+    "engine",
+    "isl",
+    "osl",
+    "draft_max",
+    "repeats",
+    "decode_tok_s",
+    "decode_tok_s_min",
+    "decode_tok_s_max",
+    "prefill_tok_s",
+    "ttft_ms",
+    "itl_ms",
+    "acceptance_rate",
+    "tau",
+    "speedup",
+    "roofline_fraction",
+    "rss_peak_mib",
+    "same_tokens_as_target",
+]
 
 
 def aggregate(measurements: list[Row], roofline: dict[str, Any] | None = None) -> list[Row]:
@@ -31,8 +47,14 @@ def aggregate(measurements: list[Row], roofline: dict[str, Any] | None = None) -
         tok_s = [m["n_generated"] / m["decode_s"] for m in ms if m["decode_s"] > 0]
         drafted = sum(m["n_drafted"] for m in ms)
         row = {
-            "engine": engine, "isl": isl, "osl": osl, "draft_max": dm, "repeats": len(ms),
-            "decode_tok_s": statistics.median(tok_s), "decode_tok_s_min": min(tok_s), "decode_tok_s_max": max(tok_s),
+            "engine": engine,
+            "isl": isl,
+            "osl": osl,
+            "draft_max": dm,
+            "repeats": len(ms),
+            "decode_tok_s": statistics.median(tok_s),
+            "decode_tok_s_min": min(tok_s),
+            "decode_tok_s_max": max(tok_s),
             "prefill_tok_s": statistics.median(m["isl"] / m["prefill_s"] for m in ms if m["prefill_s"] > 0),
             "ttft_ms": 1e3 * statistics.median(m["ttft_s"] for m in ms),
             "itl_ms": 1e3 * statistics.median(m["decode_s"] / m["n_generated"] for m in ms),
@@ -41,7 +63,8 @@ def aggregate(measurements: list[Row], roofline: dict[str, Any] | None = None) -
             "rss_peak_mib": max(m["rss_peak_bytes"] for m in ms) / 2**20,
             "isl_measured": statistics.median(m["isl"] for m in ms),
             "same_tokens_as_target": all(m.get("same_tokens_as_target", True) for m in ms)
-            if any("same_tokens_as_target" in m for m in ms) else None,
+            if any("same_tokens_as_target" in m for m in ms)
+            else None,
         }
         if engine in (TARGET_ONLY, DFLASH) and ms[0].get("memory"):
             row["memory"] = ms[0]["memory"]
@@ -65,39 +88,50 @@ def goals(rows: list[Row]) -> list[str]:
     pairs = [(r, n) for r in rows if r["engine"] == DFLASH if (n := by.get((NATIVE, r["isl"], r["draft_max"])))]
     if pairs:
         ratios = [p["decode_tok_s"] / n["decode_tok_s"] for p, n in pairs]
-        detail = ", ".join(f"isl {p['isl']} dm {p['draft_max']}: {x:.3f}"
-                           for (p, _), x in zip(pairs, ratios, strict=True))
-        out.append(f"pydflash DFlash / llama.cpp native DFlash decode tok/s: median {statistics.median(ratios):.3f}"
-                   f" (goal >= 0.97) [{detail}]")
+        detail = ", ".join(
+            f"isl {p['isl']} dm {p['draft_max']}: {x:.3f}" for (p, _), x in zip(pairs, ratios, strict=True)
+        )
+        out.append(
+            f"pydflash DFlash / llama.cpp native DFlash decode tok/s: median {statistics.median(ratios):.3f}"
+            f" (goal >= 0.97) [{detail}]"
+        )
     lcp = [(r, t) for r in rows if r["engine"] == LCP if (t := by.get((TARGET_ONLY, r["isl"], 0)))]
     if lcp:
         ratios = [t["decode_tok_s"] / x["decode_tok_s"] for x, t in lcp]
-        out.append(f"pydflash target-only / llama-cpp-python decode tok/s: median {statistics.median(ratios):.3f}"
-                   f" (goal >= 1.0)")
+        out.append(
+            f"pydflash target-only / llama-cpp-python decode tok/s: median {statistics.median(ratios):.3f}"
+            f" (goal >= 1.0)"
+        )
     best = max((r for r in rows if r["engine"] == DFLASH and r["speedup"]), key=lambda r: r["speedup"], default=None)
     if best:
-        out.append(f"best pydflash DFlash speed-up over target-only: {best['speedup']:.2f}x at draft_max "
-                   f"{best['draft_max']}, isl {best['isl']} (goal >= 1.5x on the memory-bound target)")
+        out.append(
+            f"best pydflash DFlash speed-up over target-only: {best['speedup']:.2f}x at draft_max "
+            f"{best['draft_max']}, isl {best['isl']} (goal >= 1.5x on the memory-bound target)"
+        )
     return out
 
 
 def table(rows: list[Row]) -> str:
     """Rows as text; "same" says whether the greedy tokens equalled the target's own."""
-    head = (f"{'engine':18} {'isl':>6} {'osl':>6} {'dm':>3} {'decode t/s':>11} {'(min-max)':>15} "
-            f"{'prefill t/s':>11} {'ttft ms':>8} {'itl ms':>7} {'accept':>6} {'tau':>5} {'speedup':>7} {'roof':>5} "
-            f"{'rss MiB':>8} {'same':>4}")
+    head = (
+        f"{'engine':18} {'isl':>6} {'osl':>6} {'dm':>3} {'decode t/s':>11} {'(min-max)':>15} "
+        f"{'prefill t/s':>11} {'ttft ms':>8} {'itl ms':>7} {'accept':>6} {'tau':>5} {'speedup':>7} {'roof':>5} "
+        f"{'rss MiB':>8} {'same':>4}"
+    )
     lines = [head, "-" * len(head)]
 
     def f(x: float | None, fmt: str) -> str:
         return format(x, fmt) if x is not None else "-"
 
     for r in rows:
-        lines.append(f"{r['engine']:18} {r['isl']:6d} {r['osl']:6d} {r['draft_max'] or 0:3d} "
-                     f"{r['decode_tok_s']:11.1f} {r['decode_tok_s_min']:7.1f}-{r['decode_tok_s_max']:<7.1f} "
-                     f"{r['prefill_tok_s']:11.1f} {r['ttft_ms']:8.1f} {r['itl_ms']:7.2f} "
-                     f"{f(r['acceptance_rate'], '6.3f'):>6} {r['tau']:5.2f} {f(r['speedup'], '6.2f'):>6}x "
-                     f"{f(r['roofline_fraction'], '5.2f'):>5} {r['rss_peak_mib']:8.0f} "
-                     f"{ {True: 'yes', False: 'NO', None: '-'}[r['same_tokens_as_target']]:>4}")
+        lines.append(
+            f"{r['engine']:18} {r['isl']:6d} {r['osl']:6d} {r['draft_max'] or 0:3d} "
+            f"{r['decode_tok_s']:11.1f} {r['decode_tok_s_min']:7.1f}-{r['decode_tok_s_max']:<7.1f} "
+            f"{r['prefill_tok_s']:11.1f} {r['ttft_ms']:8.1f} {r['itl_ms']:7.2f} "
+            f"{f(r['acceptance_rate'], '6.3f'):>6} {r['tau']:5.2f} {f(r['speedup'], '6.2f'):>6}x "
+            f"{f(r['roofline_fraction'], '5.2f'):>5} {r['rss_peak_mib']:8.0f} "
+            f"{ {True: 'yes', False: 'NO', None: '-'}[r['same_tokens_as_target']]:>4}"
+        )
     return "\n".join(lines)
 
 
@@ -112,9 +146,17 @@ def write_csv(path: Path, rows: list[Row]) -> None:
         w.writerows(rows)
 
 
-def _chart(path: Path, series: dict[str, list[tuple[float, float]]], hline: tuple[float, str] | None,
-           xlabel: str, ylabel: str, title: str, log_x: bool = False) -> Path:
+def _chart(
+    path: Path,
+    series: dict[str, list[tuple[float, float]]],
+    hline: tuple[float, str] | None,
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    log_x: bool = False,
+) -> Path:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -138,17 +180,36 @@ def _chart(path: Path, series: dict[str, list[tuple[float, float]]], hline: tupl
 
 def write_charts(directory: Path, rows: list[Row], ctx_draft_max: int) -> list[Path]:
     """speedup_vs_context.png and tok_s_vs_draft_max.png; needs matplotlib."""
-    speedup = {e: sorted((r["isl"], r["speedup"]) for r in rows
-                         if r["engine"] == e and r["draft_max"] == ctx_draft_max and r["speedup"])
-               for e in (DFLASH, NATIVE)}
+    speedup = {
+        e: sorted(
+            (r["isl"], r["speedup"])
+            for r in rows
+            if r["engine"] == e and r["draft_max"] == ctx_draft_max and r["speedup"]
+        )
+        for e in (DFLASH, NATIVE)
+    }
     isl0 = min(r["isl"] for r in rows)
-    tok_s = {e: sorted((r["draft_max"], r["decode_tok_s"]) for r in rows if r["engine"] == e and r["isl"] == isl0)
-             for e in (DFLASH, NATIVE)}
+    tok_s = {
+        e: sorted((r["draft_max"], r["decode_tok_s"]) for r in rows if r["engine"] == e and r["isl"] == isl0)
+        for e in (DFLASH, NATIVE)
+    }
     base = [r["decode_tok_s"] for r in rows if r["engine"] == TARGET_ONLY and r["isl"] == isl0]
     return [
-        _chart(directory / "speedup_vs_context.png", speedup, (1.0, ""), "context (ISL = OSL, tokens)",
-               "decode speed-up over target-only", f"DFlash speed-up vs context (draft_max {ctx_draft_max})",
-               log_x=True),
-        _chart(directory / "tok_s_vs_draft_max.png", tok_s, (base[0], "target only") if base else None, "draft_max",
-               "decode tokens/s", f"decode tok/s vs draft_max (ISL = {isl0})"),
+        _chart(
+            directory / "speedup_vs_context.png",
+            speedup,
+            (1.0, ""),
+            "context (ISL = OSL, tokens)",
+            "decode speed-up over target-only",
+            f"DFlash speed-up vs context (draft_max {ctx_draft_max})",
+            log_x=True,
+        ),
+        _chart(
+            directory / "tok_s_vs_draft_max.png",
+            tok_s,
+            (base[0], "target only") if base else None,
+            "draft_max",
+            "decode tokens/s",
+            f"decode tok/s vs draft_max (ISL = {isl0})",
+        ),
     ]

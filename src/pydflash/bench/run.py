@@ -27,22 +27,22 @@ Log = Callable[[str], None]
 
 @dataclasses.dataclass(frozen=True)
 class BenchConfig:
-    target: str | None = None          # None: the embedded trained pair
+    target: str | None = None  # None: the embedded trained pair
     draft: str | None = None
-    pad_ffn: int | None = None         # FFN width of a memory-bound copy of the target (0: as is;
-                                          # None: 16384 for the embedded pair, 0 for given models)
+    pad_ffn: int | None = None  # FFN width of a memory-bound copy of the target (0: as is;
+    # None: 16384 for the embedded pair, 0 for given models)
     isl: tuple[int, ...] = (128, 512, 2048)
     osl: tuple[int, ...] | None = None  # None: OSL = ISL
     draft_max: tuple[int, ...] | None = None  # None: DRAFT_MAX_SWEEP as the block allows
-    ctx_draft_max: int | None = None   # draft_max of the context sweep (None: block_size - 1)
+    ctx_draft_max: int | None = None  # draft_max of the context sweep (None: block_size - 1)
     repeats: int = 3
     warmup: int = 1
     engines: tuple[str, ...] = ENGINES
-    native: str | None = None          # llama-speculative-simple (None: look for it)
-    threads: int = 0                      # 0: all cores
-    bandwidth: bool = True                # measure memory bandwidth for the roofline
-    flash_attn: str = "auto"              # every engine alike: "auto" (llama.cpp's default; enabled
-                                          # on the CPU), "on" or "off" (llama-cpp-python: on unless "off")
+    native: str | None = None  # llama-speculative-simple (None: look for it)
+    threads: int = 0  # 0: all cores
+    bandwidth: bool = True  # measure memory bandwidth for the roofline
+    flash_attn: str = "auto"  # every engine alike: "auto" (llama.cpp's default; enabled
+    # on the CPU), "on" or "off" (llama-cpp-python: on unless "off")
 
     @staticmethod
     def quick(**changes: Any) -> BenchConfig:
@@ -78,6 +78,7 @@ def run(cfg: BenchConfig, log: Log = print) -> dict[str, Any]:
             max_draft = next((e.info["max_draft"] for e in engines if e.name == report.DFLASH), None)
             if max_draft is None:
                 from .. import Llama
+
                 with Llama(target, draft=draft, n_ctx=256) as probe:
                     max_draft = probe.pair.max_draft
             ctx_dm = cfg.ctx_draft_max or max_draft
@@ -95,11 +96,17 @@ def run(cfg: BenchConfig, log: Log = print) -> dict[str, Any]:
             roofline = _roofline(engines, cfg, osls, n_ctx, threads, log)
         rows = report.aggregate(measurements, roofline)
         meta = {
-            "command_config": dataclasses.asdict(cfg), "models": {"target": source["target_desc"],
-                                                                 "draft": source["draft_desc"]},
-            "n_ctx": n_ctx, "threads": threads, "machine": _machine(), "ctx_draft_max": ctx_dm,
-            "draft_max_sweep": sweep, "roofline": roofline, "engines": {e.name: e.info for e in engines},
-            "skipped": skipped, "time": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "command_config": dataclasses.asdict(cfg),
+            "models": {"target": source["target_desc"], "draft": source["draft_desc"]},
+            "n_ctx": n_ctx,
+            "threads": threads,
+            "machine": _machine(),
+            "ctx_draft_max": ctx_dm,
+            "draft_max_sweep": sweep,
+            "roofline": roofline,
+            "engines": {e.name: e.info for e in engines},
+            "skipped": skipped,
+            "time": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         }
         return {"meta": meta, "rows": rows, "goals": report.goals(rows)}
 
@@ -122,14 +129,16 @@ def _models(cfg: BenchConfig, workdir: Path, log: Log) -> tuple[str, str, dict[s
     pad = cfg.pad_ffn if cfg.pad_ffn is not None else (16384 if cfg.target is None else 0)
     if pad:
         from ..padding import pad_ffn
+
         target = str(pad_ffn(t, workdir / "target-padded.gguf", pad))
         desc += f", FFN zero-padded to {pad} (memory-bound copy, identical outputs)"
         log(f"target: {desc} ({Path(target).stat().st_size / 2**20:.0f} MiB)")
     return target, str(d), {"tokenizer_model": str(t), "target_desc": desc, "draft_desc": str(d)}
 
 
-def _start(cfg: BenchConfig, target: str, draft: str, n_ctx: int, threads: int,
-           log: Log) -> tuple[list[Engine], dict[str, str]]:
+def _start(
+    cfg: BenchConfig, target: str, draft: str, n_ctx: int, threads: int, log: Log
+) -> tuple[list[Engine], dict[str, str]]:
     engines: list[Engine] = []
     skipped: dict[str, str] = {}
     for name in cfg.engines:
@@ -152,8 +161,9 @@ def _start(cfg: BenchConfig, target: str, draft: str, n_ctx: int, threads: int,
     return engines, skipped
 
 
-def _plan(isls: Sequence[int], osls: Sequence[int], ctx_dm: int,
-          sweep: Sequence[int]) -> list[tuple[int, int, int, bool]]:
+def _plan(
+    isls: Sequence[int], osls: Sequence[int], ctx_dm: int, sweep: Sequence[int]
+) -> list[tuple[int, int, int, bool]]:
     """(isl, osl, draft_max, with_target_only) configurations in run order."""
     plan = [(i, o, ctx_dm, True) for i, o in zip(isls, osls, strict=True)]
     plan += [(isls[0], osls[0], d, False) for d in sweep if d != ctx_dm]
@@ -168,8 +178,13 @@ def _prompts(source: dict[str, str], cfg: BenchConfig, count: int) -> dict[int, 
         return {isl: make_prompts(tok.tokenize, tok.detokenize, isl, count, corpus) for isl in cfg.isl}
 
 
-def _measure(engines: list[Engine], plan: list[tuple[int, int, int, bool]], prompts: dict[int, list[str]],
-             cfg: BenchConfig, log: Log) -> list[Measurement]:
+def _measure(
+    engines: list[Engine],
+    plan: list[tuple[int, int, int, bool]],
+    prompts: dict[int, list[str]],
+    cfg: BenchConfig,
+    log: Log,
+) -> list[Measurement]:
     out: list[Measurement] = []
     warm_isl = min(cfg.isl)
     for e in engines:
@@ -188,11 +203,14 @@ def _measure(engines: list[Engine], plan: list[tuple[int, int, int, bool]], prom
                     m["memory"] = e.info["memory"]
                 out.append(m)
                 done += 1
-                log(f"[{done}/{total}] {e.name:18} isl {isl:5d} osl {osl:5d} dm {m['draft_max']:2d}: "
-                    f"{m['n_generated'] / max(m['decode_s'], 1e-9):8.1f} tok/s")
+                log(
+                    f"[{done}/{total}] {e.name:18} isl {isl:5d} osl {osl:5d} dm {m['draft_max']:2d}: "
+                    f"{m['n_generated'] / max(m['decode_s'], 1e-9):8.1f} tok/s"
+                )
     # losslessness inside the bench: greedy tokens equal the target's own on the same prompt
-    reference = {(m["isl_requested"], m["osl"], m["repeat"]): m["tokens_head"]
-                 for m in out if m["engine"] == report.TARGET_ONLY}
+    reference = {
+        (m["isl_requested"], m["osl"], m["repeat"]): m["tokens_head"] for m in out if m["engine"] == report.TARGET_ONLY
+    }
     for m in out:
         ref = reference.get((m["isl_requested"], m["osl"], m["repeat"]))
         if m["engine"] != report.TARGET_ONLY and m.get("tokens_head") is not None and ref is not None:
@@ -200,8 +218,9 @@ def _measure(engines: list[Engine], plan: list[tuple[int, int, int, bool]], prom
     return out
 
 
-def _roofline(engines: list[Engine], cfg: BenchConfig, osls: Sequence[int], n_ctx: int, threads: int,
-              log: Log) -> dict[str, Any] | None:
+def _roofline(
+    engines: list[Engine], cfg: BenchConfig, osls: Sequence[int], n_ctx: int, threads: int, log: Log
+) -> dict[str, Any] | None:
     mem = next((e.info.get("memory") for e in engines if e.name == report.TARGET_ONLY), None)
     if not mem:
         return None
@@ -211,15 +230,20 @@ def _roofline(engines: list[Engine], cfg: BenchConfig, osls: Sequence[int], n_ct
     for isl, osl in zip(cfg.isl, osls, strict=True):
         per_pass = bytes_per_pass(mem, n_ctx, isl + osl / 2)
         limits[str(isl)] = {report.TARGET_ONLY: bw / per_pass, report.LCP: bw / per_pass}
-    return {"bandwidth_bytes_per_s": bw, "target_weight_bytes": sum(r["model"] for r in mem["rows"]
-                                                                  if r["role"] == "target"),
-            "limit_tok_s": limits,
-            "note": "limit = copy bandwidth / (target weights + KV cache read per pass); target-only engines"}
+    return {
+        "bandwidth_bytes_per_s": bw,
+        "target_weight_bytes": sum(r["model"] for r in mem["rows"] if r["role"] == "target"),
+        "limit_tok_s": limits,
+        "note": "limit = copy bandwidth / (target weights + KV cache read per pass); target-only engines",
+    }
 
 
 def _machine() -> dict[str, Any]:
-    info: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version(),
-                            "cpus": os.cpu_count()}
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+    }
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

@@ -16,7 +16,7 @@ from typing import Any
 from ..config import FLASH_ATTN
 
 Request = dict[str, Any]  # {"text", "osl", "draft_max"} from the parent
-Reply = dict[str, Any]    # one measurement (see engines.py), JSON values
+Reply = dict[str, Any]  # one measurement (see engines.py), JSON values
 
 
 def peak_rss_bytes() -> int:
@@ -29,19 +29,27 @@ def peak_rss_bytes() -> int:
     except OSError:
         pass
     import resource
+
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def pydflash_engine(a: argparse.Namespace) -> tuple[Callable[[Request], Reply], dict[str, Any]]:
     from pydflash import Llama
 
-    llm = Llama(a.target, draft=a.draft, n_ctx=a.n_ctx, n_threads=a.threads, n_batch=a.n_batch,
-                flash_attn=a.flash_attn)
+    llm = Llama(a.target, draft=a.draft, n_ctx=a.n_ctx, n_threads=a.threads, n_batch=a.n_batch, flash_attn=a.flash_attn)
     mem = llm.memory()
-    info = {"memory": {"target_bytes": mem.target_bytes, "drafter_bytes": mem.drafter_bytes,
-                       "rows": [dict(role=r.role, buffer=r.buffer, model=r.model, context=r.context,
-                                     compute=r.compute) for r in mem.rows]},
-            "block_size": llm.pair.block_size, "max_draft": llm.pair.max_draft}
+    info = {
+        "memory": {
+            "target_bytes": mem.target_bytes,
+            "drafter_bytes": mem.drafter_bytes,
+            "rows": [
+                dict(role=r.role, buffer=r.buffer, model=r.model, context=r.context, compute=r.compute)
+                for r in mem.rows
+            ],
+        },
+        "block_size": llm.pair.block_size,
+        "max_draft": llm.pair.max_draft,
+    }
 
     def run(req: Request) -> Reply:
         prompt = llm.tokenize(req["text"])
@@ -51,10 +59,17 @@ def pydflash_engine(a: argparse.Namespace) -> tuple[Callable[[Request], Reply], 
         s = res.stats
         first = s.steps[0] if s.steps else None
         first_ms = (first.t_draft_ms + first.t_verify_ms + first.t_inject_ms + first.t_sample_ms) if first else 0.0
-        return {"isl": len(prompt), "n_generated": len(res.tokens), "prefill_s": s.prefill_seconds,
-                "decode_s": s.decode_seconds, "ttft_s": s.prefill_seconds + first_ms / 1e3,
-                "n_steps": s.n_steps, "n_drafted": s.n_drafted, "n_accepted": s.n_accepted,
-                "tokens_head": res.tokens[:32]}
+        return {
+            "isl": len(prompt),
+            "n_generated": len(res.tokens),
+            "prefill_s": s.prefill_seconds,
+            "decode_s": s.decode_seconds,
+            "ttft_s": s.prefill_seconds + first_ms / 1e3,
+            "n_steps": s.n_steps,
+            "n_drafted": s.n_drafted,
+            "n_accepted": s.n_accepted,
+            "tokens_head": res.tokens[:32],
+        }
 
     return run, info
 
@@ -62,10 +77,16 @@ def pydflash_engine(a: argparse.Namespace) -> tuple[Callable[[Request], Reply], 
 def llama_cpp_python_engine(a: argparse.Namespace) -> tuple[Callable[[Request], Reply], dict[str, Any]]:
     import llama_cpp
 
-    llm = llama_cpp.Llama(model_path=a.target, n_ctx=a.n_ctx, n_threads=a.threads, n_threads_batch=a.threads,
-                          n_batch=a.n_batch, verbose=False,
-                          # a bool there; "auto" resolves to enabled on the CPU (llama.cpp logs it)
-                          flash_attn=a.flash_attn != "off")
+    llm = llama_cpp.Llama(
+        model_path=a.target,
+        n_ctx=a.n_ctx,
+        n_threads=a.threads,
+        n_threads_batch=a.threads,
+        n_batch=a.n_batch,
+        verbose=False,
+        # a bool there; "auto" resolves to enabled on the CPU (llama.cpp logs it)
+        flash_attn=a.flash_attn != "off",
+    )
 
     def run(req: Request) -> Reply:
         prompt = llm.tokenize(req["text"].encode(), add_bos=True, special=True)
@@ -82,9 +103,17 @@ def llama_cpp_python_engine(a: argparse.Namespace) -> tuple[Callable[[Request], 
         t_end = time.perf_counter()
         # first token = prompt pass + one sample; the rest is decode
         n = len(tokens)
-        return {"isl": len(prompt), "n_generated": n, "prefill_s": t_first - t0,
-                "decode_s": (t_end - t_first) * n / max(n - 1, 1), "ttft_s": t_first - t0,
-                "n_steps": n, "n_drafted": 0, "n_accepted": 0, "tokens_head": tokens[:32]}
+        return {
+            "isl": len(prompt),
+            "n_generated": n,
+            "prefill_s": t_first - t0,
+            "decode_s": (t_end - t_first) * n / max(n - 1, 1),
+            "ttft_s": t_first - t0,
+            "n_steps": n,
+            "n_drafted": 0,
+            "n_accepted": 0,
+            "tokens_head": tokens[:32],
+        }
 
     return run, {"version": llama_cpp.__version__}
 

@@ -32,15 +32,19 @@ def is_heldout(path: Path, percent: int = 5) -> bool:
 
 def heldout_stdlib_text(percent: int = 5) -> str:
     lib = Path(sysconfig.get_paths()["stdlib"])
-    parts = [p.read_text(encoding="utf-8", errors="replace") for p in stdlib_files()
-             if not NOT_CODE.intersection(p.relative_to(lib).parts) and is_heldout(p, percent)]
+    parts = [
+        p.read_text(encoding="utf-8", errors="replace")
+        for p in stdlib_files()
+        if not NOT_CODE.intersection(p.relative_to(lib).parts) and is_heldout(p, percent)
+    ]
     if not parts:
         raise RuntimeError(f"no standard-library source found under {lib}")
     return "\n\n".join(parts)
 
 
-def make_prompts(tokenize: Callable[[str], list[int]], detokenize: Callable[[list[int]], str],
-                 isl: int, count: int, corpus: str) -> list[str]:
+def make_prompts(
+    tokenize: Callable[[str], list[int]], detokenize: Callable[[list[int]], str], isl: int, count: int, corpus: str
+) -> list[str]:
     """``count`` different prompts whose text tokenizes to ``isl`` tokens
     (BOS included where the vocabulary adds one)."""
     ids = tokenize(corpus)
@@ -54,9 +58,9 @@ def make_prompts(tokenize: Callable[[str], list[int]], detokenize: Callable[[lis
     for i in range(count):
         for start in range(i * stride, len(ids) - body + 1):
             # windows that begin at a line start tokenize like the corpus did
-            if start and not detokenize(ids[start - 1:start]).endswith("\n"):
+            if start and not detokenize(ids[start - 1 : start]).endswith("\n"):
                 continue
-            window = ids[start:start + body]
+            window = ids[start : start + body]
             text = detokenize(window)
             # llama.cpp's tools drop one trailing newline of a prompt file, and
             # a cut can change how the edges tokenize: take windows that

@@ -1,0 +1,98 @@
+"""Options and output shared by the ``pydflash`` commands."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .config import CACHE_TYPES, FLASH_ATTN, SPLIT_MODES, ModelConfig
+from .results import GenerationResult
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    d = ModelConfig()  # the core's defaults
+    p.add_argument("--n-ctx", type=int, default=d.n_ctx, help="context size in tokens (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
+    dev = p.add_argument_group("devices and KV cache (as llama.cpp's options of the same names)")
+    dev.add_argument(
+        "-ngl",
+        "--n-gpu-layers",
+        type=int,
+        default=d.n_gpu_layers,
+        help="target layers to offload; -1 = all (default: %(default)s)",
+    )
+    dev.add_argument(
+        "-ngld",
+        "--draft-n-gpu-layers",
+        type=int,
+        default=None,
+        help="drafter layers to offload (default: as --n-gpu-layers)",
+    )
+    dev.add_argument(
+        "-sm",
+        "--split-mode",
+        choices=SPLIT_MODES,
+        default=d.split_mode,
+        help="how layers spread over several GPUs (default: %(default)s)",
+    )
+    dev.add_argument("-mg", "--main-gpu", type=int, default=d.main_gpu, help="the GPU used with --split-mode none")
+    dev.add_argument(
+        "-ts",
+        "--tensor-split",
+        type=lambda t: tuple(float(x) for x in t.split(",")),
+        default=(),
+        metavar="SHARES",
+        help="share of the model per GPU, e.g. 3,1 (default: by free memory)",
+    )
+    dev.add_argument(
+        "--rpc",
+        default="",
+        metavar="SERVERS",
+        help="host:port of RPC servers, comma-separated (see `pydflash rpc-server`)",
+    )
+    dev.add_argument("-fa", "--flash-attn", choices=FLASH_ATTN, default=d.flash_attn, help="(default: %(default)s)")
+    dev.add_argument("-ctk", "--cache-type-k", choices=CACHE_TYPES, default=d.type_k, help="target K cache type")
+    dev.add_argument(
+        "-ctv",
+        "--cache-type-v",
+        choices=CACHE_TYPES,
+        default=d.type_v,
+        help="target V cache type (quantized needs flash attention)",
+    )
+    dev.add_argument(
+        "-ctkd", "--cache-type-k-draft", choices=CACHE_TYPES, default=d.draft_type_k, help="drafter K cache type"
+    )
+    dev.add_argument(
+        "-ctvd", "--cache-type-v-draft", choices=CACHE_TYPES, default=d.draft_type_v, help="drafter V cache type"
+    )
+
+
+def llama_options(a: argparse.Namespace) -> dict[str, Any]:
+    """Llama's keyword options from add_common's flags."""
+    return dict(
+        n_ctx=a.n_ctx,
+        n_threads=a.threads,
+        verbose=a.verbose,
+        n_gpu_layers=a.n_gpu_layers,
+        draft_n_gpu_layers=a.draft_n_gpu_layers,
+        split_mode=a.split_mode,
+        main_gpu=a.main_gpu,
+        tensor_split=a.tensor_split,
+        rpc_servers=a.rpc,
+        flash_attn=a.flash_attn,
+        type_k=a.cache_type_k,
+        type_v=a.cache_type_v,
+        draft_type_k=a.cache_type_k_draft,
+        draft_type_v=a.cache_type_v_draft,
+    )
+
+
+def stats_line(res: GenerationResult) -> str:
+    s = res.stats
+    return (
+        f"tokens={s.n_tokens} steps={s.n_steps} drafted={s.n_drafted} accepted={s.n_accepted} "
+        f"acceptance={s.acceptance_rate:.3f} tau={s.mean_accepted_length:.3f} "
+        f"decode={s.decode_tokens_per_second:.1f} tok/s prefill={s.prefill_tokens_per_second:.1f} tok/s "
+        f"finish={res.finish_reason}"
+    )

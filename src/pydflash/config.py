@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+import sys
 from collections.abc import Mapping, Sequence
-from typing import Any, SupportsIndex
+from typing import Any, SupportsIndex, TypedDict
+
+if sys.version_info >= (3, 11):
+    from typing import Unpack
+else:  # pragma: no cover
+    from typing_extensions import Unpack
 
 from . import _core
 
@@ -239,3 +245,23 @@ class SamplingConfig:
         if isinstance(stop, str):
             return (stop,)
         return tuple(stop)
+
+
+class GenerateOptions(TypedDict, total=False):
+    """The keyword-only options of ``generate``/``stream`` (``SamplingConfig``'s
+    fields beyond the positional ones; its defaults apply to what is left out)."""
+
+    min_p: float
+    repeat_penalty: float
+    frequency_penalty: float
+    presence_penalty: float
+    penalty_last_n: int
+    logit_bias: Mapping[int, float] | None
+    verify: str | None
+    draft_max: int | None
+    draft_min: int
+    draft_p_min: float
+    cache_prompt: bool
+
+
+__all__ = ["CHOICES", "GenerateOptions", "ModelConfig", "SamplingConfig", "Unpack"]

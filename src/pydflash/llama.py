@@ -13,7 +13,7 @@ from . import _core, _logging
 from ._generation import Generation, Prompt
 from .chat import ChatTemplate
 from .completions import create_chat_completion, create_completion
-from .config import ModelConfig, SamplingConfig
+from .config import GenerateOptions, ModelConfig, SamplingConfig, Unpack
 from .errors import PyDFlashError
 from .pair import ContextPair
 from .results import GenerationResult, MemoryReport, MemoryRow, StreamStep
@@ -23,7 +23,9 @@ if TYPE_CHECKING:
     from .openai_types import ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk
 
 __all__ = ["Llama", "Prompt"]
-_DEFAULTS = ModelConfig()  # the core's defaults, shown in help(Llama)
+# the core's defaults, shown in help(Llama)
+_DEFAULTS = ModelConfig()
+_SAMPLING = SamplingConfig()
 
 
 class Llama:
@@ -231,25 +233,14 @@ class Llama:
     def generate(
         self,
         prompt: Prompt,
-        max_tokens: int = 256,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
+        max_tokens: int = _SAMPLING.max_tokens,
+        temperature: float = _SAMPLING.temperature,
+        top_k: int = _SAMPLING.top_k,
+        top_p: float = _SAMPLING.top_p,
         seed: int | None = None,
         stop: str | Sequence[str] | None = (),
         ignore_eos: bool = False,
-        *,
-        min_p: float = 0.0,
-        repeat_penalty: float = 1.0,
-        frequency_penalty: float = 0.0,
-        presence_penalty: float = 0.0,
-        penalty_last_n: int = 64,
-        logit_bias: Mapping[int, float] | None = None,
-        verify: str | None = None,
-        draft_max: int | None = None,
-        draft_min: int = 0,
-        draft_p_min: float = 0.0,
-        cache_prompt: bool = True,
+        **options: Unpack[GenerateOptions],
     ) -> GenerationResult:
         """Generate up to ``max_tokens`` tokens after ``prompt`` (text or ids).
 
@@ -259,7 +250,13 @@ class Llama:
         probability min(1, p/q), resampling from max(0, p - q) on rejection;
         ``verify="match"`` accepts a greedy draft token only when the target's
         own sample equals it. Both keep the target's distribution p exactly;
-        the same penalties, bias, temperature, top-k/top-p/min-p shape p and q.
+        the same chain (llama.cpp's order: penalties, bias, top-k, top-p, min-p,
+        temperature) shapes p and q.
+
+        Keyword options (``GenerateOptions``, defaults as ``SamplingConfig``'s):
+        ``min_p``, ``repeat_penalty``, ``frequency_penalty``, ``presence_penalty``,
+        ``penalty_last_n``, ``logit_bias``, ``verify``, ``draft_max``,
+        ``draft_min``, ``draft_p_min``, ``cache_prompt``.
 
         finish_reason is "eos" (end of generation token, not included), "stop"
         (a stop string appeared; it and what follows are cut) or "length"
@@ -274,20 +271,10 @@ class Llama:
             temperature=temperature,
             top_k=top_k,
             top_p=top_p,
-            min_p=min_p,
-            repeat_penalty=repeat_penalty,
-            frequency_penalty=frequency_penalty,
-            presence_penalty=presence_penalty,
-            penalty_last_n=penalty_last_n,
-            logit_bias=logit_bias,
             seed=seed,
             stop=stop,
             ignore_eos=ignore_eos,
-            verify=verify,
-            draft_max=draft_max,
-            draft_min=draft_min,
-            draft_p_min=draft_p_min,
-            cache_prompt=cache_prompt,
+            **options,
         )
         gen = Generation(self, prompt, cfg)
         for _ in gen:
@@ -297,25 +284,14 @@ class Llama:
     def stream(
         self,
         prompt: Prompt,
-        max_tokens: int = 256,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
+        max_tokens: int = _SAMPLING.max_tokens,
+        temperature: float = _SAMPLING.temperature,
+        top_k: int = _SAMPLING.top_k,
+        top_p: float = _SAMPLING.top_p,
         seed: int | None = None,
         stop: str | Sequence[str] | None = (),
         ignore_eos: bool = False,
-        *,
-        min_p: float = 0.0,
-        repeat_penalty: float = 1.0,
-        frequency_penalty: float = 0.0,
-        presence_penalty: float = 0.0,
-        penalty_last_n: int = 64,
-        logit_bias: Mapping[int, float] | None = None,
-        verify: str | None = None,
-        draft_max: int | None = None,
-        draft_min: int = 0,
-        draft_p_min: float = 0.0,
-        cache_prompt: bool = True,
+        **options: Unpack[GenerateOptions],
     ) -> Iterator[StreamStep]:
         """Like ``generate`` (same options), one ``StreamStep`` per speculative
         step. The last step carries the finish_reason."""
@@ -324,20 +300,10 @@ class Llama:
             temperature=temperature,
             top_k=top_k,
             top_p=top_p,
-            min_p=min_p,
-            repeat_penalty=repeat_penalty,
-            frequency_penalty=frequency_penalty,
-            presence_penalty=presence_penalty,
-            penalty_last_n=penalty_last_n,
-            logit_bias=logit_bias,
             seed=seed,
             stop=stop,
             ignore_eos=ignore_eos,
-            verify=verify,
-            draft_max=draft_max,
-            draft_min=draft_min,
-            draft_p_min=draft_p_min,
-            cache_prompt=cache_prompt,
+            **options,
         )
         return iter(Generation(self, prompt, cfg))
 

@@ -157,7 +157,7 @@ def test_baseline_pair_has_no_drafter(baseline):
 # sampler on the shared object, the second must not inherit it (conftest's
 # fresh_shared_pairs resets sampling and caches before every test).
 def test_leave_a_biased_sampler_behind(dflash_b8):
-    out = dflash_b8.generate("abc", max_tokens=4, logit_bias={65: 100.0}, ignore_eos=True)
+    out = dflash_b8.generate("abc", max_tokens=4, logit_bias={65: 1000.0}, ignore_eos=True)
     assert out.tokens == [65] * 4
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -235,3 +236,39 @@ def test_a_duplicated_target_layer_is_a_valid_drafter(tmp_path, target_path):
         spec = llm.generate("def f():", max_tokens=24, ignore_eos=True)
         assert spec.tokens == llm.generate("def f():", max_tokens=24, ignore_eos=True, draft_max=0).tokens
         assert spec.stats.n_drafted > 0
+
+
+HYBRID_WORKER = r"""
+import json, sys
+from pydflash import Llama, ModelLoadError
+try:
+    with Llama(sys.argv[1], n_ctx=64) as llm:
+        llm.generate("ab", max_tokens=4, ignore_eos=True)
+    print("LOADED")
+except ModelLoadError as e:
+    print("REFUSED", json.dumps(str(e)))
+"""
+
+
+@pytest.mark.parametrize("sections", [(0, 0, 0, 0), (9, 0, 0, 0), (-2, 6, 2, 0)], ids=["zero", "past-n-rot", "negative"])
+def test_a_hybrid_target_with_bad_rope_sections_is_refused(tmp_path, sections):
+    # an IMRoPE target (qwen35, n_rot 16) whose sections would make ggml's rope
+    # kernel divide by zero or assert, in the first decode (found with the
+    # DFlash cases above); 9 pairs exceed n_rot / 2 = 8 but not n_rot: allowed
+    # by the kernel, so only past n_rot = 16 is refused
+    p = testing.write_hybrid_target(tmp_path / "t.gguf", testing.HybridSpec(rope_sections=(0, 0, 0, 0)))
+    raw = p.read_bytes()
+    old = struct.pack("<4i", 0, 0, 0, 0)
+    # patch the sections array in place (its four int32 follow the key, type and count)
+    key = b"qwen35.rope.dimension_sections"
+    at = raw.index(key) + len(key) + 4 + 4 + 8
+    assert raw[at:at + 16] == old
+    p.write_bytes(raw[:at] + struct.pack("<4i", *sections) + raw[at + 16:])
+    proc = subprocess.run([sys.executable, "-c", HYBRID_WORKER, str(p)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    if sections == (9, 0, 0, 0):
+        assert proc.stdout.strip() == "LOADED"
+        return
+    word, msg = proc.stdout.strip().split(" ", 1)
+    assert word == "REFUSED"
+    assert f"qwen35.rope.dimension_sections [{', '.join(map(str, sections))}] is invalid" in json.loads(msg)

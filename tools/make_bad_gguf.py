@@ -263,7 +263,7 @@ def _section(cut: int, bounds: list[int], n_kv: int, n_tensors: int, data_start:
 
 
 def expectations() -> dict[str, dict[str, Expect]]:
-    good, bounds = build()
+    _, bounds = build()
     data_start = bounds[-1]
     n_kv, n_tensors = len(base_kvs()), len(base_tensors())
     out: dict[str, dict[str, Expect]] = {}

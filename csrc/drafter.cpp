@@ -89,10 +89,11 @@ DraftSpec check_drafter(const Model& target, const Model& drafter) {
     if (spec.mask_token < 0 || spec.mask_token >= drafter.n_vocab()) {
         fail("drafter vocabulary has no mask token (tokenizer.ggml.mask_token_id)");
     }
-    spec.block_size = std::atoi(meta(drafter, "dflash.block_size", "16").c_str());
-    if (spec.block_size < 2 || spec.block_size > 256) {
-        fail("dflash.block_size " + std::to_string(spec.block_size) + " is out of range [2, 256]");
-    }
+    // parsed wide: a uint32 past INT_MAX must be reported as written, not wrapped
+    const std::string block = meta(drafter, "dflash.block_size", "16");
+    const long long block_size = std::strtoll(block.c_str(), nullptr, 10);
+    if (block_size < 2 || block_size > 256) fail("dflash.block_size " + block + " is out of range [2, 256]");
+    spec.block_size = static_cast<int>(block_size);
     spec.causal = meta(drafter, "dflash.attention.causal", "false") == "true";
     return spec;
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -90,6 +91,38 @@ void validate_header(const gguf_context* g, const GgufInfo& info, const std::str
         if (n < 1 || n > 512) {
             throw ModelLoadError(path + ": " + key + " must be an integer in [1, 512] (llama.cpp's layer limit), got " +
                                  info.metadata.at(key));
+        }
+    }
+    // rope sections (M-RoPE/IMRoPE targets, and DFlash drafters of them): ggml's
+    // rope kernel divides by their sum and asserts it is at most the rotated
+    // dimensions, in the decode; llama.cpp itself refuses other lengths than 4
+    const std::string skey = info.architecture + ".rope.dimension_sections";
+    const int64_t sid = gguf_find_key(g, skey.c_str());
+    if (sid >= 0 && gguf_get_kv_type(g, sid) == GGUF_TYPE_ARRAY && gguf_get_arr_n(g, sid) == 4 &&
+        (gguf_get_arr_type(g, sid) == GGUF_TYPE_INT32 || gguf_get_arr_type(g, sid) == GGUF_TYPE_UINT32)) {
+        const auto* sec = static_cast<const int32_t*>(gguf_get_arr_data(g, sid));  // llama.cpp reads them as int
+        int64_t sum = 0;
+        bool negative = false;
+        for (int k = 0; k < 4; ++k) {
+            negative = negative || sec[k] < 0;
+            sum += sec[k];
+        }
+        auto meta_int = [&](const std::string& k) -> int64_t {
+            const auto it = info.metadata.find(info.architecture + "." + k);
+            return it == info.metadata.end() ? -1 : std::strtoll(it->second.c_str(), nullptr, 10);
+        };
+        int64_t n_rot = meta_int("rope.dimension_count");
+        if (n_rot < 0) n_rot = meta_int("attention.key_length");
+        if (n_rot < 0) {
+            const int64_t n_embd = meta_int("embedding_length"), n_head = meta_int("attention.head_count");
+            if (n_embd > 0 && n_head > 0) n_rot = n_embd / n_head;
+        }
+        // all zero: no sections (a DFlash drafter then uses plain NeoX RoPE)
+        const bool none = sum == 0 && !negative && info.architecture == "dflash";
+        if (!none && (negative || sum <= 0 || (n_rot > 0 && sum > n_rot))) {
+            throw ModelLoadError(path + ": " + skey + " " + info.metadata.at(skey) +
+                                 " is invalid: its entries must be >= 0 with a sum in [1, n_rot" +
+                                 (n_rot > 0 ? " = " + std::to_string(n_rot) : std::string()) + "]");
         }
     }
     const int64_t tid = gguf_find_key(g, "tokenizer.ggml.tokens");

@@ -81,3 +81,20 @@ def hybrid_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     testing.write_drafter(d / "qwen3next-drafter-b8.gguf", HYBRID_TARGETS["qwen3next"],
                           dataclasses.replace(HYBRID_DRAFTERS["b8"], rope_sections=None))
     return d
+
+
+# Session-scoped Llama objects whose pair the step-API tests drive directly.
+SHARED_LLAMAS = ("baseline", "dflash", "dflash_b8")
+
+
+@pytest.fixture(autouse=True)
+def fresh_shared_pairs(request: pytest.FixtureRequest):
+    """pair.step() decodes with whatever sampler the last generate() set (a
+    temperature, penalties, a bias): each test starts from greedy sampling and
+    empty caches on every shared object it uses, whatever ran before it."""
+    for name in SHARED_LLAMAS:
+        if name in request.fixturenames:
+            pair = request.getfixturevalue(name).pair
+            pair.set_sampling()
+            pair.reset()
+    yield

@@ -10,22 +10,45 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from pydflash import GenerationInterrupted, Llama
 
-LONG = 8000  # prompt tokens: a prefill long enough (seconds) to interrupt
+TIMER = 0.05        # seconds until the interrupt
+MIN_PREFILL = 1.0   # seconds the prefill to interrupt must last at least (20x the timer)
+PROBE = 2048        # prompt tokens of the rate measurement
+
+
+def long_prompt(n: int) -> list[int]:
+    return [(i * 7919) % 380 for i in range(n)]
+
+
+def tokens_for(seconds: float, rate: float) -> int:
+    """Prompt tokens whose prefill lasts ``seconds`` at ``rate`` tokens/s (a
+    lower bound: attention makes longer prompts slower per token)."""
+    return int(min(max(rate * seconds, 4096), 2**18))
 
 
 @pytest.fixture(scope="module")
-def big(target_path, model_dir):
-    with Llama(target_path, draft=model_dir / "drafter-b8.gguf", n_ctx=LONG + 64, n_batch=2048) as llm:
+def long_n(target_path, model_dir) -> int:
+    # size the workload from this machine's measured prefill rate (a fast CPU or
+    # a GPU prefills a fixed 8000 tokens in less than the timer's 50 ms)
+    with Llama(target_path, draft=model_dir / "drafter-b8.gguf", n_ctx=PROBE + 64, n_batch=2048) as llm:
+        llm.pair.prefill(long_prompt(PROBE))  # warm-up
+        t0 = time.perf_counter()
+        llm.pair.prefill(long_prompt(PROBE))
+        rate = PROBE / (time.perf_counter() - t0)
+    n = tokens_for(MIN_PREFILL, rate)
+    print(f"prefill rate {rate:.0f} tokens/s: {n} prompt tokens")
+    return n
+
+
+@pytest.fixture(scope="module")
+def big(target_path, model_dir, long_n):
+    with Llama(target_path, draft=model_dir / "drafter-b8.gguf", n_ctx=long_n + 64, n_batch=2048) as llm:
         yield llm
-
-
-def long_prompt() -> list[int]:
-    return [(i * 7919) % 380 for i in range(LONG)]
 
 
 @pytest.fixture
@@ -38,31 +61,32 @@ def python_sigint():
     signal.signal(signal.SIGINT, old)
 
 
-def test_ctrl_c_stops_a_long_prefill(big, python_sigint):
+def test_ctrl_c_stops_a_long_prefill(big, long_n, python_sigint):
     t0 = time.perf_counter()
-    big.pair.prefill(long_prompt())
+    big.pair.prefill(long_prompt(long_n))
     full = time.perf_counter() - t0
-    timer = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT))
+    assert full > 4 * TIMER, f"the workload is too small to interrupt: {long_n} tokens in {full:.3f}s"
+    timer = threading.Timer(TIMER, os.kill, (os.getpid(), signal.SIGINT))
     t0 = time.perf_counter()
     timer.start()
     with pytest.raises(KeyboardInterrupt):
-        big.generate(long_prompt(), max_tokens=4, cache_prompt=False)
+        big.generate(long_prompt(long_n), max_tokens=4, cache_prompt=False)
     took = time.perf_counter() - t0
     timer.join()
-    assert took < 0.05 + max(0.5 * full, 0.2), f"interrupt took {took:.2f}s, full prefill {full:.2f}s"
+    assert took < TIMER + max(0.5 * full, 0.2), f"interrupt took {took:.2f}s, full prefill {full:.2f}s"
     # usable, and correct, afterwards
     ref = big.generate("def f():", max_tokens=20, ignore_eos=True, draft_max=0).tokens
     assert big.generate("def f():", max_tokens=20, ignore_eos=True).tokens == ref
 
 
-def test_a_sigint_handler_that_does_not_raise_lets_the_work_finish(big):
+def test_a_sigint_handler_that_does_not_raise_lets_the_work_finish(big, long_n):
     # Python runs the handler; only an exception from it stops the prefill
     calls: list[int] = []
     old = signal.signal(signal.SIGINT, lambda signum, frame: calls.append(signum))
     try:
-        timer = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT))
+        timer = threading.Timer(TIMER, os.kill, (os.getpid(), signal.SIGINT))
         timer.start()
-        out = big.generate(long_prompt(), max_tokens=4, ignore_eos=True, cache_prompt=False)
+        out = big.generate(long_prompt(long_n), max_tokens=4, ignore_eos=True, cache_prompt=False)
         timer.join()
     finally:
         signal.signal(signal.SIGINT, old)
@@ -76,13 +100,17 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 t = threading.Thread(target=lambda: __import__("pydflash"))
 t.start(); t.join()
 from pydflash import Llama
-prompt = [(i * 7919) % 380 for i in range(8000)]
-with Llama(sys.argv[1], n_ctx=8064, n_batch=2048) as llm:
-    t0 = time.perf_counter(); llm.pair.prefill(prompt); full = time.perf_counter() - t0
-    threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
+from test_reliability import MIN_PREFILL, PROBE, TIMER, long_prompt, tokens_for
+with Llama(sys.argv[1], n_ctx=PROBE + 64, n_batch=2048) as llm:  # this process's prefill rate
+    llm.pair.prefill(long_prompt(PROBE))
+    t0 = time.perf_counter(); llm.pair.prefill(long_prompt(PROBE)); rate = PROBE / (time.perf_counter() - t0)
+n = tokens_for(MIN_PREFILL, rate)
+with Llama(sys.argv[1], n_ctx=n + 64, n_batch=2048) as llm:
+    t0 = time.perf_counter(); llm.pair.prefill(long_prompt(n)); full = time.perf_counter() - t0
+    threading.Timer(TIMER, os.kill, (os.getpid(), signal.SIGINT)).start()
     t0 = time.perf_counter()
     try:
-        llm.generate(prompt, max_tokens=4, cache_prompt=False)
+        llm.generate(long_prompt(n), max_tokens=4, cache_prompt=False)
     except KeyboardInterrupt:
         print("interrupted", time.perf_counter() - t0, full)
     print(len(llm.generate("ok", max_tokens=3, ignore_eos=True).tokens))
@@ -91,30 +119,33 @@ with Llama(sys.argv[1], n_ctx=8064, n_batch=2048) as llm:
 
 def test_ctrl_c_works_when_a_worker_thread_imported_pydflash_first(target_path):
     # Python's main thread runs signal handlers, whichever thread loaded the extension
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).parent),
+                                                                    os.environ.get("PYTHONPATH")])))
     out = subprocess.run([sys.executable, "-c", CTRL_C_AFTER_THREAD_IMPORT, str(target_path)],
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     word, took, full, n = out.stdout.split()
     assert (word, n) == ("interrupted", "3")
-    assert float(took) < 0.05 + max(0.5 * float(full), 0.2), f"interrupt took {took}s, full prefill {full}s"
+    assert float(full) > 4 * TIMER, f"the workload is too small to interrupt: prefill {full}s"
+    assert float(took) < TIMER + max(0.5 * float(full), 0.2), f"interrupt took {took}s, full prefill {full}s"
 
 
-def test_interrupt_from_another_thread(big):
-    timer = threading.Timer(0.05, big.interrupt)
+def test_interrupt_from_another_thread(big, long_n):
+    timer = threading.Timer(TIMER, big.interrupt)
     t0 = time.perf_counter()
     timer.start()
     with pytest.raises(GenerationInterrupted, match="interrupted"):
-        big.generate(long_prompt(), max_tokens=4, cache_prompt=False)
+        big.generate(long_prompt(long_n), max_tokens=4, cache_prompt=False)
     timer.join()
     assert time.perf_counter() - t0 < 5
     assert len(big.generate("ok", max_tokens=5, ignore_eos=True).tokens) == 5
 
 
-def test_two_objects_decode_concurrently(target_path, model_dir):
+def test_two_objects_decode_concurrently(target_path, model_dir, long_n):
     # one long C++ call per thread: with the GIL held they could not overlap
-    with Llama(target_path, n_ctx=LONG + 64, n_batch=2048, n_threads=1) as a, \
-            Llama(target_path, draft=model_dir / "drafter-b8.gguf", n_ctx=LONG + 64, n_batch=2048, n_threads=1) as b:
-        tokens = long_prompt()
+    with Llama(target_path, n_ctx=long_n + 64, n_batch=2048, n_threads=1) as a, \
+            Llama(target_path, draft=model_dir / "drafter-b8.gguf", n_ctx=long_n + 64, n_batch=2048, n_threads=1) as b:
+        tokens = long_prompt(long_n)
         spans: dict[str, tuple[float, float]] = {}
 
         def work(name: str, llm: Llama) -> None:

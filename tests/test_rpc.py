@@ -19,35 +19,77 @@ from pydflash import Llama, ModelLoadError
 PROMPT = "def read_lines(path):\n"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class RpcServer:
+    """A `pydflash rpc-server` subprocess and its output so far (read by a thread)."""
+
+    def __init__(self, port: int):
+        self.port = port
+        self.proc = subprocess.Popen([sys.executable, "-m", "pydflash", "rpc-server", "--port", str(port),
+                                      "--threads", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:  # type: ignore[union-attr]
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def stop(self, sig: int = signal.SIGTERM) -> str:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        self.proc.wait(timeout=30)
+        self.reader.join(timeout=30)
+        self.proc.stdout.close()  # type: ignore[union-attr]
+        return self.output
 
 
-def start_server(port: int) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "pydflash", "rpc-server", "--port", str(port), "--threads", "2"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()[0]
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return proc
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise AssertionError("rpc-server did not start listening")
+def closed_port() -> socket.socket:
+    """A bound socket that does not listen: connecting to its port is refused,
+    and no other process can take the port while the socket is open."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    return s
+
+
+def start_server(attempts: int = 5) -> RpcServer:
+    """An RPC server on a free port. The port is found by binding port 0 and
+    released for the server, so another process may take it first: then the
+    server cannot bind and exits, and we retry on another port. A connection
+    counts as ours only when our server logs it."""
+    for _ in range(attempts):
+        with closed_port() as s:
+            port = s.getsockname()[1]
+        srv = RpcServer(port)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and srv.proc.poll() is None:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            except OSError:
+                time.sleep(0.05)
+                continue
+            while time.monotonic() < deadline and srv.proc.poll() is None:
+                if "Accepted client connection" in srv.output:
+                    return srv
+                time.sleep(0.01)
+        if srv.proc.poll() is None:
+            srv.stop(signal.SIGKILL)
+            raise AssertionError("rpc-server did not start listening:\n" + srv.output)
+        srv.stop()
+        if "Failed to create server socket" not in srv.output:
+            raise AssertionError(f"rpc-server exited with {srv.proc.returncode}:\n{srv.output}")
+    raise AssertionError(f"rpc-server found no free port in {attempts} attempts")
 
 
 @pytest.fixture(scope="module")
 def endpoint():
-    port = free_port()
-    proc = start_server(port)
-    yield f"127.0.0.1:{port}"
-    proc.send_signal(signal.SIGTERM)
-    out = proc.communicate(timeout=30)[0]
-    assert proc.returncode == 0, out
+    srv = start_server()
+    yield f"127.0.0.1:{srv.port}"
+    out = srv.stop()
+    assert srv.proc.returncode == 0, out
     assert "Starting RPC server" in out and "Accepted client connection" in out
 
 
@@ -87,14 +129,14 @@ def test_models_without_rpc_servers_stay_local(pair, endpoint):
 
 
 SERVER_GONE = """
-import subprocess, sys, time
+import signal, subprocess, sys, time
 sys.path.insert(0, sys.argv[2])
 from test_rpc import start_server
 from pydflash import Llama, backends
-proc = start_server(int(sys.argv[1]))
-with Llama(sys.argv[3], rpc_servers=[f"127.0.0.1:{sys.argv[1]}"], n_gpu_layers=-1, n_ctx=128) as llm:
+srv = start_server()
+with Llama(sys.argv[3], rpc_servers=[f"127.0.0.1:{srv.port}"], n_gpu_layers=-1, n_ctx=128) as llm:
     llm.generate("x", max_tokens=2)
-proc.kill(); proc.wait()
+srv.stop(signal.SIGKILL)
 print(sorted(b["name"] for b in backends()))
 with Llama(sys.argv[3], n_gpu_layers=-1, n_ctx=128) as llm:
     print(len(llm.generate("x", max_tokens=2, ignore_eos=True).tokens))
@@ -103,17 +145,18 @@ with Llama(sys.argv[3], n_gpu_layers=-1, n_ctx=128) as llm:
 
 def test_a_server_gone_after_use_does_not_break_the_process(pair):
     # asking a dead server for its memory would abort in ggml's client
-    out = subprocess.run([sys.executable, "-c", SERVER_GONE, str(free_port()), str(Path(__file__).parent), pair[0]],
+    out = subprocess.run([sys.executable, "-c", SERVER_GONE, "-", str(Path(__file__).parent), pair[0]],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.splitlines() == ["['CPU', 'RPC0']", "2"], out.stdout
 
 
 def test_nobody_listening(pair):
-    t0 = time.monotonic()
-    with pytest.raises(ModelLoadError, match=r"RPC server 127\.0\.0\.1:\d+: cannot connect \(Connection refused\)"):
-        Llama(pair[0], rpc_servers=[f"127.0.0.1:{free_port()}"], n_gpu_layers=-1)
-    assert time.monotonic() - t0 < 5
+    with closed_port() as s:
+        t0 = time.monotonic()
+        with pytest.raises(ModelLoadError, match=r"RPC server 127\.0\.0\.1:\d+: cannot connect \(Connection refused\)"):
+            Llama(pair[0], rpc_servers=[f"127.0.0.1:{s.getsockname()[1]}"], n_gpu_layers=-1)
+        assert time.monotonic() - t0 < 5
 
 
 HELLO_BYTES = 1 + 8 + 24  # command, payload size, connection caps (ggml-rpc.cpp)

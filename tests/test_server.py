@@ -230,6 +230,19 @@ def _wait_cancelled(server: str, n: float) -> dict[str, float]:
     raise AssertionError(f"not cancelled: {metrics(server)}")
 
 
+def _wait_processing(server: str, predicted_before: float) -> None:
+    """Until the server's queue says a generation runs (state polled, no fixed
+    sleep); fails if it ended first (nothing would be left to cancel)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        m = metrics(server)
+        if m["pydflash_requests_processing"] == 1:
+            return
+        assert m["pydflash_tokens_predicted_total"] == predicted_before, "the generation ended before the disconnect"
+        time.sleep(0.005)
+    raise AssertionError(f"the generation never started: {metrics(server)}")
+
+
 @pytest.mark.parametrize("stream", [True, False])
 def test_disconnect_cancels_the_generation(server, client, stream):
     before = metrics(server)
@@ -247,7 +260,7 @@ def test_disconnect_cancels_the_generation(server, client, stream):
                 got += data
             assert got.startswith(b"HTTP/1.1 200")
         else:
-            time.sleep(0.2)
+            _wait_processing(server, before["pydflash_tokens_predicted_total"])  # the generation is running
         sock.shutdown(socket.SHUT_RDWR)
     after = _wait_cancelled(server, before["pydflash_requests_cancelled_total"] + 1)
     # the generation stopped early: far fewer than 1000 tokens were counted, and the pair serves again

@@ -151,3 +151,20 @@ def test_baseline_pair_has_no_drafter(baseline):
     pair.prefill([5, 6, 7])
     s = pair.step(draft=ref[:5])
     assert s.n_accepted == 5 and list(s.tokens) == ref[:6]
+
+
+# The two tests below run in this order (file order): the first leaves a biased
+# sampler on the shared object, the second must not inherit it (conftest's
+# fresh_shared_pairs resets sampling and caches before every test).
+def test_leave_a_biased_sampler_behind(dflash_b8):
+    out = dflash_b8.generate("abc", max_tokens=4, logit_bias={65: 1000.0}, ignore_eos=True)
+    assert out.tokens == [65] * 4
+
+
+def test_steps_after_a_biased_generate_are_greedy(dflash_b8, reference):
+    pair = dflash_b8.pair
+    pair.prefill(dflash_b8.tokenize(PROMPT))
+    out: list[int] = []
+    while len(out) < 40:
+        out += pair.step().tokens
+    assert out[:40] == reference[:40]

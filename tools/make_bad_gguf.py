@@ -202,6 +202,10 @@ def cases() -> dict[str, bytes]:
     out["duplicate-key"] = build(kvs=kvs)[0]
     kvs = base_kvs()
     kvs["tokenizer.ggml.tokens"] = str_array("tokenizer.ggml.tokens", ["a"] * 3)
+    out["vocab-duplicate-tokens"] = build(kvs=kvs)[0]
+    kvs = base_kvs()
+    kvs["tokenizer.ggml.tokens"] = str_array("tokenizer.ggml.tokens", ["a", "b", "c"])
+    kvs["tokenizer.ggml.token_type"] = i32_array("tokenizer.ggml.token_type", [1] * 3)
     out["vocab-shorter-than-embeddings"] = build(kvs=kvs)[0]
     kvs = base_kvs()
     kvs["general.architecture"] = string("general.architecture", "dflash")
@@ -211,6 +215,114 @@ def cases() -> dict[str, bytes]:
     kvs = base_kvs()
     kvs["general.architecture"] = kv("general.architecture", T_STR, s(b"qw\xffen3\x80"))
     out["architecture-not-utf8"] = build(kvs=kvs)[0]
+    return out
+
+
+# -- the error each file must get ----------------------------------------------------------
+#
+# For each file and each role (loaded as the target, or as the drafter of
+# good-tiny.gguf): the pydflash exception class and fragments its message must
+# contain (besides the file's path). tests/test_malformed_gguf.py checks them.
+
+Expect = tuple[str, tuple[str, ...]]
+HEADER = "corrupt or truncated GGUF header"
+NOT_DFLASH: Expect = ("DraftCompatibilityError", ("drafter architecture is 'qwen3', expected 'dflash'",))
+
+
+def _both(exc: str, *fragments: str) -> dict[str, Expect]:
+    return {"target": (exc, fragments), "drafter": (exc, fragments)}
+
+
+def _gguf(*fragments: str) -> dict[str, Expect]:
+    """ggml's GGUF reader refuses the file: the same for both roles."""
+    return _both("ModelLoadError", HEADER, *fragments)
+
+
+def _loader(*fragments: str) -> dict[str, Expect]:
+    """The header reads; llama.cpp's loader refuses the target, and the drafter
+    check refuses a qwen3 file before llama.cpp loads it."""
+    return {"target": ("ModelLoadError", ("failed to load target model (architecture 'qwen3')", *fragments)),
+            "drafter": NOT_DFLASH}
+
+
+def _section(cut: int, bounds: list[int], n_kv: int, n_tensors: int, data_start: int) -> dict[str, Expect]:
+    """What a file cut after ``cut`` bytes gets, from the section the cut falls in."""
+    end_kv = bounds[3 + n_kv]
+    end_info = bounds[3 + n_kv + n_tensors]
+    if cut < 4:
+        return _both("ModelLoadError", "not a GGUF file (bad magic)")
+    if cut < 24:
+        return _gguf("failed to read header")
+    if cut < end_kv:
+        return _gguf("failed to read key-value pairs")
+    if cut < end_info:
+        return _gguf("failed to read tensor info")
+    if cut < data_start:
+        return _gguf("failed to seek to beginning of data section")
+    return _loader("data is not within the file bounds")
+
+
+def expectations() -> dict[str, dict[str, Expect]]:
+    _, bounds = build()
+    data_start = bounds[-1]
+    n_kv, n_tensors = len(base_kvs()), len(base_tensors())
+    out: dict[str, dict[str, Expect]] = {}
+    for name in cases():
+        if name.startswith("truncated-at-"):
+            out[name] = _section(int(name.rsplit("-", 1)[1]), bounds, n_kv, n_tensors, data_start)
+    block_count = _both("ModelLoadError", "qwen3.block_count must be an integer in [1, 512] (llama.cpp's layer limit)")
+    out.update({
+        "truncated-in-data": _loader("tensor 'token_embd.weight' data is not within the file bounds"),
+        "empty": _both("ModelLoadError", "not a GGUF file (bad magic)"),
+        "magic-only": _gguf("failed to read header"),
+        "wrong-magic": _both("ModelLoadError", "not a GGUF file (bad magic)"),
+        "version-0": _gguf("bad GGUF version: 0"),
+        "version-1": _gguf("GGUFv1 is no longer supported"),
+        "version-4": _gguf("version 4 but this software only supports up to version 3"),
+        "version-4294967295": _gguf("version 4294967295 but this software only supports up to version 3"),
+        "n-tensors-huge": _gguf("number of tensors is 4611686018427387904 but must be in"),
+        "n-tensors-too-many": _gguf("failed to read tensor info"),
+        "n-tensors-too-few": _loader("tensor 'blk.0.attn_norm.weight' not found"),
+        "n-kv-huge": _gguf("number of key value pairs is 9223372036854775807 but must be in"),
+        "n-kv-too-many": _gguf("failed to read key-value pairs"),
+        "tensor-offset-huge": _gguf("tensor 'token_embd.weight' has offset 1152921504606846976, expected 0"),
+        "tensor-offset-misaligned": _gguf("tensor 'token_embd.weight' has offset 3, expected 0"),
+        "tensor-dims-huge": _gguf("incorrect shape for a tensor 'token_embd.weight' may cause overflow"),
+        "tensor-dims-overflow": _gguf("incorrect shape for a tensor 'token_embd.weight' may cause overflow"),
+        # a zero dimension makes the tensor empty: the next tensor's offset no longer fits
+        "tensor-dims-zero": _gguf("tensor 'output_norm.weight' has offset 512, expected 0"),
+        "tensor-n-dims-9": _gguf("tensor 'token_embd.weight' has invalid number of dimensions: 9 > 4"),
+        "tensor-n-dims-huge": _gguf("tensor 'token_embd.weight' has invalid number of dimensions: 2147483648 > 4"),
+        "tensor-type-invalid": _gguf("tensor 'token_embd.weight' has invalid ggml type 999"),
+        "tensor-type-mismatch-size": _gguf("tensor 'token_embd.weight' of type 2 (q4_0) has 16 elements per row, "
+                                           "not a multiple of block size (32)"),
+        "tensor-wrong-shape": _gguf("tensor 'output_norm.weight' has offset 512, expected 544"),
+        "tensor-name-too-long": _gguf("tensor name 0 is too long: 70000 >= 64"),
+        "tensor-duplicate-name": _gguf("duplicate tensor name 'token_embd.weight'"),
+        "required-key-wrong-type": {r: (e, (*f, "got four")) for r, (e, f) in block_count.items()},
+        "embedding-length-absurd": _loader("tensor 'token_embd.weight' has wrong shape"),
+        "block-count-absurd": {r: (e, (*f, "got 100000")) for r, (e, f) in block_count.items()},
+        "head-count-zero": _loader("tensor 'blk.0.attn_q.weight' has wrong shape"),
+        "missing-general.architecture": _both("ModelLoadError", "GGUF file has no general.architecture key"),
+        "missing-qwen3.embedding_length": _loader("key not found in model: qwen3.embedding_length"),
+        "missing-qwen3.block_count": _loader("key not found in model: qwen3.block_count"),
+        "missing-tokenizer.ggml.tokens": _loader("cannot find tokenizer vocab in model file"),
+        "string-length-past-eof": _gguf("string length 4611686018427387904 exceeds maximum"),
+        "array-length-past-eof": _gguf("failed to read key-value pairs"),
+        "array-type-invalid": _gguf("key 'tokenizer.ggml.token_type' has invalid GGUF type 77"),
+        "kv-type-invalid": _gguf("key 'qwen3.context_length' has invalid GGUF type 99"),
+        "duplicate-key": _gguf("duplicate key 'qwen3.block_count'"),
+        "vocab-duplicate-tokens": _both("ModelLoadError", "tokenizer.ggml.tokens has a duplicate token at index 1"),
+        "vocab-shorter-than-embeddings": _loader("tensor 'token_embd.weight' has wrong shape; expected     16,      3"),
+        "dflash-without-keys": {
+            "target": ("ModelLoadError", ("failed to load target model (architecture 'dflash')",
+                                          "key not found in model: dflash.context_length")),
+            "drafter": ("ModelLoadError", ("failed to load drafter model (architecture 'dflash')",
+                                           "key not found in model: dflash.context_length"))},
+        "architecture-not-utf8": {
+            "target": ("ModelLoadError", ("unknown model architecture: 'qw\ufffden3\ufffd'",)),
+            "drafter": ("DraftCompatibilityError", ("drafter architecture is 'qw\ufffden3\ufffd', expected 'dflash'",))},
+    })
     return out
 
 

@@ -1,0 +1,219 @@
+"""Tool calls and reasoning through the real generation path: a tiny target
+whose vocabulary has whole phrases as single (user-defined) tokens, so a
+logit_bias makes the greedy model write a tool call, or reasoning then an
+answer, deterministically; the template renders tools and tool calls in the
+Hermes / Qwen3 way, so llama.cpp's template analysis finds the call format.
+Checked in create_chat_completion, its stream, and over HTTP."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from pydflash import Llama, testing
+from conftest import TARGET
+
+SPEC = dataclasses.replace(TARGET, n_vocab=512)  # room for unused tokens to turn into phrases
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+THINK = "<think>\nThe user wants the weather.\n</think>\n\n"
+PHRASES = {"think+call": THINK + CALL, "think+answer": THINK + "It is sunny.", "call": CALL,
+           # reasoning words and the end of reasoning, for multi-step generations
+           "w1": " alpha", "w2": " beta", "end": "\n</think>\n\nDone."}
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+MSGS = [{"role": "user", "content": "Weather in Paris?"}]
+
+TOOL_TEMPLATE = (
+    "{%- if tools -%}"
+    "{{- '<|im_start|>system\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>' -}}"
+    "{%- for tool in tools -%}{{- '\n' + (tool | tojson) -}}{%- endfor -%}"
+    "{{- '\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}"
+    "\n</tool_call><|im_end|>\n' -}}"
+    "{%- endif -%}"
+    "{%- for message in messages -%}"
+    "{%- if message.role == 'tool' -%}"
+    "{{- '<|im_start|>user\n<tool_response>\n' + message.content + '\n</tool_response><|im_end|>\n' -}}"
+    "{%- else -%}"
+    "{{- '<|im_start|>' + message.role + '\n' -}}"
+    "{%- if message.role == 'assistant' and message.reasoning_content -%}"
+    "{{- '<think>\n' + message.reasoning_content + '\n</think>\n\n' -}}"
+    "{%- endif -%}"
+    "{%- if message.content -%}{{- message.content -}}{%- endif -%}"
+    "{%- if message.role == 'assistant' and message.tool_calls -%}"
+    "{%- for tc in message.tool_calls -%}"
+    "{%- set f = tc.function if tc.function else tc -%}"
+    "{{- '<tool_call>\n{\"name\": \"' + f.name + '\", \"arguments\": ' -}}"
+    "{%- if f.arguments is string -%}{{- f.arguments -}}{%- else -%}{{- f.arguments | tojson -}}{%- endif -%}"
+    "{{- '}\n</tool_call>' -}}"
+    "{%- endfor -%}"
+    "{%- endif -%}"
+    "{{- '<|im_end|>\n' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{- '<|im_start|>assistant\n' -}}"
+    "{%- if enable_thinking is defined and enable_thinking is false -%}"
+    "{{- '<think>\n\n</think>\n\n' -}}"
+    "{%- endif -%}"
+    "{%- endif -%}"
+)
+
+# the same, with reasoning forced open (as Qwen3 thinking-only templates do)
+FORCED_TEMPLATE = TOOL_TEMPLATE.replace("{{- '<|im_start|>assistant\n' -}}",
+                                        "{{- '<|im_start|>assistant\n<think>\n' -}}")
+assert FORCED_TEMPLATE != TOOL_TEMPLATE
+
+
+def write_phrase_target(path, template: str) -> dict[str, int]:
+    """A tiny qwen3 target whose last unused tokens are PHRASES (user-defined
+    tokens detokenize to their text); returns each phrase's token id."""
+    s = dataclasses.replace(SPEC, chat_template=template)
+    tok = testing.tokenizer(s.n_vocab)
+    tokens, types = list(tok.tokens), list(tok.types)
+    ids = {}
+    for i, (name, text) in enumerate(PHRASES.items()):
+        k = len(tokens) - 1 - i
+        assert tokens[k].startswith("<|unused_"), tokens[k]
+        tokens[k], types[k] = text, 4
+        ids[name] = k
+    tok = dataclasses.replace(tok, tokens=tokens, types=types)
+    rng = np.random.default_rng(s.seed)
+    hp = testing.Hparams(s.n_ctx, s.n_embd, s.n_layer, s.n_head, s.n_head_kv, s.head_dim, s.n_ff)
+    tensors = {"token_embd.weight": testing._rng_tensor(rng, (s.n_vocab, s.n_embd), 1.0)}
+    for i in range(s.n_layer):
+        tensors.update(testing._attention_layer(rng, i, s.n_embd, s.n_head, s.n_head_kv, s.head_dim, s.n_ff))
+    tensors["output_norm.weight"] = testing._norm(rng, s.n_embd)
+    tensors["output.weight"] = testing._head(rng, s, tok)
+    testing.write_qwen3_gguf(path, hp, tok, tensors, name="pydflash tiny phrase target",
+                             extra_kv={"tokenizer.chat_template": template})
+    return ids
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tools")
+    ids = write_phrase_target(d / "t.gguf", TOOL_TEMPLATE)
+    testing.write_drafter(d / "d.gguf", SPEC)
+    return d / "t.gguf", d / "d.gguf", ids
+
+
+@pytest.fixture(scope="module")
+def llm(files):
+    with Llama(files[0], draft=files[1], n_ctx=2048) as m:
+        yield m
+
+
+def force(ids, *names) -> dict:
+    return dict(temperature=0.0, logit_bias={ids[n]: 1000.0 for n in names})
+
+
+def stream_parts(chunks) -> tuple[str, str, list, str]:
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    return ("".join(d.get("reasoning_content", "") for d in deltas), "".join(d.get("content", "") for d in deltas),
+            [tc for d in deltas for tc in d.get("tool_calls", [])], chunks[-1]["choices"][0]["finish_reason"])
+
+
+@pytest.mark.parametrize("phrase", ["call", "think+call"])
+def test_tool_call_whole_and_streamed(llm, files, phrase):
+    ids = files[2]
+    res = llm.create_chat_completion(MSGS, tools=TOOLS, max_tokens=1, **force(ids, phrase))
+    choice = res["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    (call,) = choice["message"]["tool_calls"]
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+    assert choice["message"]["content"] == ""
+    want_reasoning = "The user wants the weather." if phrase == "think+call" else ""
+    assert choice["message"].get("reasoning_content", "").strip() == want_reasoning
+    reasoning, content, calls, finish = stream_parts(list(
+        llm.create_chat_completion(MSGS, tools=TOOLS, max_tokens=1, stream=True, **force(ids, phrase))))
+    assert finish == "tool_calls" and content == ""
+    assert reasoning == choice["message"].get("reasoning_content", "")
+    assert [(c["index"], c["function"]) for c in calls] == [(0, call["function"])]
+
+
+def test_without_tools_the_call_is_plain_content(llm, files):
+    # the same text with no tools= offered: the template has no tool section
+    res = llm.create_chat_completion(MSGS, max_tokens=1, **force(files[2], "think+answer"))
+    msg = res["choices"][0]["message"]
+    assert "tool_calls" not in msg and res["choices"][0]["finish_reason"] == "length"
+    assert (msg["reasoning_content"].strip(), msg["content"]) == ("The user wants the weather.", "It is sunny.")
+
+
+def test_reasoning_content_whole_and_streamed_agree_over_many_steps(files):
+    # reasoning forced open by the template; two biased words and, a little
+    # lower, the end of reasoning: a presence penalty makes the greedy model
+    # write " alpha beta", then end the reasoning, then answer. The expected
+    # split is computed from the raw text of generate(), not by the chat parser
+    t, d, ids = files
+    with Llama(t, draft=d, n_ctx=2048, chat_template=FORCED_TEMPLATE) as m:
+        prompt = m.apply_chat_template(MSGS).prompt
+        assert prompt.endswith("<|im_start|>assistant\n<think>\n")
+        opts = dict(max_tokens=8, ignore_eos=True, temperature=0.0, presence_penalty=2.0,
+                    logit_bias={ids["w1"]: 1000.0, ids["w2"]: 1000.0, ids["end"]: 998.5})
+        raw = m.generate(prompt, **opts).text
+        assert raw.count("</think>") == 1, raw
+        want_reasoning, want_content = raw.split("</think>", 1)
+        assert len(want_reasoning.split()) >= 2 and want_content.strip(), raw  # several steps of each
+        res = m.create_chat_completion(MSGS, **opts)
+        msg = res["choices"][0]["message"]
+        assert msg["reasoning_content"].strip() == want_reasoning.strip()
+        assert msg["content"] == want_content.lstrip()
+        chunks = list(m.create_chat_completion(MSGS, stream=True, **opts))
+        reasoning, content, calls, finish = stream_parts(chunks)
+        assert (reasoning, content, calls, finish) == (msg["reasoning_content"], msg["content"], [], "length")
+        # one token per step: both arrive over several chunks, as they are generated
+        chunks = list(m.create_chat_completion(MSGS, stream=True, draft_max=0, **opts))
+        assert stream_parts(chunks) == (reasoning, content, [], "length")
+        assert sum(1 for c in chunks if c["choices"][0]["delta"].get("reasoning_content")) > 1
+        assert sum(1 for c in chunks if c["choices"][0]["delta"].get("content")) > 1
+
+
+def test_tool_call_over_http(files):
+    openai = pytest.importorskip("openai")
+    t, d, ids = files
+    proc = subprocess.Popen([sys.executable, "-m", "pydflash", "serve", "-m", str(t), "-d", str(d),
+                             "--host", "127.0.0.1", "--port", "0", "--n-ctx", "2048"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        url = None
+        deadline = time.monotonic() + 120
+        while url is None and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            m = re.search(r"on (http://127\.0\.0\.1:\d+)", line)
+            url = m.group(1) if m else None
+        assert url, "server did not start"
+        drain = threading.Thread(target=proc.stderr.read, daemon=True)
+        drain.start()
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+        kw = dict(model="x", messages=MSGS, tools=TOOLS, max_tokens=1, temperature=0,
+                  logit_bias={str(ids["think+call"]): 100})
+        # (OpenAI's logit_bias range is [-100, 100]; the phrase token wins at 100 too)
+        res = client.chat.completions.create(**kw)
+        choice = res.choices[0]
+        assert choice.finish_reason == "tool_calls"
+        assert choice.message.tool_calls[0].function.name == "get_weather"
+        assert json.loads(choice.message.tool_calls[0].function.arguments) == {"city": "Paris"}
+        assert choice.message.to_dict()["reasoning_content"].strip() == "The user wants the weather."
+        chunks = list(client.chat.completions.create(stream=True, **kw))
+        calls = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
+        assert [tc.function.name for tc in calls] == ["get_weather"]
+        assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        proc.stderr.close()

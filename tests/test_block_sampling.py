@@ -48,8 +48,6 @@ the same alpha and N, the correct rule passes.
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 
@@ -239,7 +237,7 @@ def target_pvalues(base: Llama, seqs: np.ndarray, kw: dict) -> list[float]:
     p0 = transform(base.pair.score(PROMPT)[-1], PROMPT[-WINDOW:], **kw)
 
     def row1(t0: int) -> np.ndarray:
-        ctx = PROMPT + [t0]
+        ctx = [*PROMPT, t0]
         return transform(base.pair.score(ctx)[-1], ctx[-WINDOW:], **kw)
 
     return block_pvalues(seqs, cond, p0, exact_first_two(p0, row1, n))

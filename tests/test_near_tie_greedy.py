@@ -31,8 +31,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pydflash import Llama, testing
 from conftest import DRAFTERS
+from pydflash import Llama, testing
 
 PROMPTS = [[7], [1, 2, 3, 4, 5], [300, 12, 99, 250, 17, 45], list(range(40, 120)), [381, 380, 379], [200] * 30,
            [65, 66, 67, 68, 69, 70], [270, 11, 270, 11]]
@@ -83,7 +83,7 @@ def run_all(tie_models, eps):
         # each emitted token against the exact logits given DFlash's own prefix
         # (one batch of prompt + output)
         misses = []
-        for name, i, k, out in results:
+        for _, i, _, out in results:
             rows = base.pair.score(PROMPTS[i] + out[:-1])[len(PROMPTS[i]) - 1:]
             for j, tok in enumerate(out):
                 misses.append(float(rows[j].max() - rows[j][tok]))

@@ -51,9 +51,9 @@ def generation(llm: Llama, kw: dict) -> list[int]:
 @pytest.mark.parametrize("arch", sorted(ROLLBACK))
 def test_faults_raise_reset_and_recover(fault_models, arch):
     target, drafter = fault_models[arch]
-    with Llama(target, draft=drafter, n_ctx=256) as fresh:
+    with Llama(target, draft=drafter, n_ctx=256, n_threads=1) as fresh:
         want = [generation(fresh, kw) for kw in ({}, SAMPLED)]
-    with Llama(target, draft=drafter, n_ctx=256) as llm:
+    with Llama(target, draft=drafter, n_ctx=256, n_threads=1) as llm:
         assert llm.pair.rollback == ROLLBACK[arch]
         core = llm.pair._core
         assert generation(llm, {}) == want[0]
@@ -73,7 +73,7 @@ def test_faults_raise_reset_and_recover(fault_models, arch):
 
 def test_a_fault_in_the_step_api_resets_the_pair(fault_models):
     target, drafter = fault_models["qwen3"]
-    with Llama(target, draft=drafter, n_ctx=256) as llm:
+    with Llama(target, draft=drafter, n_ctx=256, n_threads=1) as llm:
         pair = llm.pair
         pair.set_sampling()
         pair.prefill(PROMPT)
@@ -90,7 +90,7 @@ def test_a_fault_in_the_step_api_resets_the_pair(fault_models):
 
 def test_fault_hook_arguments(fault_models):
     target, drafter = fault_models["qwen3"]
-    with Llama(target, draft=drafter, n_ctx=256) as llm:
+    with Llama(target, draft=drafter, n_ctx=256, n_threads=1) as llm:
         core = llm.pair._core
         with pytest.raises(ValueError, match="unknown fault site"):
             core._inject_fault("disk", 0)

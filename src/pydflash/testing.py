@@ -142,14 +142,10 @@ class TargetSpec:
     seed: int = 0
     eos_hot: bool = False  # give end-of-text a hot head row, so generations can end
     chat_template: str | None = None  # written as tokenizer.chat_template (jinja)
-    # a direction shared by every token embedding, this many times as long as the
-    # random part: the next-token distribution then depends little on the context,
-    # so a drafter (which embeds the mask token) proposes nearly the target's p and
-    # whole blocks are accepted; 0 keeps the embeddings (and every model) unchanged
+    # > 0: every token embedding shares one direction, this many times the random part's length, so the
+    # next token depends little on the context and drafters propose nearly p (long accepted blocks)
     embd_common: float = 0.0
-    # near ties: the hot head rows come in pairs, the second the first plus this
-    # much (relative) noise, so the top two logits often differ by ~64x this much
-    # (float rounding can then decide the argmax); 0 keeps every model unchanged
+    # > 0: hot head rows come in pairs, the second the first plus this much relative noise (near ties)
     tie_eps: float = 0.0
 
 

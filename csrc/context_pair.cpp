@@ -214,7 +214,7 @@ void ContextPair::roll_back_target(const std::vector<llama_token>& batch, int32_
     if (!checkpointed) {
         // KV trim; with state planes llama.cpp also selects the plane n_batch - n_keep
         // tokens back, and refuses (false) when that is beyond n_rs_seq
-        if (!llama_memory_seq_rm(mem, 0, n_past_ + n_keep, -1)) {
+        if (fault_.fire(FaultSite::MemoryRemove) || !llama_memory_seq_rm(mem, 0, n_past_ + n_keep, -1)) {
             fail_rollback("llama.cpp refused to remove " + std::to_string(n_batch - n_keep) +
                           " rejected tokens from the target's memory (" + rollback_name(rollback_) + ", n_rs_seq " +
                           std::to_string(n_rs_seq_) + ")");
@@ -228,7 +228,7 @@ void ContextPair::roll_back_target(const std::vector<llama_token>& batch, int32_
     }
     // the state is back before the verified batch; drop its K/V, then replay
     // the kept tokens (their features come from this pass too)
-    if (!llama_memory_seq_rm(mem, 0, n_past_, -1)) {
+    if (fault_.fire(FaultSite::MemoryRemove) || !llama_memory_seq_rm(mem, 0, n_past_, -1)) {
         fail_rollback("llama.cpp refused to remove the verified tokens after restoring the checkpoint");
     }
     decode_target(batch.data(), n_keep, n_past_, false);
@@ -252,7 +252,8 @@ void ContextPair::decode_target(const llama_token* tokens, int32_t n, llama_pos 
     llama_batch_ext* b = batch_tgt_.get();
     llama_batch_ext_clear(b);
     for (int32_t i = 0; i < n; ++i) add_token(b, tokens[i], pos0 + i, all_logits);
-    const int32_t rc = llama_process(ctx_tgt_.get(), LLAMA_PROCESS_TYPE_DECODE, b);
+    const int32_t rc =
+        fault_.fire(FaultSite::TargetDecode) ? -1 : llama_process(ctx_tgt_.get(), LLAMA_PROCESS_TYPE_DECODE, b);
     if (rc != 0) fail_decode("target decode", rc);
 }
 
@@ -287,7 +288,8 @@ void ContextPair::inject(int32_t n_rows, llama_pos pos0) {
             const llama_pos p4[4] = {p, p, p, 0};  // M-RoPE drafters read 4 positions per embedding
             if (!llama_batch_ext_set_pos(b, idx, p4)) fail_decode("setting feature positions", -1);
         }
-        const int32_t rc = llama_process(ctx_dft_.get(), LLAMA_PROCESS_TYPE_DECODE, b);
+        const int32_t rc =
+            fault_.fire(FaultSite::DrafterDecode) ? -1 : llama_process(ctx_dft_.get(), LLAMA_PROCESS_TYPE_DECODE, b);
         if (rc != 0) fail_decode("drafter feature injection", rc);
     }
 }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "drafter.h"
+#include "fault.h"
 #include "handles.h"
 #include "model.h"
 #include "pair_params.h"
@@ -82,6 +83,11 @@ public:
     // The binding layer uses it to notice Ctrl-C while the GIL is released.
     void set_interrupt_check(std::function<bool()> fn) { interrupt_check_ = std::move(fn); }
     void close();  // free both contexts now; later calls raise
+    // Tests only: the (after_calls + 1)-th later call at `site` fails (fault.h).
+    void inject_fault(const std::string& site, int32_t after_calls) {
+        std::lock_guard<std::mutex> lock(mu_);
+        fault_.arm(site, after_calls);
+    }
 
     bool closed() const { return !ctx_tgt_; }
     bool has_drafter() const { return drafter_ != nullptr; }
@@ -149,6 +155,7 @@ private:
     std::atomic<bool> interrupt_{false};
     std::function<bool()> interrupt_check_;
     std::chrono::steady_clock::time_point last_check_{};
+    FaultPlan fault_;  // tests only
 };
 
 }  // namespace pydflash

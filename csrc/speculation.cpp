@@ -37,7 +37,8 @@ std::vector<llama_token> ContextPair::draft_block(int32_t n, const DraftControl&
     // row without output would shift the logits of the rows after it
     add_token(b, *pending_, n_past_, true);
     for (int32_t i = 1; i <= n; ++i) add_token(b, spec_.mask_token, n_past_ + i, true);
-    const int32_t rc = llama_process(ctx_dft_.get(), LLAMA_PROCESS_TYPE_DECODE, b);
+    const int32_t rc =
+        fault_.fire(FaultSite::DrafterDecode) ? -1 : llama_process(ctx_dft_.get(), LLAMA_PROCESS_TYPE_DECODE, b);
     if (rc != 0) fail_decode("drafter block decode", rc);
 
     const SamplingParams& sp = sampler_->params();

@@ -108,6 +108,9 @@ void register_context_pair(py::module_& m) {
         .def("interrupt", &ContextPair::interrupt,
              "Stop the running (or the next) decode; that call raises GenerationInterrupted.")
         .def("close", &ContextPair::close, release())
+        .def("_inject_fault", &ContextPair::inject_fault, py::arg("site"), py::arg("after_calls") = 0,
+             "Tests only: the (after_calls + 1)-th later call at site ('target_decode', 'drafter_decode', "
+             "'memory_remove'; 'none' disarms) fails as if llama.cpp had failed.")
         .def("tokens", &ContextPair::tokens)
         .def_property_readonly("closed", &ContextPair::closed)
         .def_property_readonly("has_drafter", &ContextPair::has_drafter)

@@ -142,6 +142,11 @@ class TargetSpec:
     seed: int = 0
     eos_hot: bool = False  # give end-of-text a hot head row, so generations can end
     chat_template: str | None = None  # written as tokenizer.chat_template (jinja)
+    # > 0: every token embedding shares one direction, this many times the random part's length, so the
+    # next token depends little on the context and drafters propose nearly p (long accepted blocks)
+    embd_common: float = 0.0
+    # > 0: hot head rows come in pairs, the second the first plus this much relative noise (near ties)
+    tie_eps: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -358,6 +363,14 @@ def _attention_layer(
     return t
 
 
+def _token_embd(rng: np.random.Generator, s: TargetSpec) -> np.ndarray:
+    e = _rng_tensor(rng, (s.n_vocab, s.n_embd), 1.0)
+    if s.embd_common:
+        c = np.random.default_rng(s.seed + 7919).standard_normal(s.n_embd)  # own stream: other tensors unchanged
+        e += (s.embd_common * c).astype(np.float32)
+    return e
+
+
 def _head(rng: np.random.Generator, s: TargetSpec, tok: Tokenizer) -> np.ndarray:
     # hot rows get large weights (clear argmax margins), the rest small
     head = _rng_tensor(rng, (s.n_vocab, s.n_embd), 0.01)
@@ -366,6 +379,9 @@ def _head(rng: np.random.Generator, s: TargetSpec, tok: Tokenizer) -> np.ndarray
     if s.eos_hot:
         hot = np.append(hot, tok.eos)
     head[hot] = _rng_tensor(rng, (len(hot), s.n_embd), s.head_scale)
+    if s.tie_eps:
+        noise = np.random.default_rng(s.seed + 104729).standard_normal((len(hot) // 2, s.n_embd))
+        head[hot[1::2][: len(noise)]] = head[hot[0::2][: len(noise)]] + (s.tie_eps * s.head_scale * noise)
     return head
 
 
@@ -375,7 +391,7 @@ def write_target(path: str | Path, spec: TargetSpec = TargetSpec(), *, architect
     rng = np.random.default_rng(s.seed)
     tok = tokenizer(s.n_vocab)
     hp = Hparams(s.n_ctx, s.n_embd, s.n_layer, s.n_head, s.n_head_kv, s.head_dim, s.n_ff)
-    tensors = {"token_embd.weight": _rng_tensor(rng, (s.n_vocab, s.n_embd), 1.0)}
+    tensors = {"token_embd.weight": _token_embd(rng, s)}
     for i in range(s.n_layer):
         # qwen2 (also llama-style) has no per-head q/k norms
         tensors.update(
@@ -478,7 +494,7 @@ def write_hybrid_target(path: str | Path, spec: HybridSpec = HybridSpec()) -> Pa
     rng = np.random.default_rng(s.seed)
     tok = tokenizer(s.n_vocab)
     hp = Hparams(s.n_ctx, s.n_embd, s.n_layer, s.n_head, s.n_head_kv, s.head_dim, s.n_ff)
-    tensors = {"token_embd.weight": _rng_tensor(rng, (s.n_vocab, s.n_embd), 1.0)}
+    tensors = {"token_embd.weight": _token_embd(rng, s)}
     for i in range(s.n_layer):
         tensors.update(_hybrid_layer(rng, i, s))
     tensors["output_norm.weight"] = _norm(rng, s.n_embd)

@@ -57,7 +57,11 @@ def test_broken_backend_module_falls_back_to_cpu(tmp_path: Path):
     """A CUDA module that cannot load (here: not an ELF file; on a machine without a
     driver: libcuda/libcudart missing or no device) is reported with its reason,
     silently, and generation runs on the CPU."""
-    shutil.copy2(Path(_backends.LIB_DIR) / "libggml-cpu.so", tmp_path / "libggml-cpu.so")
+    # libggml-cpu.so, or one module per ISA level in the release build (libggml-cpu-haswell.so, ...)
+    cpu_modules = sorted(Path(_backends.LIB_DIR).glob("libggml-cpu*.so"))
+    assert cpu_modules
+    for module in cpu_modules:
+        shutil.copy2(module, tmp_path / module.name)
     (tmp_path / "libggml-cuda.so").write_bytes(b"not a shared object\n")
     env = dict(os.environ, PYDFLASH_BACKEND_DIR=str(tmp_path))
     p = subprocess.run([sys.executable, "-c", PROBE], env=env, cwd=tmp_path, text=True, capture_output=True,

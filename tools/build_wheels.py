@@ -3,10 +3,10 @@
 What a release does, on this machine (no container runtime here, so natively instead of
 in the manylinux image that cibuildwheel uses; the same commands run in either):
 
- 1. sdist       ``python -m build --sdist``: llama.cpp's tree is inside it.
+ 1. sdist       ``python -m build --sdist`` of the committed tree (``git archive HEAD``)
+                with the fetched llama.cpp inside it.
  2. wheel       the portable CPU release (``PYDFLASH_RELEASE=cpu``: ggml's CPU backend
-                once per ISA level, picked at import) from the checkout, in the
-                persistent ``build/release-<tag>/``.
+                once per ISA level, picked at import), built from that sdist.
  3. repair      ``auditwheel repair`` to a manylinux tag; ``auditwheel show`` of the result.
  4. install     a fresh virtual environment, ``PATH`` with no C/C++ compiler on it, the
                 repaired wheel installed binary-only (timed without and with its
@@ -156,7 +156,20 @@ def build_phases(c: Check, tools: Path, jobs: int) -> tuple[Path | None, Path | 
     def sdist(e: dict[str, Any]) -> Path:
         for old in dist.glob("*.tar.gz"):
             old.unlink()
-        c.run([str(tools / "python"), "-m", "build", "--sdist", "--no-isolation", "-o", str(dist), str(ROOT)], env=env)
+        # from the committed tree (plus the fetched llama.cpp), whatever the checkout holds
+        export = c.out / "export"
+        shutil.rmtree(export, ignore_errors=True)
+        export.mkdir()
+        commit = c.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"]).stdout.strip()
+        dirty = bool(c.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"]).stdout.strip())
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", commit], capture_output=True)
+        subprocess.run(["tar", "-x", "-C", str(export)], input=archive.stdout, check=True)
+        if (ROOT / "vendor" / "llama.cpp" / "CMakeLists.txt").is_file():
+            shutil.copytree(ROOT / "vendor" / "llama.cpp", export / "vendor" / "llama.cpp", symlinks=True)
+        e.update(commit=commit, checkout_had_uncommitted_changes=dirty)
+        c.run(
+            [str(tools / "python"), "-m", "build", "--sdist", "--no-isolation", "-o", str(dist), str(export)], env=env
+        )
         s = pick_one(dist, "pydflash-*.tar.gz")
         listing = c.run(["tar", "tzf", str(s)]).stdout.splitlines()
         e.update(
@@ -173,13 +186,16 @@ def build_phases(c: Check, tools: Path, jobs: int) -> tuple[Path | None, Path | 
         raw = c.out / "raw"
         shutil.rmtree(raw, ignore_errors=True)
         wenv = dict(env, PYDFLASH_RELEASE="cpu")
-        c.run([str(tools / "pip"), "wheel", "--no-deps", "--no-build-isolation", "-w", str(raw), str(ROOT)], env=wenv)
+        # from the sdist, as a release builds it: the wheel holds what the sdist holds
+        source = str(s) if s is not None else str(ROOT)
+        e["from"] = Path(source).name
+        c.run([str(tools / "pip"), "wheel", "--no-deps", "--no-build-isolation", "-w", str(raw), source], env=wenv)
         w = pick_one(raw, "pydflash-*.whl")
         e.update(file=w.name, mb=round(w.stat().st_size / 2**20, 1))
         return w
 
-    s = c.phase("sdist", sdist)
-    w = c.phase("wheel", wheel)
+    s: Path | None = c.phase("sdist", sdist)
+    w: Path | None = c.phase("wheel", wheel)
     return s, w
 
 

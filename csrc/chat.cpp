@@ -66,9 +66,35 @@ ChatTemplate::ChatTemplate(std::shared_ptr<Model> model, const std::string& sour
     explicit_ = common_chat_templates_was_explicit(tmpls_.get());
 }
 
+namespace {
+
+// A template's grammar triggers as the lazy grammar sampler takes them (as
+// common/sampling.cpp converts them): regexes, and tokens.
+void set_triggers(const std::vector<common_grammar_trigger>& triggers, ChatPrompt& out) {
+    for (const auto& t : triggers) {
+        switch (t.type) {
+            case COMMON_GRAMMAR_TRIGGER_TYPE_WORD: out.grammar_trigger_patterns.push_back(regex_escape(t.value)); break;
+            case COMMON_GRAMMAR_TRIGGER_TYPE_PATTERN: out.grammar_trigger_patterns.push_back(t.value); break;
+            case COMMON_GRAMMAR_TRIGGER_TYPE_PATTERN_FULL: {
+                const std::string& v = t.value;
+                std::string anchored = "^$";
+                if (!v.empty()) anchored = (v.front() != '^' ? "^" : "") + v + (v.back() != '$' ? "$" : "");
+                out.grammar_trigger_patterns.push_back(anchored);
+                break;
+            }
+            case COMMON_GRAMMAR_TRIGGER_TYPE_TOKEN: out.grammar_trigger_tokens.push_back(t.token); break;
+        }
+    }
+}
+
+}  // namespace
+
 ChatPrompt ChatTemplate::apply(const std::string& messages_json, bool add_generation_prompt, bool enable_thinking,
-                               const std::string& tools_json, const std::string& kwargs_json) const {
+                               const std::string& tools_json, const std::string& kwargs_json,
+                               const std::string& json_schema, const std::string& grammar) const {
     common_chat_templates_inputs in;
+    in.json_schema = json_schema;
+    in.grammar = grammar;
     in.messages = parse_messages(messages_json);
     in.add_generation_prompt = add_generation_prompt;
     in.use_jinja = jinja_;
@@ -109,6 +135,9 @@ ChatPrompt ChatTemplate::apply(const std::string& messages_json, bool add_genera
     out.supports_thinking = p.supports_thinking;
     out.thinking_start_tag = std::move(p.thinking_start_tag);
     out.thinking_end_tags = std::move(p.thinking_end_tags);
+    out.grammar = std::move(p.grammar);
+    out.grammar_lazy = p.grammar_lazy;
+    set_triggers(p.grammar_triggers, out);
     return out;
 }
 

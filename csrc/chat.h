@@ -26,6 +26,12 @@ struct ChatPrompt {
     bool supports_thinking = false;
     std::string thinking_start_tag;
     std::vector<std::string> thinking_end_tags;
+    // The output's grammar (tool calls, a JSON schema, a user grammar as the template
+    // combines them); lazy: only once a trigger appears (a regex on the output, or a token)
+    std::string grammar;
+    bool grammar_lazy = false;
+    std::vector<std::string> grammar_trigger_patterns;
+    std::vector<llama_token> grammar_trigger_tokens;
 };
 
 struct ChatToolCall {
@@ -55,8 +61,10 @@ public:
     // `messages_json`: an OpenAI-style JSON array of messages; `tools_json`: "" or a
     // JSON array of tools; `kwargs_json`: "" or a JSON object of extra template variables.
     // Bad messages throw InvalidArgument; a template that fails throws ChatTemplateError.
+    // `json_schema` ("" or JSON text) and `grammar` ("" or GBNF) constrain the reply.
     ChatPrompt apply(const std::string& messages_json, bool add_generation_prompt, bool enable_thinking,
-                     const std::string& tools_json, const std::string& kwargs_json) const;
+                     const std::string& tools_json, const std::string& kwargs_json, const std::string& json_schema = "",
+                     const std::string& grammar = "") const;
 
     const std::string& source() const { return source_; }
     bool has_model_template() const { return explicit_; }

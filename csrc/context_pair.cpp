@@ -177,6 +177,13 @@ void ContextPair::set_sampling(const SamplingParams& params) {
     sampler_ = std::make_unique<Sampler>(params, target_->n_vocab());
 }
 
+void ContextPair::set_grammar(const GrammarSpec& spec) {
+    std::lock_guard<std::mutex> lock(mu_);
+    require_open();
+    grammar_.reset();
+    if (!spec.gbnf.empty()) grammar_ = std::make_unique<Grammar>(llama_model_get_vocab(target_->get()), spec);
+}
+
 std::vector<llama_token> ContextPair::tokens() const {
     std::lock_guard<std::mutex> lock(mu_);
     std::vector<llama_token> out = history_;
@@ -439,7 +446,13 @@ StepResult ContextPair::step(const DraftControl& control, const std::optional<st
 
     t0 = Clock::now();
     int32_t n_acc = 0;
-    r.tokens = accept(draft, q, external.has_value(), n_acc);
+    try {
+        r.tokens = accept(draft, q, external.has_value(), n_acc, r.logprobs);
+    } catch (const GrammarError& e) {
+        // the verified rows are in the caches but not committed: start clean
+        clear_memory();
+        throw GrammarError(std::string(e.what()) + "; the context was reset");
+    }
     r.t_sample_ms = ms_since(t0);
 
     // roll back the rejected tail, then inject the kept rows of the last target

@@ -16,6 +16,7 @@
 
 #include "drafter.h"
 #include "fault.h"
+#include "grammar.h"
 #include "handles.h"
 #include "model.h"
 #include "pair_params.h"
@@ -25,8 +26,9 @@
 namespace pydflash {
 
 struct StepResult {
-    std::vector<llama_token> tokens;   // new tokens: the accepted drafts, then the target's own
-    std::vector<llama_token> drafted;  // what the drafter proposed
+    std::vector<llama_token> tokens;     // new tokens: the accepted drafts, then the target's own
+    std::vector<llama_token> drafted;    // what the drafter proposed
+    std::vector<TokenLogprob> logprobs;  // one per token, when SamplingParams::logprobs
     int32_t n_drafted = 0;
     int32_t n_accepted = 0;
     int32_t n_past = 0;          // tokens in the target cache after the step
@@ -74,6 +76,10 @@ public:
     std::vector<MemoryRow> memory() const;
 
     void set_sampling(const SamplingParams& params);
+    // The grammar the next tokens must follow, from its start (an empty gbnf: none).
+    // InvalidArgument when it does not parse.
+    void set_grammar(const GrammarSpec& spec);
+    bool has_grammar() const { return grammar_ != nullptr; }
     void reset();
 
     // Stop the running (or next) decode at the next graph node; the call in
@@ -126,8 +132,12 @@ private:
     std::vector<llama_token> draft_block(int32_t n, const DraftControl& control, std::vector<Distribution>& q);
     // Accept/reject `draft` against the target rows of the last decode.
     std::vector<llama_token> accept(const std::vector<llama_token>& draft, const std::vector<Distribution>& q,
-                                    bool external, int32_t& n_accepted);
+                                    bool external, int32_t& n_accepted, std::vector<TokenLogprob>& logprobs);
     std::vector<llama_token> recent_tokens() const;  // the penalty window before this step
+    // Appends the logprob of `t` taken from the row `raw` (SamplingParams.logprobs).
+    void note_logprob(const float* raw, llama_token t, bool have_dist, std::vector<TokenLogprob>& out) const;
+    // The row with what the grammar disallows at -inf (a copy); null if it allows nothing.
+    const float* constrain(const float* raw, Grammar& grammar);
     [[noreturn]] void fail_decode(const std::string& what, int32_t rc);
     [[noreturn]] void fail_rollback(const std::string& what);
     static bool abort_callback(void* self);
@@ -147,6 +157,8 @@ private:
     std::vector<float> features_;
     Distribution dist_;
     std::unique_ptr<Sampler> sampler_;
+    std::unique_ptr<Grammar> grammar_;  // null: unconstrained
+    std::vector<float> masked_;         // a grammar-masked logits row
     std::vector<llama_token> history_;  // tokens in the target cache
     std::optional<llama_token> pending_;
     int32_t n_past_ = 0;

@@ -49,6 +49,12 @@ struct ChatTemplateError : Error {
     using Error::Error;
 };
 
+// The output cannot continue under the grammar (a lazy grammar whose triggered
+// text does not fit it, or an end of generation it does not allow).
+struct GrammarError : Error {
+    using Error::Error;
+};
+
 // A bad argument (maps to ValueError).
 struct InvalidArgument : std::invalid_argument {
     using std::invalid_argument::invalid_argument;

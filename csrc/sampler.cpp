@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <unordered_map>
 
@@ -34,6 +35,12 @@ void SamplingParams::validate(int32_t n_vocab) const {
         throw InvalidArgument("frequency_penalty and presence_penalty must be finite");
     }
     if (penalty_last_n < 0) throw InvalidArgument("penalty_last_n must be >= 0");
+    if (top_logprobs < 0) throw InvalidArgument("top_logprobs must be >= 0, got " + std::to_string(top_logprobs));
+    if (top_logprobs > 0 && !logprobs) throw InvalidArgument("top_logprobs needs logprobs=True");
+    if (n_vocab > 0 && top_logprobs > n_vocab) {
+        throw InvalidArgument("top_logprobs must be <= n_vocab (" + std::to_string(n_vocab) + "), got " +
+                              std::to_string(top_logprobs));
+    }
     for (const auto& [tok, bias] : logit_bias) {
         if (tok < 0 || (n_vocab > 0 && tok >= n_vocab)) {
             throw InvalidArgument("logit_bias token " + std::to_string(tok) + " is out of range [0, " +
@@ -67,6 +74,65 @@ float softmax_prob(const float* logits, int32_t n_vocab, llama_token token) {
     double sum = 0.0;
     for (int32_t i = 0; i < n_vocab; ++i) sum += std::exp(static_cast<double>(logits[i] - mx));
     return static_cast<float>(std::exp(static_cast<double>(logits[token] - mx)) / sum);
+}
+
+namespace {
+
+// (value, id) ordering for "most likely first": higher value, then lower id.
+bool ranks_before(const std::pair<float, llama_token>& a, const std::pair<float, llama_token>& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+}
+
+// The top_n of (value, id) pairs, best first.
+std::vector<std::pair<float, llama_token>> top_entries(std::vector<std::pair<float, llama_token>> v, int32_t top_n) {
+    const auto n = std::min<size_t>(v.size(), static_cast<size_t>(std::max(top_n, 0)));
+    std::partial_sort(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(n), v.end(), ranks_before);
+    v.resize(n);
+    return v;
+}
+
+}  // namespace
+
+TokenLogprob raw_logprob(const float* logits, int32_t n_vocab, llama_token token, int32_t top_n) {
+    const float mx = logits[argmax(logits, n_vocab)];
+    double sum = 0.0;
+    for (int32_t i = 0; i < n_vocab; ++i) sum += std::exp(static_cast<double>(logits[i] - mx));
+    const double lse = static_cast<double>(mx) + std::log(sum);
+    TokenLogprob out;
+    out.token = token;
+    out.logprob = static_cast<float>(static_cast<double>(logits[token]) - lse);
+    if (top_n <= 0) return out;
+    // a bounded heap over the row: the worst of the best top_n on top
+    std::vector<std::pair<float, llama_token>> heap;
+    heap.reserve(static_cast<size_t>(top_n) + 1);
+    for (int32_t i = 0; i < n_vocab; ++i) {
+        const std::pair<float, llama_token> e{logits[i], i};
+        if (heap.size() < static_cast<size_t>(top_n)) {
+            heap.push_back(e);
+            std::push_heap(heap.begin(), heap.end(), ranks_before);
+        } else if (ranks_before(e, heap.front())) {
+            std::pop_heap(heap.begin(), heap.end(), ranks_before);
+            heap.back() = e;
+            std::push_heap(heap.begin(), heap.end(), ranks_before);
+        }
+    }
+    for (const auto& [v, id] : top_entries(std::move(heap), top_n)) {
+        out.top.emplace_back(id, static_cast<float>(static_cast<double>(v) - lse));
+    }
+    return out;
+}
+
+TokenLogprob distribution_logprob(const Distribution& d, llama_token token, int32_t top_n) {
+    TokenLogprob out;
+    out.token = token;
+    const float p = d.prob_of(token);
+    out.logprob = p > 0.0f ? std::log(p) : -std::numeric_limits<float>::infinity();
+    if (top_n <= 0) return out;
+    std::vector<std::pair<float, llama_token>> v;
+    v.reserve(d.ids.size());
+    for (size_t i = 0; i < d.ids.size(); ++i) v.emplace_back(d.probs[i], d.ids[i]);
+    for (const auto& [prob, id] : top_entries(std::move(v), top_n)) out.top.emplace_back(id, std::log(prob));
+    return out;
 }
 
 Sampler::Sampler(const SamplingParams& params, int32_t n_vocab)

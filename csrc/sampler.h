@@ -31,6 +31,12 @@ struct SamplingParams {
     std::vector<std::pair<llama_token, float>> logit_bias;
     uint64_t seed = 0;
     VerifyMode verify = VerifyMode::Rejection;  // used at temperature > 0
+    // Log-probabilities of the new tokens (StepResult::logprobs), from the verify
+    // pass's rows: of the raw logits (the model's), or with post_sampling_probs of
+    // the sampler chain's distribution (llama-server's post_sampling_probs).
+    bool logprobs = false;
+    int32_t top_logprobs = 0;  // and the N most likely tokens at each position
+    bool post_sampling_probs = false;
 
     bool greedy() const { return temperature <= 0.0f || top_k == 1; }
     bool has_penalties() const {
@@ -46,6 +52,19 @@ struct Distribution {
     std::vector<float> probs;
     float prob_of(llama_token t) const;
 };
+
+// One new token's log-probability and the most likely tokens at its position
+// (highest first; ties: lower id first).
+struct TokenLogprob {
+    llama_token token = 0;
+    float logprob = 0.0f;
+    std::vector<std::pair<llama_token, float>> top;
+};
+
+// From a raw logits row: log_softmax at `token` and the top_n entries.
+TokenLogprob raw_logprob(const float* logits, int32_t n_vocab, llama_token token, int32_t top_n);
+// From a distribution after the sampler chain (tokens outside it: -inf).
+TokenLogprob distribution_logprob(const Distribution& d, llama_token token, int32_t top_n);
 
 class Sampler {
 public:

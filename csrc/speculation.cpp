@@ -3,9 +3,11 @@
 // target's rows (longest agreeing prefix, llama.cpp's match rule, or
 // speculative sampling with residual resampling).
 #include <algorithm>
+#include <cmath>
 
 #include "batch.h"
 #include "context_pair.h"
+#include "errors.h"
 
 namespace pydflash {
 
@@ -47,17 +49,25 @@ std::vector<llama_token> ContextPair::draft_block(int32_t n, const DraftControl&
     const bool plain = !sp.has_penalties() && sp.logit_bias.empty();
     std::vector<llama_token> out;
     std::vector<llama_token> win = plain ? std::vector<llama_token>() : recent_tokens();
+    // under a grammar the block follows it too (a copy of its state walks the
+    // block), so drafts are not wasted on tokens the target cannot emit
+    std::unique_ptr<Grammar> g = grammar_ ? grammar_->clone() : nullptr;
     for (int32_t i = 1; i <= n; ++i) {
         const float* logits = llama_get_logits_ith(ctx_dft_.get(), i);
         if (logits == nullptr) fail_decode("reading drafter logits", -1);
         llama_token t;
         float conf;
+        const float* row = logits;
+        if (g && !(plain && sp.greedy() && g->allows(argmax(logits, n_vocab)))) {
+            row = constrain(logits, *g);
+            if (row == nullptr) break;  // the grammar allows nothing more: the block ends
+        }
         if (plain && sp.greedy()) {
-            t = argmax(logits, n_vocab);
+            t = argmax(row, n_vocab);
             conf = control.draft_p_min > 0.0f ? softmax_prob(logits, n_vocab, t) : 1.0f;
         } else {
-            // q: the drafter's row under the target's transform
-            sampler_->distribution(logits, win, dist_);
+            // q: the drafter's row under the target's transform (and the grammar)
+            sampler_->distribution(row, win, dist_);
             if (rejection) {
                 t = sampler_->sample(dist_);
                 conf = dist_.prob_of(t);
@@ -68,6 +78,13 @@ std::vector<llama_token> ContextPair::draft_block(int32_t n, const DraftControl&
             }
         }
         if (conf < control.draft_p_min) break;
+        if (g) {
+            try {
+                g->accept(t);
+            } catch (const GrammarError&) {
+                break;  // a block that cannot continue under the grammar ends here
+            }
+        }
         if (rejection) q.push_back(dist_);
         out.push_back(t);
         push_recent(win, t, sp.penalty_last_n);
@@ -81,8 +98,31 @@ std::vector<llama_token> ContextPair::draft_block(int32_t n, const DraftControl&
     return out;
 }
 
+void ContextPair::note_logprob(const float* raw, llama_token t, bool have_dist, std::vector<TokenLogprob>& out) const {
+    const SamplingParams& sp = sampler_->params();
+    if (!sp.logprobs) return;
+    if (!sp.post_sampling_probs) {
+        out.push_back(raw_logprob(raw, target_->n_vocab(), t, sp.top_logprobs));
+    } else if (have_dist) {
+        out.push_back(distribution_logprob(dist_, t, sp.top_logprobs));
+    } else {  // a greedy chain: p is one-hot at the token
+        Distribution chosen;
+        chosen.ids.assign(1, t);
+        chosen.probs.assign(1, 1.0f);
+        out.push_back(distribution_logprob(chosen, t, sp.top_logprobs));
+    }
+}
+
+const float* ContextPair::constrain(const float* raw, Grammar& grammar) {
+    const int32_t n_vocab = target_->n_vocab();
+    masked_.assign(raw, raw + n_vocab);
+    grammar.mask(masked_.data(), n_vocab);
+    if (!std::isfinite(masked_[static_cast<size_t>(argmax(masked_.data(), n_vocab))])) return nullptr;
+    return masked_.data();
+}
+
 std::vector<llama_token> ContextPair::accept(const std::vector<llama_token>& draft, const std::vector<Distribution>& q,
-                                             bool external, int32_t& n_acc) {
+                                             bool external, int32_t& n_acc, std::vector<TokenLogprob>& logprobs) {
     const SamplingParams& sp = sampler_->params();
     const auto k = static_cast<int32_t>(draft.size());
     const int32_t n_vocab = target_->n_vocab();
@@ -92,25 +132,39 @@ std::vector<llama_token> ContextPair::accept(const std::vector<llama_token>& dra
     std::vector<llama_token> out;
     n_acc = 0;
     Distribution one_hot;
+    // a token leaves row i: its logprob (from the raw row, or p_i = dist_ when
+    // computed), and the grammar moves past it before row i + 1 is masked
+    auto emit = [&](llama_token t, const float* raw, bool have_dist) {
+        out.push_back(t);
+        note_logprob(raw, t, have_dist, logprobs);
+        if (grammar_) grammar_->accept(t);
+    };
     for (int32_t i = 0; i <= k; ++i) {
-        const float* logits = llama_get_logits_ith(ctx_tgt_.get(), i);
-        if (logits == nullptr) fail_decode("reading target logits", -1);
+        const float* raw = llama_get_logits_ith(ctx_tgt_.get(), i);
+        if (raw == nullptr) fail_decode("reading target logits", -1);
+        // under a grammar: the chain on the masked row (llama.cpp's grammar-first order);
+        // greedy needs no mask when the grammar allows the raw argmax (it is the masked one)
+        const float* row = raw;
+        if (grammar_ && !(plain && sp.greedy() && grammar_->allows(argmax(raw, n_vocab)))) {
+            row = constrain(raw, *grammar_);
+            if (row == nullptr) throw GrammarError("the grammar allows no token here");
+        }
         if (plain && sp.greedy()) {
-            const llama_token t = argmax(logits, n_vocab);
-            out.push_back(t);
+            const llama_token t = argmax(row, n_vocab);
+            emit(t, raw, false);
             if (i == k || t != draft[static_cast<size_t>(i)]) break;
             ++n_acc;
             continue;
         }
-        sampler_->distribution(logits, win, dist_);  // p_i
-        if (i == k) {                                // every draft accepted: one more token of the target's own
-            out.push_back(sampler_->sample(dist_));
+        sampler_->distribution(row, win, dist_);  // p_i
+        if (i == k) {                             // every draft accepted: one more token of the target's own
+            emit(sampler_->sample(dist_), raw, true);
             break;
         }
         const llama_token x = draft[static_cast<size_t>(i)];
         if (!rejection) {  // match: the target's own sample must equal the draft
             const llama_token t = sampler_->sample(dist_);
-            out.push_back(t);
+            emit(t, raw, true);
             if (t != x) break;
         } else {
             // speculative sampling: accept x with probability min(1, p(x)/q(x)),
@@ -125,9 +179,10 @@ std::vector<llama_token> ContextPair::accept(const std::vector<llama_token>& dra
             const double px = dist_.prob_of(x);
             const double qx = qi->prob_of(x);
             if (qx > 0.0 && sampler_->uniform() < std::min(1.0, px / qx)) {
-                out.push_back(x);
+                emit(x, raw, true);
             } else {
-                out.push_back(sampler_->sample_residual(dist_, *qi));
+                // the residual's sample follows p overall: its logprob is p's
+                emit(sampler_->sample_residual(dist_, *qi), raw, true);
                 break;
             }
         }

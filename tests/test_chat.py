@@ -242,8 +242,8 @@ def test_bad_messages(chat_llm, messages, exc):
 
 
 def test_unsupported_options_are_refused(chat_llm):
-    with pytest.raises(ValueError, match="logprobs"):
-        chat_llm.create_chat_completion(MSGS, max_tokens=4, logprobs=True)
+    with pytest.raises(ValueError, match="top_logprobs needs logprobs=True"):
+        chat_llm.create_chat_completion(MSGS, max_tokens=4, top_logprobs=2)
     with pytest.raises(ValueError, match="suffix"):
         chat_llm.create_completion("x", suffix="y")
     with pytest.raises(ValueError, match="logit_bias"):

@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 
-from pydflash import Llama, testing
+from pydflash import GrammarError, Llama, testing
 from conftest import TARGET
 
 SPEC = dataclasses.replace(TARGET, n_vocab=512)  # room for unused tokens to turn into phrases
@@ -26,7 +26,9 @@ CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</
 THINK = "<think>\nThe user wants the weather.\n</think>\n\n"
 PHRASES = {"think+call": THINK + CALL, "think+answer": THINK + "It is sunny.", "call": CALL,
            # reasoning words and the end of reasoning, for multi-step generations
-           "w1": " alpha", "w2": " beta", "end": "\n</think>\n\nDone."}
+           "w1": " alpha", "w2": " beta", "end": "\n</think>\n\nDone.",
+           # a call to a function the request did not offer
+           "badcall": '<tool_call>\n{"name": "launch_rockets", "arguments": {}}\n</tool_call>'}
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Current weather of a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
@@ -122,6 +124,24 @@ def stream_parts(chunks) -> tuple[str, str, list, str]:
     deltas = [c["choices"][0]["delta"] for c in chunks]
     return ("".join(d.get("reasoning_content", "") for d in deltas), "".join(d.get("content", "") for d in deltas),
             [tc for d in deltas for tc in d.get("tool_calls", [])], chunks[-1]["choices"][0]["finish_reason"])
+
+
+def test_the_lazy_tool_call_grammar_refuses_a_call_outside_the_tools(llm, files):
+    """With tools the template's tool-call grammar applies once a call starts (lazy, as
+    in llama-server): a call to a function that was not offered cannot be emitted (here
+    one token carries the whole call, so the grammar stops it with GrammarError; with a
+    real tokenizer the mask steers the call instead). The model stays usable."""
+    ids = files[2]
+    cp = llm.apply_chat_template(MSGS, tools=TOOLS)
+    assert cp.grammar and cp.grammar_lazy and (cp.grammar_trigger_patterns or cp.grammar_trigger_tokens)
+    assert "get_weather" in cp.grammar
+    with pytest.raises(GrammarError, match="grammar"):
+        llm.create_chat_completion(MSGS, tools=TOOLS, max_tokens=8, **force(ids, "badcall"))
+    res = llm.create_chat_completion(MSGS, tools=TOOLS, max_tokens=32, **force(ids, "call"))
+    assert res["choices"][0]["finish_reason"] == "tool_calls"
+    # without tools there is no tool-call grammar: the same text is plain content
+    res = llm.create_chat_completion(MSGS, max_tokens=8, **force(ids, "badcall"))
+    assert "launch_rockets" in res["choices"][0]["message"]["content"]
 
 
 @pytest.mark.parametrize("phrase", ["call", "think+call"])

@@ -277,9 +277,9 @@ def test_bad_requests_are_400(server, client):
         client.completions.create(model="tiny-pair", prompt="x", max_tokens=4, n=2)
     with pytest.raises(openai.BadRequestError, match="temperature"):
         client.completions.create(model="tiny-pair", prompt="x", max_tokens=4, extra_body={"temperature": "hot"})
-    with pytest.raises(openai.BadRequestError, match="response_format"):
+    with pytest.raises(openai.BadRequestError, match="response_format type must be"):
         client.chat.completions.create(model="tiny-pair", messages=MSGS, max_tokens=4,
-                                       response_format={"type": "json_object"})
+                                       extra_body={"response_format": {"type": "xml"}})
     with pytest.raises(openai.BadRequestError, match="role"):
         client.chat.completions.create(model="tiny-pair", messages=[{"content": "x"}], max_tokens=4)
     host, port = server.removeprefix("http://").split(":")

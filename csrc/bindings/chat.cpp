@@ -22,6 +22,10 @@ py::dict prompt_to_dict(const ChatPrompt& p) {
     d["supports_thinking"] = p.supports_thinking;
     d["thinking_start_tag"] = p.thinking_start_tag;
     d["thinking_end_tags"] = p.thinking_end_tags;
+    d["grammar"] = p.grammar;
+    d["grammar_lazy"] = p.grammar_lazy;
+    d["grammar_trigger_patterns"] = p.grammar_trigger_patterns;
+    d["grammar_trigger_tokens"] = p.grammar_trigger_tokens;
     return d;
 }
 
@@ -38,16 +42,19 @@ void register_chat(py::module_& m) {
         .def(
             "apply",
             [](const ChatTemplate& t, const std::string& messages_json, bool add_generation_prompt,
-               bool enable_thinking, const std::string& tools_json, const std::string& kwargs_json) {
+               bool enable_thinking, const std::string& tools_json, const std::string& kwargs_json,
+               const std::string& json_schema, const std::string& grammar) {
                 ChatPrompt p;
                 {
                     py::gil_scoped_release nogil;
-                    p = t.apply(messages_json, add_generation_prompt, enable_thinking, tools_json, kwargs_json);
+                    p = t.apply(messages_json, add_generation_prompt, enable_thinking, tools_json, kwargs_json,
+                                json_schema, grammar);
                 }
                 return prompt_to_dict(p);
             },
             py::arg("messages_json"), py::arg("add_generation_prompt") = true, py::arg("enable_thinking") = true,
-            py::arg("tools_json") = "", py::arg("kwargs_json") = "")
+            py::arg("tools_json") = "", py::arg("kwargs_json") = "", py::arg("json_schema") = "",
+            py::arg("grammar") = "")
         .def_property_readonly("source", &ChatTemplate::source)
         .def_property_readonly("has_model_template", &ChatTemplate::has_model_template)
         .def_property_readonly("uses_jinja", &ChatTemplate::uses_jinja)

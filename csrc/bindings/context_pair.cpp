@@ -38,13 +38,28 @@ std::string repr(const StepResult& r) {
     return os.str();
 }
 
+std::string repr(const TokenLogprob& lp) {
+    std::ostringstream os;
+    os << "TokenLogprob(token=" << lp.token << ", logprob=" << lp.logprob << ", top=[";
+    for (size_t i = 0; i < lp.top.size(); ++i)
+        os << (i ? ", " : "") << "(" << lp.top[i].first << ", " << lp.top[i].second << ")";
+    os << "])";
+    return os.str();
+}
+
 }  // namespace
 
 void register_context_pair(py::module_& m) {
     g_main_thread = py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
+    py::class_<TokenLogprob>(m, "TokenLogprob", "A new token's log-probability and the top tokens at its position.")
+        .def_readonly("token", &TokenLogprob::token)
+        .def_readonly("logprob", &TokenLogprob::logprob)
+        .def_readonly("top", &TokenLogprob::top, "(token, logprob) pairs, most likely first.")
+        .def("__repr__", py::overload_cast<const TokenLogprob&>(&repr));
     py::class_<StepResult>(m, "StepResult", "One speculative step (immutable).")
         .def_readonly("tokens", &StepResult::tokens, "New tokens: accepted drafts, then the target's own.")
         .def_readonly("drafted", &StepResult::drafted, "The block the drafter proposed.")
+        .def_readonly("logprobs", &StepResult::logprobs, "One TokenLogprob per token (SamplingParams.logprobs).")
         .def_readonly("n_drafted", &StepResult::n_drafted)
         .def_readonly("n_accepted", &StepResult::n_accepted)
         .def_readonly("n_past", &StepResult::n_past)
@@ -54,7 +69,7 @@ void register_context_pair(py::module_& m) {
         .def_readonly("t_sample_ms", &StepResult::t_sample_ms)
         .def_readonly("t_rollback_ms", &StepResult::t_rollback_ms,
                       "Removing rejected tokens from the target (checkpoint: save, restore and replay).")
-        .def("__repr__", &repr);
+        .def("__repr__", py::overload_cast<const StepResult&>(&repr));
 
     py::class_<ContextPair>(m, "ContextPair")
         .def(py::init([](std::shared_ptr<Model> target, std::shared_ptr<Model> drafter, const PairParams& params) {
@@ -92,6 +107,25 @@ void register_context_pair(py::module_& m) {
             },
             py::arg("tokens"), "Target logits (n, n_vocab) for every position; leaves the pair reset.")
         .def("set_sampling", &ContextPair::set_sampling, py::arg("params"), release())
+        .def(
+            "set_grammar",
+            [](ContextPair& self, const std::string& gbnf, bool lazy, const std::vector<std::string>& trigger_patterns,
+               const std::vector<llama_token>& trigger_tokens, const std::vector<llama_token>& prefill) {
+                GrammarSpec spec;
+                spec.gbnf = gbnf;
+                spec.lazy = lazy;
+                spec.trigger_patterns = trigger_patterns;
+                spec.trigger_tokens = trigger_tokens;
+                spec.prefill = prefill;
+                self.set_grammar(spec);
+            },
+            py::arg("gbnf"), py::arg("lazy") = false, py::arg("trigger_patterns") = std::vector<std::string>{},
+            py::arg("trigger_tokens") = std::vector<llama_token>{}, py::arg("prefill") = std::vector<llama_token>{},
+            release(),
+            "The grammar the next tokens follow, from its start ('' for none); lazy: only after a trigger "
+            "(a regex on the output, or a token); prefill: tokens it consumes first. ValueError if it does not "
+            "parse.")
+        .def_property_readonly("has_grammar", &ContextPair::has_grammar)
         .def("check", &ContextPair::check, py::arg("control"),
              "ValueError unless the draft controls suit this pair (draft_max within the block).")
         .def(

@@ -56,6 +56,8 @@ void register_errors(py::module_&) {
             raise_as("DecodeError", e.what());
         } catch (const ChatTemplateError& e) {
             raise_as("ChatTemplateError", e.what());
+        } catch (const GrammarError& e) {
+            raise_as("GrammarError", e.what());
         } catch (const Error& e) {
             raise_as("PyDFlashError", e.what());
         } catch (const InvalidArgument& e) {

@@ -16,4 +16,5 @@ PYBIND11_MODULE(_core, m) {
     pydflash::bindings::register_model(m);
     pydflash::bindings::register_context_pair(m);
     pydflash::bindings::register_chat(m);
+    pydflash::bindings::register_grammar(m);
 }

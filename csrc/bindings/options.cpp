@@ -84,6 +84,9 @@ void register_options(py::module_& m) {
         .def_readwrite("penalty_last_n", &SamplingParams::penalty_last_n)
         .def_readwrite("logit_bias", &SamplingParams::logit_bias)
         .def_readwrite("seed", &SamplingParams::seed)
+        .def_readwrite("logprobs", &SamplingParams::logprobs)
+        .def_readwrite("top_logprobs", &SamplingParams::top_logprobs)
+        .def_readwrite("post_sampling_probs", &SamplingParams::post_sampling_probs)
         .def_property(
             "verify", [](const SamplingParams& p) { return std::string(verify_name(p.verify)); },
             [](SamplingParams& p, const std::string& name) { p.verify = parse_verify(name); })

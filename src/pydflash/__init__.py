@@ -12,6 +12,7 @@ from typing import Any
 
 # _backends before any use of _core: it loads ggml's backends in the CUDA build
 from . import _backends, _core  # noqa: F401  (_backends is imported for that effect only)
+from .config import Grammar
 from .embedded import embedded_pair
 from .errors import (
     ChatTemplateError,
@@ -19,13 +20,14 @@ from .errors import (
     DecodeError,
     DraftCompatibilityError,
     GenerationInterrupted,
+    GrammarError,
     ModelLoadError,
     PyDFlashError,
     RollbackError,
 )
 from .llama import Llama
 from .pair import ContextPair
-from .results import GenerationResult, GenerationStats, MemoryReport, MemoryRow, StepResult, StreamStep
+from .results import GenerationResult, GenerationStats, MemoryReport, MemoryRow, StepResult, StreamStep, TokenLogprob
 
 __version__: str = _core.__version__
 
@@ -38,6 +40,8 @@ __all__ = [
     "GenerationInterrupted",
     "GenerationResult",
     "GenerationStats",
+    "Grammar",
+    "GrammarError",
     "Llama",
     "MemoryReport",
     "MemoryRow",
@@ -46,6 +50,7 @@ __all__ = [
     "RollbackError",
     "StepResult",
     "StreamStep",
+    "TokenLogprob",
     "__version__",
     "backends",
     "embedded_pair",

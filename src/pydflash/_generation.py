@@ -19,7 +19,7 @@ from .config import ModelConfig, SamplingConfig
 from .errors import GenerationInterrupted
 from .openai_types import CompletionUsage, Timings
 from .pair import ContextPair
-from .results import FinishReason, GenerationResult, GenerationStats, StreamStep
+from .results import FinishReason, GenerationResult, GenerationStats, StreamStep, TokenLogprob
 
 __all__ = ["Generation", "GenerationHost", "Prompt"]
 
@@ -62,6 +62,8 @@ class Generation:
         self.model = model
         self.text = TextAssembler(lambda t: model.token_to_piece(t, False), config.stop)
         self.tokens: list[int] = []
+        # one per token, in step with self.tokens, with logprobs=True
+        self.logprobs: list[TokenLogprob] | None = [] if config.logprobs else None
         self.n_released = 0  # tokens already handed to a stream consumer
         self.steps: list[_core.StepResult] = []
         self.finish: FinishReason | None = None
@@ -116,17 +118,19 @@ class Generation:
                 dm = min(dm, pair.default_draft_max)
             step = host.pair.step(dm, draft_min=cfg.draft_min, draft_p_min=cfg.draft_p_min)
             self.steps.append(step)
-            self._take(step.tokens)
+            self._take(step.tokens, step.logprobs)
             yield self._event(step)
         self.decode_s = time.perf_counter() - t0
 
-    def _take(self, new: list[int]) -> None:
+    def _take(self, new: list[int], logprobs: Sequence[_core.TokenLogprob]) -> None:
         """Apply EOS, max_tokens and stop strings to one step's tokens."""
-        for t in new:
+        for i, t in enumerate(new):
             if not self.config.ignore_eos and self.model.is_eog(t):
                 self.finish = "eos"
                 break
             self.tokens.append(t)
+            if self.logprobs is not None:
+                self.logprobs.append(TokenLogprob.from_core(logprobs[i]))
             self.text.add(t)
             if len(self.tokens) >= self.config.max_tokens:
                 self.finish = "length"
@@ -138,14 +142,18 @@ class Generation:
             keep = self.text.find_stop(final=self.finish is not None)
             if keep is not None:
                 del self.tokens[keep:]
+                if self.logprobs is not None:
+                    del self.logprobs[keep:]
                 self.finish = "stop"
 
     def _event(self, step: _core.StepResult | None) -> StreamStep:
         text, n_new = self.text.release(final=self.finish is not None)
         released = self.tokens[self.n_released : self.n_released + n_new]
+        logprobs = None if self.logprobs is None else self.logprobs[self.n_released : self.n_released + n_new]
         self.n_released += n_new
         return StreamStep(
             tokens=released,
+            logprobs=logprobs,
             text=text,
             n_drafted=step.n_drafted if step else 0,
             n_accepted=step.n_accepted if step else 0,
@@ -167,7 +175,13 @@ class Generation:
             cached_tokens=self.n_cached,
         )
         assert self.finish is not None
-        return GenerationResult(text=self.text.text(), tokens=list(self.tokens), finish_reason=self.finish, stats=stats)
+        return GenerationResult(
+            text=self.text.text(),
+            tokens=list(self.tokens),
+            finish_reason=self.finish,
+            stats=stats,
+            logprobs=None if self.logprobs is None else list(self.logprobs),
+        )
 
     def usage(self) -> CompletionUsage:
         """OpenAI's token counts."""

@@ -30,6 +30,12 @@ class ChatPrompt:
     thinking_end_tags: tuple[str, ...]
     format_id: int = dataclasses.field(repr=False, default=0)
     parser: str = dataclasses.field(repr=False, default="")
+    # the reply's grammar as the template builds it (tool calls, a JSON schema, a user
+    # grammar); lazy: only once a trigger (a regex on the output, or a token) appears
+    grammar: str = dataclasses.field(repr=False, default="")
+    grammar_lazy: bool = dataclasses.field(repr=False, default=False)
+    grammar_trigger_patterns: tuple[str, ...] = dataclasses.field(repr=False, default=())
+    grammar_trigger_tokens: tuple[int, ...] = dataclasses.field(repr=False, default=())
 
     @property
     def needs_parse(self) -> bool:
@@ -83,17 +89,22 @@ class ChatTemplate:
         add_generation_prompt: bool = True,
         enable_thinking: bool = True,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        json_schema: Mapping[str, Any] | None = None,
+        grammar: str | None = None,
         **template_kwargs: Any,
     ) -> ChatPrompt:
-        """Render ``messages`` (OpenAI-style dicts) into a prompt."""
+        """Render ``messages`` (OpenAI-style dicts) into a prompt; ``json_schema`` or
+        ``grammar`` (GBNF) constrain the reply, as the template combines them with its
+        own format (``ChatPrompt.grammar``)."""
         _check_messages(messages)
         try:
             mj = json.dumps(list(messages))
             tj = json.dumps(list(tools)) if tools else ""
             kj = json.dumps(template_kwargs) if template_kwargs else ""
+            sj = json.dumps(dict(json_schema) or {"type": "object"}) if json_schema is not None else ""
         except (TypeError, ValueError) as e:
             raise TypeError(f"messages, tools and template arguments must be JSON-serialisable: {e}") from None
-        d = self._t.apply(mj, add_generation_prompt, enable_thinking, tj, kj)
+        d = self._t.apply(mj, add_generation_prompt, enable_thinking, tj, kj, sj, grammar or "")
         stops = _strs(d["additional_stops"])
         if self._fallback and _CHATML_END not in stops:
             stops.append(_CHATML_END)
@@ -107,6 +118,10 @@ class ChatTemplate:
             thinking_end_tags=tuple(_strs(d["thinking_end_tags"])),
             format_id=_int(d["format_id"]),
             parser=str(d["parser"]),
+            grammar=str(d["grammar"]),
+            grammar_lazy=bool(d["grammar_lazy"]),
+            grammar_trigger_patterns=tuple(_strs(d["grammar_trigger_patterns"])),
+            grammar_trigger_tokens=tuple(_int(t) for t in _seq(d["grammar_trigger_tokens"])),
         )
 
     @staticmethod
@@ -131,6 +146,12 @@ class ChatTemplate:
 def _strs(value: object) -> list[str]:
     if not isinstance(value, (list, tuple)) or not all(isinstance(s, str) for s in value):
         raise TypeError(f"expected a list of str from the core, got {value!r}")
+    return list(value)
+
+
+def _seq(value: object) -> list[object]:
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"expected a list from the core, got {value!r}")
     return list(value)
 
 

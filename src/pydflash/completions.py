@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from ._generation import Generation
+from ._oai_logprobs import chat_logprobs, completion_logprobs
+from ._structured import chat_grammar, constraint
 from .chat import ChatPrompt, ChatReply, ChatTemplate
 from .config import SamplingConfig
 from .errors import ChatTemplateError
@@ -22,11 +24,12 @@ from .openai_types import (
     ChatCompletionChunkDelta,
     ChatCompletionMessage,
     ChatCompletionToolCall,
+    ChatLogprobs,
     Completion,
     CompletionChunk,
     FinishReasonOAI,
 )
-from .results import FinishReason
+from .results import FinishReason, TokenLogprob
 
 if TYPE_CHECKING:  # for the annotations only: llama imports this module
     from .llama import Llama
@@ -119,13 +122,26 @@ def create_completion(
     draft_min: int = 0,
     draft_p_min: float = 0.0,
     cache_prompt: bool = True,
+    post_sampling_probs: bool = False,
+    response_format: Mapping[str, Any] | None = None,
+    json_schema: Mapping[str, Any] | None = None,
+    grammar: str | None = None,
     cancel: Callable[[], bool] | None = None,
 ) -> Completion | Iterator[CompletionChunk]:
     """An OpenAI-style text completion of ``prompt`` (text or token ids).
     Defaults as in llama-cpp-python; ``max_tokens=None`` fills the context.
     ``draft_max``/``draft_min``/``draft_p_min``: as ``Llama.generate``'s.
+    ``logprobs=N``: each token's log-probability and the N most likely tokens
+    (of the raw logits, or of the sampler chain's distribution with
+    ``post_sampling_probs``), as ``choices[0]["logprobs"]``.
+    ``response_format`` (``{"type": "json_object"}``, ``{"type": "json_schema",
+    "json_schema": {"schema": ...}}``), ``json_schema`` or ``grammar`` (GBNF): the
+    text follows it.
     ``cancel``: asked after every step; True stops with ``GenerationInterrupted``."""
-    _unsupported(suffix=suffix, logprobs=logprobs)
+    _unsupported(suffix=suffix)
+    if logprobs is not None and echo:
+        raise ValueError("logprobs with echo (the prompt's log-probabilities) are not supported")
+    schema, gbnf = constraint(response_format, json_schema, grammar)
     tokens = llm.prompt_tokens(prompt)
     cfg = SamplingConfig.build(
         max_tokens=_fill(max_tokens, llm.n_ctx, len(tokens)),
@@ -144,21 +160,31 @@ def create_completion(
         draft_min=draft_min,
         draft_p_min=draft_p_min,
         cache_prompt=cache_prompt,
+        logprobs=logprobs is not None,
+        top_logprobs=logprobs or 0,
+        post_sampling_probs=post_sampling_probs,
+        grammar=gbnf,
+        json_schema=schema,
     )
     gen = Generation(llm, tokens, cfg)
     meta: _Meta = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or llm.model_name}
     head = (prompt if isinstance(prompt, str) else llm.detokenize(tokens)) if echo else ""
     if stream:
         return _completion_chunks(gen, cancel, meta, head)
+    return _completion(gen, cancel, meta, head)
+
+
+def _completion(gen: Generation, cancel: Callable[[], bool] | None, meta: _Meta, head: str) -> Completion:
     text = head
     for step in gen.run(cancel):
         text += step.text
+    lps = None if gen.logprobs is None else completion_logprobs(gen.model.token_to_piece, gen.logprobs, 0)
     res: Completion = {
         "id": meta["id"],
         "object": "text_completion",
         "created": meta["created"],
         "model": meta["model"],
-        "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": _finish(gen.finish)}],
+        "choices": [{"text": text, "index": 0, "logprobs": lps, "finish_reason": _finish(gen.finish)}],
         "usage": gen.usage(),
         "timings": gen.timings(),
     }
@@ -168,13 +194,20 @@ def create_completion(
 def _completion_chunks(
     gen: Generation, cancel: Callable[[], bool] | None, meta: _Meta, head: str
 ) -> Iterator[CompletionChunk]:
-    def chunk(text: str, finish: FinishReasonOAI | None) -> CompletionChunk:
+    offset = 0  # characters of generated text before this chunk's tokens
+
+    def chunk(text: str, finish: FinishReasonOAI | None, lps: Sequence[TokenLogprob] | None = None) -> CompletionChunk:
+        nonlocal offset
+        logprobs = None
+        if lps is not None:
+            logprobs = completion_logprobs(gen.model.token_to_piece, lps, offset)
+            offset += sum(len(t) for t in logprobs["tokens"])
         return {
             "id": meta["id"],
             "object": "text_completion",
             "created": meta["created"],
             "model": meta["model"],
-            "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}],
+            "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}],
         }
 
     it = gen.run(cancel)
@@ -182,8 +215,8 @@ def _completion_chunks(
         if head:
             yield chunk(head, None)
         for step in it:
-            if step.text:
-                yield chunk(step.text, None)
+            if step.text or step.logprobs:
+                yield chunk(step.text, None, step.logprobs)
         last = chunk("", _finish(gen.finish))
         last["usage"] = gen.usage()
         last["timings"] = gen.timings()
@@ -213,6 +246,7 @@ def create_chat_completion(
     logit_bias: Mapping[Any, float] | None = None,
     model: str | None = None,
     logprobs: bool | None = None,
+    top_logprobs: int | None = None,
     *,
     enable_thinking: bool = True,
     chat_template_kwargs: Mapping[str, Any] | None = None,
@@ -221,20 +255,25 @@ def create_chat_completion(
     draft_min: int = 0,
     draft_p_min: float = 0.0,
     cache_prompt: bool = True,
+    post_sampling_probs: bool = False,
+    response_format: Mapping[str, Any] | None = None,
+    json_schema: Mapping[str, Any] | None = None,
+    grammar: str | None = None,
     cancel: Callable[[], bool] | None = None,
 ) -> ChatCompletion | Iterator[ChatCompletionChunk]:
     """An OpenAI-style chat completion: ``messages`` go through the model's chat
     template (or the ``chat_template`` given to ``Llama``). ``enable_thinking=False``
     turns reasoning off where the template has the switch; reasoning the model
-    writes comes back in ``message["reasoning_content"]``. Other options as
-    ``create_completion``'s."""
-    _unsupported(logprobs=logprobs)
-    kwargs = dict(chat_template_kwargs or {})
-    if "enable_thinking" in kwargs:
-        enable_thinking = bool(kwargs.pop("enable_thinking"))
-    cp = llm.chat_template.apply(
-        messages, add_generation_prompt=True, enable_thinking=enable_thinking, tools=tools, **kwargs
-    )
+    writes comes back in ``message["reasoning_content"]``. ``logprobs=True`` (with
+    ``top_logprobs=N``): ``choices[0]["logprobs"]["content"]``, one entry per
+    generated token (reasoning and tool-call tokens included). ``response_format``,
+    ``json_schema`` and ``grammar`` go through the template, which frames them in its
+    reply format; with ``tools`` the template's tool-call grammar applies once a call
+    starts (as in llama-server). Other options as ``create_completion``'s."""
+    if top_logprobs is not None and not logprobs:
+        raise ValueError("top_logprobs needs logprobs=True")
+    schema, gbnf = constraint(response_format, json_schema, grammar)
+    cp = _chat_prompt(llm, messages, tools, enable_thinking, chat_template_kwargs, schema, gbnf)
     tokens = llm.prompt_tokens(cp.prompt)
     cfg = SamplingConfig.build(
         max_tokens=_fill(max_tokens, llm.n_ctx, len(tokens)),
@@ -253,6 +292,10 @@ def create_chat_completion(
         draft_min=draft_min,
         draft_p_min=draft_p_min,
         cache_prompt=cache_prompt,
+        logprobs=bool(logprobs),
+        top_logprobs=top_logprobs or 0,
+        post_sampling_probs=post_sampling_probs,
+        grammar=chat_grammar(cp, schema, lambda text: _generation_prompt_tokens(llm, text)),
     )
     gen = Generation(llm, tokens, cfg)
     meta: _Meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or llm.model_name}
@@ -277,11 +320,49 @@ def _chat_completion(gen: Generation, cancel: Callable[[], bool] | None, cp: Cha
         "object": "chat.completion",
         "created": meta["created"],
         "model": meta["model"],
-        "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": finish}],
+        "choices": [{"index": 0, "message": msg, "logprobs": _chat_lps(gen, gen.logprobs), "finish_reason": finish}],
         "usage": gen.usage(),
         "timings": gen.timings(),
     }
     return res
+
+
+def _chat_prompt(
+    llm: Llama,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None,
+    enable_thinking: bool,
+    chat_template_kwargs: Mapping[str, Any] | None,
+    schema: Mapping[str, Any] | None,
+    gbnf: str | None,
+) -> ChatPrompt:
+    if gbnf is not None and tools:
+        raise ValueError("a custom grammar cannot be combined with tools")
+    kwargs = dict(chat_template_kwargs or {})
+    if "enable_thinking" in kwargs:
+        enable_thinking = bool(kwargs.pop("enable_thinking"))
+    return llm.chat_template.apply(
+        messages,
+        add_generation_prompt=True,
+        enable_thinking=enable_thinking,
+        tools=tools,
+        json_schema=schema,
+        grammar=gbnf,
+        **kwargs,
+    )
+
+
+def _generation_prompt_tokens(llm: Llama, text: str) -> list[int]:
+    """The template's assistant prefix as tokens (llama.cpp's rule: without a leading
+    space token that the text itself does not start with)."""
+    toks = llm.tokenize(text, add_special=False, parse_special=True)
+    if toks and not text[:1].isspace() and llm.core_model.token_to_piece(toks[0], True)[:1].isspace():
+        toks = toks[1:]
+    return toks
+
+
+def _chat_lps(gen: Generation, lps: Sequence[TokenLogprob] | None) -> ChatLogprobs | None:
+    return None if lps is None else chat_logprobs(gen.model.token_to_piece, lps)
 
 
 def _parse_final(text: str, cp: ChatPrompt) -> ChatReply:
@@ -305,13 +386,21 @@ def _tool_calls(reply: ChatReply) -> list[ChatCompletionToolCall]:
 def _chat_chunks(
     gen: Generation, cancel: Callable[[], bool] | None, cp: ChatPrompt, meta: _Meta
 ) -> Iterator[ChatCompletionChunk]:
+    # logprobs of tokens not yet sent: they ride on the next chunk (a step's text may
+    # produce no delta until the template's parser sees more)
+    pending: list[TokenLogprob] | None = None if gen.logprobs is None else []
+
     def chunk(delta: ChatCompletionChunkDelta, finish: FinishReasonOAI | None = None) -> ChatCompletionChunk:
+        lps = None
+        if pending:
+            lps = _chat_lps(gen, pending)
+            pending.clear()
         return {
             "id": meta["id"],
             "object": "chat.completion.chunk",
             "created": meta["created"],
             "model": meta["model"],
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+            "choices": [{"index": 0, "delta": delta, "logprobs": lps, "finish_reason": finish}],
         }
 
     sent = {"content": "", "reasoning_content": ""}
@@ -337,6 +426,8 @@ def _chat_chunks(
             if not started:  # after the first step: a prompt that fails fails before any chunk
                 started = True
                 yield chunk({"role": "assistant", "content": ""})
+            if pending is not None and step.logprobs:
+                pending.extend(step.logprobs)
             if not step.text:
                 continue
             text += step.text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import operator
 import sys
 from collections.abc import Mapping, Sequence
@@ -142,6 +143,38 @@ class ModelConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class Grammar:
+    """A grammar the generated text must follow: GBNF (llama.cpp's grammar format),
+    checked when built. ``lazy``: inactive until a trigger appears in the output (a
+    regex in ``trigger_patterns`` or a token in ``trigger_tokens``), as the
+    tool-call grammars of chat templates are; ``prefill``: tokens the grammar reads
+    before the output (the assistant prefix a template appended)."""
+
+    gbnf: str
+    lazy: bool = False
+    trigger_patterns: tuple[str, ...] = ()
+    trigger_tokens: tuple[int, ...] = ()
+    prefill: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.gbnf, str):
+            raise TypeError(f"grammar must be a GBNF string, not {type(self.gbnf).__name__}")
+        err = _core.grammar_error(self.gbnf)
+        if err:
+            raise ValueError(f"the grammar does not parse: {err}")
+
+    @classmethod
+    def from_json_schema(cls, schema: Mapping[str, Any] | str) -> Grammar:
+        """llama.cpp's grammar for a JSON schema (a mapping or JSON text); ``{}`` is
+        any JSON object, as in llama-server."""
+        if isinstance(schema, Mapping):
+            schema = json.dumps(dict(schema) or {"type": "object"})
+        elif not isinstance(schema, str):
+            raise TypeError(f"json_schema must be a mapping or JSON text, not {type(schema).__name__}")
+        return cls(_core.json_schema_to_grammar(schema))
+
+
+@dataclasses.dataclass(frozen=True)
 class SamplingConfig:
     """Per-call sampling, verification, draft-length and stopping options of
     generate()/stream(). The same transform (penalties, bias, temperature,
@@ -166,12 +199,19 @@ class SamplingConfig:
     draft_min: int = 0
     draft_p_min: float = 0.0
     cache_prompt: bool = True  # keep the prefix the caches already hold (llama-server's cache_prompt)
+    # each new token's log-probability (results' .logprobs), with the top_logprobs most
+    # likely tokens; of the raw logits, or after the sampler chain (post_sampling_probs)
+    logprobs: bool = _SAMPLING.logprobs
+    top_logprobs: int = _SAMPLING.top_logprobs
+    post_sampling_probs: bool = _SAMPLING.post_sampling_probs
+    grammar: Grammar | None = None  # the output follows it (GBNF, or a JSON schema's)
 
     def __post_init__(self) -> None:
         int_option("max_tokens", self.max_tokens, 0)
-        if not isinstance(self.cache_prompt, bool):
-            raise TypeError(f"cache_prompt must be a bool, not {type(self.cache_prompt).__name__}")
-        for name in ("top_k", "penalty_last_n", "draft_min"):
+        for name in ("cache_prompt", "logprobs", "post_sampling_probs"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, not {type(getattr(self, name)).__name__}")
+        for name in ("top_k", "penalty_last_n", "draft_min", "top_logprobs"):
             int_option(name, getattr(self, name))
         for name in (
             "temperature",
@@ -205,13 +245,19 @@ class SamplingConfig:
         stop: str | Sequence[str] | None = (),
         logit_bias: Mapping[int, float] | None = None,
         verify: str | None = None,
+        grammar: Grammar | str | None = None,
+        json_schema: Mapping[str, Any] | str | None = None,
         **kw: Any,
     ) -> SamplingConfig:
         """From the keyword arguments of generate()/stream() (the others are this
         class's fields, checked when it is built)."""
         bias = tuple(sorted((operator.index(t), float(b)) for t, b in (logit_bias or {}).items()))
         return cls(
-            stop=cls.normalise_stop(stop), logit_bias=bias, verify=_SAMPLING.verify if verify is None else verify, **kw
+            stop=cls.normalise_stop(stop),
+            logit_bias=bias,
+            verify=_SAMPLING.verify if verify is None else verify,
+            grammar=make_grammar(grammar, json_schema),
+            **kw,
         )
 
     def core_params(self, seed: int) -> _core.SamplingParams:
@@ -228,6 +274,9 @@ class SamplingConfig:
             logit_bias=list(self.logit_bias),
             seed=seed & 0xFFFFFFFFFFFFFFFF,
             verify=self.verify,
+            logprobs=self.logprobs,
+            top_logprobs=self.top_logprobs,
+            post_sampling_probs=self.post_sampling_probs,
         )
 
     def draft_control(self) -> _core.DraftControl:
@@ -247,6 +296,19 @@ class SamplingConfig:
         return tuple(stop)
 
 
+def make_grammar(grammar: Grammar | str | None, json_schema: Mapping[str, Any] | str | None) -> Grammar | None:
+    """The ``grammar=`` (GBNF text or a ``Grammar``) or ``json_schema=`` option, not both."""
+    if grammar is not None and json_schema is not None:
+        raise ValueError("give grammar or json_schema, not both")
+    if json_schema is not None:
+        return Grammar.from_json_schema(json_schema)
+    if grammar is None or isinstance(grammar, Grammar):
+        return grammar
+    if not isinstance(grammar, str):
+        raise TypeError(f"grammar must be GBNF text or a Grammar, not {type(grammar).__name__}")
+    return Grammar(grammar)
+
+
 class GenerateOptions(TypedDict, total=False):
     """The keyword-only options of ``generate``/``stream`` (``SamplingConfig``'s
     fields beyond the positional ones; its defaults apply to what is left out)."""
@@ -262,6 +324,11 @@ class GenerateOptions(TypedDict, total=False):
     draft_min: int
     draft_p_min: float
     cache_prompt: bool
+    logprobs: bool
+    top_logprobs: int
+    post_sampling_probs: bool
+    grammar: Grammar | str | None
+    json_schema: Mapping[str, Any] | str | None
 
 
 __all__ = ["CHOICES", "GenerateOptions", "ModelConfig", "SamplingConfig", "Unpack"]

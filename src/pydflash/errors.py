@@ -8,6 +8,7 @@ __all__ = [
     "DecodeError",
     "DraftCompatibilityError",
     "GenerationInterrupted",
+    "GrammarError",
     "ModelLoadError",
     "PyDFlashError",
     "RollbackError",
@@ -53,3 +54,9 @@ class GenerationInterrupted(PyDFlashError):
 class ChatTemplateError(PyDFlashError, ValueError):
     """A chat template does not parse, or fails while rendering these messages
     (a jinja error, ``raise_exception`` in the template, ...). The model stays usable."""
+
+
+class GrammarError(PyDFlashError, ValueError):
+    """The output cannot continue under its grammar: a lazy (tool-call) grammar whose
+    triggered text does not fit it, or a row where the grammar allows no token. The
+    generation stops; the model stays usable."""

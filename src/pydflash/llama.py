@@ -256,7 +256,15 @@ class Llama:
         Keyword options (``GenerateOptions``, defaults as ``SamplingConfig``'s):
         ``min_p``, ``repeat_penalty``, ``frequency_penalty``, ``presence_penalty``,
         ``penalty_last_n``, ``logit_bias``, ``verify``, ``draft_max``,
-        ``draft_min``, ``draft_p_min``, ``cache_prompt``.
+        ``draft_min``, ``draft_p_min``, ``cache_prompt``, ``logprobs``,
+        ``top_logprobs``, ``post_sampling_probs``.
+
+        ``logprobs=True`` fills ``result.logprobs``: one ``TokenLogprob`` per
+        token, read from the verification pass that produced it (no extra pass),
+        with the ``top_logprobs`` most likely tokens at that position. They are
+        the model's (log-softmax of the raw logits) unless
+        ``post_sampling_probs=True``, which reports the sampler chain's
+        distribution instead (llama-server's ``post_sampling_probs``).
 
         finish_reason is "eos" (end of generation token, not included), "stop"
         (a stop string appeared; it and what follows are cut) or "length"

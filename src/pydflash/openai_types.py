@@ -23,9 +23,13 @@ __all__ = [
     "ChatCompletionMessageParam",
     "ChatCompletionTool",
     "ChatCompletionToolCall",
+    "ChatLogprobs",
+    "ChatTokenLogprob",
+    "ChatTopLogprob",
     "Completion",
     "CompletionChoice",
     "CompletionChunk",
+    "CompletionLogprobs",
     "CompletionUsage",
     "FinishReasonOAI",
     "Timings",
@@ -75,10 +79,19 @@ class Timings(TypedDict):
     accepted_lengths: list[int]  # accepted draft tokens of each step
 
 
+class CompletionLogprobs(TypedDict):
+    """The completions API's ``logprobs``: parallel lists, one entry per token."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]  # characters of text before each token
+
+
 class CompletionChoice(TypedDict):
     text: str
     index: int
-    logprobs: None
+    logprobs: CompletionLogprobs | None
     finish_reason: FinishReasonOAI | None
 
 
@@ -120,10 +133,29 @@ class ChatCompletionMessage(TypedDict):
     tool_calls: NotRequired[list[ChatCompletionToolCall]]
 
 
+class ChatTopLogprob(TypedDict):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class ChatTokenLogprob(TypedDict):
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: list[ChatTopLogprob]
+
+
+class ChatLogprobs(TypedDict):
+    """The chat API's ``logprobs``: one ``content`` entry per generated token."""
+
+    content: list[ChatTokenLogprob]
+
+
 class ChatCompletionChoice(TypedDict):
     index: int
     message: ChatCompletionMessage
-    logprobs: None
+    logprobs: ChatLogprobs | None
     finish_reason: FinishReasonOAI | None
 
 
@@ -147,7 +179,7 @@ class ChatCompletionChunkDelta(TypedDict, total=False):
 class ChatCompletionChunkChoice(TypedDict):
     index: int
     delta: ChatCompletionChunkDelta
-    logprobs: None
+    logprobs: ChatLogprobs | None
     finish_reason: FinishReasonOAI | None
 
 

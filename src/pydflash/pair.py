@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from . import _core, _logging
-from .config import SamplingConfig, float_option, int_option
+from .config import Grammar, SamplingConfig, float_option, int_option
 from .results import StepResult
 
 if TYPE_CHECKING:
@@ -86,8 +86,23 @@ class ContextPair:
 
     def set_sampling_config(self, config: SamplingConfig, seed: int) -> None:
         """Set sampling from an already validated ``SamplingConfig`` (the
-        generation loop's way), with the seed this run uses."""
+        generation loop's way), with the seed this run uses, and its grammar."""
         self._core.set_sampling(config.core_params(seed))
+        self.set_grammar(config.grammar)
+
+    def set_grammar(self, grammar: Grammar | None) -> None:
+        """The grammar the next tokens follow, from its start (None: none). Drafted
+        tokens it rejects are rejected at verification; only emitted tokens advance it."""
+        if grammar is None:
+            self._core.set_grammar("")
+            return
+        self._core.set_grammar(
+            grammar.gbnf,
+            lazy=grammar.lazy,
+            trigger_patterns=list(grammar.trigger_patterns),
+            trigger_tokens=list(grammar.trigger_tokens),
+            prefill=list(grammar.prefill),
+        )
 
     def set_sampling(
         self,

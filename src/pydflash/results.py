@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Literal
 
+from . import _core
 from ._core import StepResult
 
 FinishReason = Literal["length", "stop", "eos"]
@@ -18,6 +19,7 @@ __all__ = [
     "MemoryRow",
     "StepResult",
     "StreamStep",
+    "TokenLogprob",
 ]
 
 
@@ -74,11 +76,26 @@ class GenerationStats:
 
 
 @dataclasses.dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token's log-probability (natural log) and the ``top`` most
+    likely tokens at its position, as (token, logprob), most likely first."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+    @classmethod
+    def from_core(cls, lp: _core.TokenLogprob) -> TokenLogprob:
+        return cls(lp.token, lp.logprob, tuple(lp.top))
+
+
+@dataclasses.dataclass(frozen=True)
 class GenerationResult:
     text: str
     tokens: list[int]
     finish_reason: FinishReason
     stats: GenerationStats
+    logprobs: list[TokenLogprob] | None = None  # one per token, with logprobs=True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +109,7 @@ class StreamStep:
     n_accepted: int
     drafted: list[int]
     finish_reason: FinishReason | None = None
+    logprobs: list[TokenLogprob] | None = None  # one per token, with logprobs=True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -62,15 +62,12 @@ def _sampling_args(body: Mapping[str, Any]) -> dict[str, Any]:
     """The OpenAI request fields pydflash understands (others are ignored)."""
     if _opt(body, "n", int, 1) != 1:
         raise BadRequest("only n=1 is supported")
-    if body.get("logprobs") not in (None, False):
-        raise BadRequest("logprobs are not supported")
-    rf = body.get("response_format")
-    if rf is not None and not (isinstance(rf, dict) and rf.get("type") in ("text", None)):
-        raise BadRequest("response_format other than text (JSON mode, json_schema) is not supported")
-    for name in ("grammar", "json_schema"):
-        if body.get(name):
-            raise BadRequest(f"'{name}' is not supported")
     kw: dict[str, Any] = {}
+    # structured output: OpenAI's response_format, llama-server's json_schema and grammar
+    structured: tuple[tuple[str, type], ...] = (("response_format", dict), ("json_schema", dict), ("grammar", str))
+    for name, kind in structured:
+        if body.get(name) is not None:
+            kw[name] = _opt(body, name, kind)
     for name, kind in (
         ("temperature", float),
         ("top_p", float),
@@ -85,6 +82,7 @@ def _sampling_args(body: Mapping[str, Any]) -> dict[str, Any]:
         ("draft_min", int),
         ("draft_p_min", float),
         ("cache_prompt", bool),
+        ("post_sampling_probs", bool),
     ):
         if body.get(name) is not None:
             kw[name] = _opt(body, name, kind)
@@ -298,6 +296,10 @@ class _Handler(BaseHTTPRequestHandler):
             raise BadRequest("'suffix' is not supported")
         kw["max_tokens"] = _opt(body, "max_tokens", int, 16)
         kw["echo"] = _opt(body, "echo", bool, False)
+        # OpenAI's logprobs=N, or llama-server's n_probs=N
+        n = _opt(body, "logprobs", int, _opt(body, "n_probs", int))
+        if n is not None:
+            kw["logprobs"] = n
         llm, alias = self.srv.llm, self.srv.alias
         return lambda stream: llm.create_completion(prompt, stream=stream, model=alias, cancel=self._client_gone, **kw)
 
@@ -317,6 +319,8 @@ class _Handler(BaseHTTPRequestHandler):
             raise BadRequest("'chat_template_kwargs' must be an object")
         if body.get("enable_thinking") is not None:
             kw["enable_thinking"] = _opt(body, "enable_thinking", bool)
+        kw["logprobs"] = _opt(body, "logprobs", bool, False)
+        kw["top_logprobs"] = _opt(body, "top_logprobs", int)
         # the template is applied here, before queueing, so a template error is a 400 at once
         llm, alias = self.srv.llm, self.srv.alias
         llm.apply_chat_template(messages, tools=tools, **(ctk or {}))

@@ -1,0 +1,60 @@
+// Grammar-constrained output (GBNF, and JSON schemas through llama.cpp's
+// converter) with llama.cpp's own grammar engine. The target's rows are masked
+// (disallowed tokens to -inf) before the sampler chain, as llama.cpp's
+// grammar-first sampling does, so the constrained distribution is exact; only
+// emitted tokens advance the grammar, so a rejected draft never touches it.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "llama.h"
+
+namespace pydflash {
+
+struct GrammarSpec {
+    std::string gbnf;  // empty: no grammar
+    // lazy: inactive until a trigger (a regex on the output so far, or a token)
+    // appears, as for the tool-call grammars of chat templates
+    bool lazy = false;
+    std::vector<std::string> trigger_patterns;
+    std::vector<llama_token> trigger_tokens;
+    // tokens the grammar consumes before the output (a template's generation prompt)
+    std::vector<llama_token> prefill;
+};
+
+// Why `gbnf` does not parse ("" if it does): the first error of llama.cpp's parser,
+// an undefined rule, or a missing "root".
+std::string grammar_error(const std::string& gbnf);
+
+// llama.cpp's JSON-schema-to-GBNF converter; InvalidArgument for bad JSON or a
+// schema it cannot convert.
+std::string json_schema_to_gbnf(const std::string& schema_json);
+
+struct SamplerDeleter {
+    void operator()(llama_sampler* s) const noexcept { llama_sampler_free(s); }
+};
+
+class Grammar {
+public:
+    // InvalidArgument when the grammar does not parse (nothing is printed).
+    Grammar(const llama_vocab* vocab, const GrammarSpec& spec);
+
+    // An independent copy of the current state (the drafter walks one along its block).
+    std::unique_ptr<Grammar> clone() const;
+
+    bool allows(llama_token t);  // t is allowed next
+    // Sets the disallowed entries of a logits row to -inf (the whole vocabulary).
+    void mask(float* logits, int32_t n_vocab);
+    // Advances past an emitted token; GrammarError when the grammar cannot take it.
+    void accept(llama_token t);
+
+private:
+    Grammar(const llama_vocab* vocab, llama_sampler* smpl) : vocab_(vocab), smpl_(smpl) {}
+    const llama_vocab* vocab_;
+    std::unique_ptr<llama_sampler, SamplerDeleter> smpl_;
+    std::vector<llama_token_data> cur_;
+};
+
+}  // namespace pydflash

@@ -101,3 +101,26 @@ def test_step_by_step_example():
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("step ") >= 6 and "target passes" in proc.stdout
+
+
+def test_generate_structured_output(tmp_path):
+    import re
+
+    import pydflash
+
+    target, drafter = pydflash.embedded_pair()
+    base = ["generate", "-m", str(target), "-d", str(drafter), "--json"]
+    out = run(*base, "-p", "x = ", "-n", "16", "--grammar", 'root ::= [0-9]{1,3} ";"')
+    assert re.fullmatch(r"[0-9]{1,3};", json.loads(out.stdout)["text"])
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+                                  "additionalProperties": False}))
+    out = run(*base, "-p", "record = ", "-n", "64", "--json-schema-file", str(schema))
+    obj = json.loads(json.loads(out.stdout)["text"])
+    assert list(obj) == ["a"] and isinstance(obj["a"], int)
+    bad = run(*base, "-p", "x", "--grammar", "root ::= [", check=False)
+    assert bad.returncode == 2 and "does not parse" in bad.stderr
+    missing = run(*base, "-p", "x", "--grammar-file", str(tmp_path / "nope.gbnf"), check=False)
+    assert missing.returncode == 2 and "nope.gbnf" in missing.stderr
+    both = run(*base, "-p", "x", "--grammar", "root ::= [a]", "-j", "{}", check=False)
+    assert both.returncode == 2 and "not allowed with" in both.stderr

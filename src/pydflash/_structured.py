@@ -56,11 +56,11 @@ def constraint(
     return schema, grammar
 
 
-def chat_grammar(
-    cp: ChatPrompt, schema: Mapping[str, Any] | None, tokenize: Callable[[str], Sequence[int]]
-) -> Grammar | None:
-    """The reply's grammar: the template's (which frames a schema or grammar in its own
-    format, and constrains tool calls once they start), else the schema's own."""
+def chat_grammar(cp: ChatPrompt, c: Constraint, tokenize: Callable[[str], Sequence[int]]) -> Grammar | None:
+    """The reply's grammar: the template's (which frames a schema in its own format, and
+    constrains tool calls once they start), else the user's grammar or the schema's own
+    (as llama-server falls back to the request's)."""
+    schema, gbnf = c
     if cp.grammar:
         prefill: tuple[int, ...] = ()
         if not cp.grammar_lazy and cp.generation_prompt:
@@ -74,4 +74,6 @@ def chat_grammar(
             trigger_tokens=cp.grammar_trigger_tokens,
             prefill=prefill,
         )
+    if gbnf is not None:
+        return Grammar(gbnf)
     return Grammar.from_json_schema(schema) if schema is not None else None

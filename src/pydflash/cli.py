@@ -66,9 +66,27 @@ def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-text")
+    c = g.add_mutually_exclusive_group()
+    c.add_argument("--grammar", metavar="GBNF", help="the output follows this GBNF grammar (llama.cpp's format)")
+    c.add_argument("--grammar-file", metavar="FILE", help="the output follows the GBNF grammar in FILE")
+    c.add_argument("-j", "--json-schema", metavar="SCHEMA", help="the output is JSON valid against this schema")
+    c.add_argument("--json-schema-file", metavar="FILE", help="the output is JSON valid against the schema in FILE")
     g.add_argument("--stream", action="store_true", help="print text as it is generated")
     g.add_argument("--json", action="store_true", help="print the result as JSON")
     add_common(g)
+
+
+def _structured(a: argparse.Namespace) -> dict[str, str]:
+    """--grammar/--grammar-file/--json-schema/--json-schema-file as generate()'s options."""
+    if a.grammar is not None:
+        return {"grammar": a.grammar}
+    if a.json_schema is not None:
+        return {"json_schema": a.json_schema}
+    for flag, option in ((a.grammar_file, "grammar"), (a.json_schema_file, "json_schema")):
+        if flag is not None:
+            with open(flag, encoding="utf-8") as f:
+                return {option: f.read()}
+    return {}
 
 
 def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -140,6 +158,7 @@ def _cmd_generate(a: argparse.Namespace) -> int:
             ignore_eos=a.ignore_eos,
             draft_min=a.draft_min,
             draft_p_min=a.draft_p_min,
+            **_structured(a),
         )
         if a.stream and not a.json:
             for step in llm.stream(a.prompt, **kw):
@@ -359,7 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "info": _cmd_info,
             "rpc-server": _cmd_rpc_server,
         }[a.command](a)
-    except (PyDFlashError, ValueError, TypeError) as e:
+    except (PyDFlashError, ValueError, TypeError, OSError) as e:  # OSError: a file named by a flag
         print(f"pydflash: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

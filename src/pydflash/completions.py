@@ -295,7 +295,7 @@ def create_chat_completion(
         logprobs=bool(logprobs),
         top_logprobs=top_logprobs or 0,
         post_sampling_probs=post_sampling_probs,
-        grammar=chat_grammar(cp, schema, lambda text: _generation_prompt_tokens(llm, text)),
+        grammar=chat_grammar(cp, (schema, gbnf), lambda text: _generation_prompt_tokens(llm, text)),
     )
     gen = Generation(llm, tokens, cfg)
     meta: _Meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or llm.model_name}

@@ -28,6 +28,9 @@ void SamplingParams::validate(int32_t n_vocab) const {
         throw InvalidArgument("top_p must be in (0, 1], got " + std::to_string(top_p));
     if (!(min_p >= 0.0f && min_p < 1.0f))
         throw InvalidArgument("min_p must be in [0, 1), got " + std::to_string(min_p));
+    if (!(typical_p > 0.0f && typical_p <= 1.0f))
+        throw InvalidArgument("typical_p must be in (0, 1], got " + std::to_string(typical_p));
+    if (!finite(top_n_sigma)) throw InvalidArgument("top_n_sigma must be a finite number (<= 0: off)");
     if (!finite(repeat_penalty) || repeat_penalty <= 0.0f) {
         throw InvalidArgument("repeat_penalty must be > 0, got " + std::to_string(repeat_penalty));
     }
@@ -142,81 +145,145 @@ Sampler::Sampler(const SamplingParams& params, int32_t n_vocab)
 
 double Sampler::uniform() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }
 
+const float* Sampler::adjusted(const float* logits, const std::vector<llama_token>& recent) {
+    if (!params_.has_penalties() && params_.logit_bias.empty()) return logits;
+    work_.assign(logits, logits + n_vocab_);
+    // llama.cpp's chain adds the bias first, then the penalties see the biased logits
+    for (const auto& [t, b] : params_.logit_bias) work_[static_cast<size_t>(t)] += b;
+    if (params_.has_penalties() && !recent.empty()) {
+        std::unordered_map<llama_token, int> count;
+        for (llama_token t : recent) ++count[t];
+        for (const auto& [t, c] : count) {
+            if (t < 0 || t >= n_vocab_) continue;
+            float& v = work_[static_cast<size_t>(t)];
+            v = v > 0.0f ? v / params_.repeat_penalty : v * params_.repeat_penalty;  // llama.cpp's rule
+            v -= static_cast<float>(c) * params_.frequency_penalty + params_.presence_penalty;
+        }
+    }
+    return work_.data();
+}
+
+namespace {
+
+bool by_logit(const std::pair<float, llama_token>& a, const std::pair<float, llama_token>& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+}
+
+// softmax over candidates sorted by logit (best first)
+std::vector<double> softmax(const std::vector<std::pair<float, llama_token>>& cand) {
+    std::vector<double> p(cand.size());
+    double sum = 0.0;
+    for (size_t i = 0; i < cand.size(); ++i)
+        sum += (p[i] = std::exp(static_cast<double>(cand[i].first - cand[0].first)));
+    for (double& x : p) x /= sum;
+    return p;
+}
+
+}  // namespace
+
+// llama.cpp's top-n-sigma: drop logits below max - n * std (population std of the
+// finite logits)
+void Sampler::cut_top_n_sigma() {
+    if (params_.top_n_sigma <= 0.0f || cand_.size() <= 1) return;
+    double mx = cand_[0].first, sum = 0.0;
+    for (const auto& c : cand_) {
+        mx = std::max(mx, static_cast<double>(c.first));
+        sum += c.first;
+    }
+    const double mean = sum / static_cast<double>(cand_.size());
+    double acc = 0.0;
+    for (const auto& c : cand_) acc += (c.first - mean) * (c.first - mean);
+    const double floor = mx - params_.top_n_sigma * std::sqrt(acc / static_cast<double>(cand_.size()));
+    cand_.erase(std::remove_if(cand_.begin(), cand_.end(), [floor](const auto& c) { return c.first < floor; }),
+                cand_.end());
+}
+
+// llama.cpp's typical-p: the tokens whose surprise is closest to the entropy, until
+// their mass exceeds typical_p; the survivors go back to logit order
+void Sampler::cut_typical() {
+    if (params_.typical_p >= 1.0f) return;
+    const std::vector<double> p = softmax(cand_);
+    double entropy = 0.0;
+    for (double x : p) entropy -= x > 0.0 ? x * std::log(x) : 0.0;
+    std::vector<size_t> idx(cand_.size());
+    for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+    auto shifted = [&](size_t i) { return std::fabs(-std::log(p[i]) - entropy); };
+    std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return shifted(a) < shifted(b); });
+    size_t keep = idx.size();
+    double cum = 0.0;
+    for (size_t i = 0; i < idx.size(); ++i) {
+        cum += p[idx[i]];
+        if (cum > params_.typical_p) {
+            keep = i + 1;
+            break;
+        }
+    }
+    std::vector<std::pair<float, llama_token>> kept;
+    kept.reserve(keep);
+    for (size_t i = 0; i < keep; ++i) kept.push_back(cand_[idx[i]]);
+    std::sort(kept.begin(), kept.end(), by_logit);
+    cand_.swap(kept);
+}
+
+void Sampler::cut_top_p() {
+    if (params_.top_p >= 1.0f) return;
+    const std::vector<double> p = softmax(cand_);
+    double acc = 0.0;
+    for (size_t i = 0; i < p.size(); ++i) {
+        acc += p[i];
+        if (acc >= params_.top_p) {
+            cand_.resize(i + 1);
+            return;
+        }
+    }
+}
+
+void Sampler::cut_min_p() {
+    if (params_.min_p <= 0.0f) return;
+    // p_i >= min_p * p_max, as llama.cpp compares it: on logits
+    const float floor = cand_[0].first + std::log(params_.min_p);
+    size_t m = 1;
+    while (m < cand_.size() && cand_[m].first >= floor) ++m;
+    cand_.resize(m);
+}
+
 void Sampler::distribution(const float* logits, const std::vector<llama_token>& recent, Distribution& out) {
     out.ids.clear();
     out.probs.clear();
-    const float* row = logits;
-    if (params_.has_penalties() || !params_.logit_bias.empty()) {
-        work_.assign(logits, logits + n_vocab_);
-        if (params_.has_penalties() && !recent.empty()) {
-            std::unordered_map<llama_token, int> count;
-            for (llama_token t : recent) ++count[t];
-            for (const auto& [t, c] : count) {
-                if (t < 0 || t >= n_vocab_) continue;
-                float& v = work_[static_cast<size_t>(t)];
-                v = v > 0.0f ? v / params_.repeat_penalty : v * params_.repeat_penalty;  // llama.cpp's rule
-                v -= static_cast<float>(c) * params_.frequency_penalty + params_.presence_penalty;
-            }
-        }
-        for (const auto& [t, b] : params_.logit_bias) work_[static_cast<size_t>(t)] += b;
-        row = work_.data();
-    }
+    const float* row = adjusted(logits, recent);
     if (params_.greedy()) {
         out.ids.push_back(argmax(row, n_vocab_));
         out.probs.push_back(1.0f);
         return;
     }
-    // candidates sorted by logit (ties: lower id first), cut to top-k
-    cand_.resize(static_cast<size_t>(n_vocab_));
-    for (int32_t i = 0; i < n_vocab_; ++i) cand_[static_cast<size_t>(i)] = {row[i], i};
-    const auto by_logit = [](const auto& a, const auto& b) {
-        return a.first > b.first || (a.first == b.first && a.second < b.second);
-    };
-    size_t n = cand_.size();
-    if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < n) {
-        n = static_cast<size_t>(params_.top_k);
-        std::partial_sort(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(n), cand_.end(), by_logit);
+    // candidates: the finite logits (a -inf bias or a grammar removes a token)
+    cand_.clear();
+    for (int32_t i = 0; i < n_vocab_; ++i) {
+        if (std::isfinite(row[i])) cand_.emplace_back(row[i], i);
+    }
+    if (cand_.empty()) cand_.emplace_back(row[0], 0);  // nothing finite: llama.cpp keeps the first
+    cut_top_n_sigma();
+    if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < cand_.size()) {
+        const auto k = static_cast<std::ptrdiff_t>(params_.top_k);
+        std::partial_sort(cand_.begin(), cand_.begin() + k, cand_.end(), by_logit);
+        cand_.resize(static_cast<size_t>(k));
     } else {
         std::sort(cand_.begin(), cand_.end(), by_logit);
     }
-    // drop -inf (banned by bias) candidates
-    while (n > 1 && !std::isfinite(cand_[n - 1].first)) --n;
-    // llama.cpp's chain: top-p and min-p cut the untempered distribution; the
-    // temperature applies last, to the tokens they keep
-    const double mx = cand_[0].first;
-    std::vector<double> p(n);
-    double sum = 0.0;
-    for (size_t i = 0; i < n; ++i) {
-        p[i] = std::exp(static_cast<double>(cand_[i].first) - mx);
-        sum += p[i];
-    }
-    size_t keep = n;
-    if (params_.top_p < 1.0f) {
-        double acc = 0.0;
-        for (size_t i = 0; i < n; ++i) {
-            acc += p[i] / sum;
-            if (acc >= params_.top_p) {
-                keep = i + 1;
-                break;
-            }
-        }
-    }
-    if (params_.min_p > 0.0f) {
-        const double floor = params_.min_p * p[0];
-        size_t m = 1;
-        while (m < keep && p[m] >= floor) ++m;
-        keep = m;
-    }
+    cut_typical();
+    cut_top_p();
+    cut_min_p();
+    // the temperature applies last, to the tokens the cuts kept
     double kept = 0.0;
-    for (size_t i = 0; i < keep; ++i) {
-        p[i] = std::exp((static_cast<double>(cand_[i].first) - mx) / params_.temperature);
-        kept += p[i];
+    std::vector<double> q(cand_.size());
+    for (size_t i = 0; i < cand_.size(); ++i) {
+        kept += (q[i] = std::exp((static_cast<double>(cand_[i].first) - cand_[0].first) / params_.temperature));
     }
-    out.ids.reserve(keep);
-    out.probs.reserve(keep);
-    for (size_t i = 0; i < keep; ++i) {
+    out.ids.reserve(cand_.size());
+    out.probs.reserve(cand_.size());
+    for (size_t i = 0; i < cand_.size(); ++i) {
         out.ids.push_back(cand_[i].second);
-        out.probs.push_back(static_cast<float>(p[i] / kept));
+        out.probs.push_back(static_cast<float>(q[i] / kept));
     }
 }
 

@@ -1,8 +1,9 @@
-// Token distributions and sampling. One transform, in llama.cpp's default
-// order (penalties, logit bias, top-k, top-p, min-p, then temperature: the
-// cuts see the untempered distribution), turns a row of logits into a sparse
-// distribution; the target's p and the drafter's q go through the same
-// transform, which keeps speculative rejection sampling exact.
+// Token distributions and sampling. One transform, llama.cpp's default chain
+// in its order and meaning (logit bias, penalties, top-n-sigma, top-k,
+// typical-p, top-p, min-p, then temperature: the cuts see the untempered
+// distribution), turns a row of logits into a sparse distribution; the
+// target's p and the drafter's q go through the same transform, which keeps
+// speculative rejection sampling exact.
 #pragma once
 
 #include <cstdint>
@@ -21,9 +22,11 @@ const char* verify_name(VerifyMode mode);
 
 struct SamplingParams {
     float temperature = 0.0f;
-    int32_t top_k = 0;   // 0 = whole vocabulary
-    float top_p = 1.0f;  // 1 = no nucleus cut
-    float min_p = 0.0f;  // drop tokens below min_p * p(best)
+    int32_t top_k = 0;          // 0 = whole vocabulary
+    float top_p = 1.0f;         // 1 = no nucleus cut
+    float min_p = 0.0f;         // drop tokens below min_p * p(best)
+    float typical_p = 1.0f;     // locally typical sampling; 1 = off
+    float top_n_sigma = -1.0f;  // keep logits within n standard deviations of the best; <= 0 = off
     float repeat_penalty = 1.0f;
     float frequency_penalty = 0.0f;
     float presence_penalty = 0.0f;
@@ -88,8 +91,13 @@ private:
     int32_t n_vocab_;
     std::mt19937_64 rng_;
     std::vector<float> work_;
-    std::vector<std::pair<float, llama_token>> cand_;
+    std::vector<std::pair<float, llama_token>> cand_;  // (logit, id), the chain's survivors
     std::vector<float> dense_;
+    const float* adjusted(const float* logits, const std::vector<llama_token>& recent);  // bias, penalties
+    void cut_top_n_sigma();
+    void cut_typical();
+    void cut_top_p();
+    void cut_min_p();
 };
 
 // Index of the largest logit; ties go to the lowest id.

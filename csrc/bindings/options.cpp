@@ -78,6 +78,8 @@ void register_options(py::module_& m) {
         .def_readwrite("top_k", &SamplingParams::top_k)
         .def_readwrite("top_p", &SamplingParams::top_p)
         .def_readwrite("min_p", &SamplingParams::min_p)
+        .def_readwrite("typical_p", &SamplingParams::typical_p)
+        .def_readwrite("top_n_sigma", &SamplingParams::top_n_sigma)
         .def_readwrite("repeat_penalty", &SamplingParams::repeat_penalty)
         .def_readwrite("frequency_penalty", &SamplingParams::frequency_penalty)
         .def_readwrite("presence_penalty", &SamplingParams::presence_penalty)

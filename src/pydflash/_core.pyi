@@ -58,6 +58,8 @@ class SamplingParams:
     top_k: int
     top_p: float
     min_p: float
+    typical_p: float
+    top_n_sigma: float
     repeat_penalty: float
     frequency_penalty: float
     presence_penalty: float

@@ -177,8 +177,9 @@ class Grammar:
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
     """Per-call sampling, verification, draft-length and stopping options of
-    generate()/stream(). The same transform (penalties, bias, temperature,
-    top-k, top-p, min-p) applies to the target's p and the drafter's q.
+    generate()/stream(). The same transform (llama.cpp's chain: bias, penalties,
+    top-n-sigma, top-k, typical-p, top-p, min-p, temperature) applies to the
+    target's p and the drafter's q.
     Sampling defaults and rules are the core's (SamplingParams, DraftControl)."""
 
     max_tokens: int = 256
@@ -186,6 +187,8 @@ class SamplingConfig:
     top_k: int = _SAMPLING.top_k
     top_p: float = _SAMPLING.top_p
     min_p: float = _SAMPLING.min_p
+    typical_p: float = _SAMPLING.typical_p
+    top_n_sigma: float = _SAMPLING.top_n_sigma
     repeat_penalty: float = _SAMPLING.repeat_penalty
     frequency_penalty: float = _SAMPLING.frequency_penalty
     presence_penalty: float = _SAMPLING.presence_penalty
@@ -217,6 +220,8 @@ class SamplingConfig:
             "temperature",
             "top_p",
             "min_p",
+            "typical_p",
+            "top_n_sigma",
             "repeat_penalty",
             "frequency_penalty",
             "presence_penalty",
@@ -267,6 +272,8 @@ class SamplingConfig:
             top_k=self.top_k,
             top_p=self.top_p,
             min_p=self.min_p,
+            typical_p=self.typical_p,
+            top_n_sigma=self.top_n_sigma,
             repeat_penalty=self.repeat_penalty,
             frequency_penalty=self.frequency_penalty,
             presence_penalty=self.presence_penalty,
@@ -314,6 +321,8 @@ class GenerateOptions(TypedDict, total=False):
     fields beyond the positional ones; its defaults apply to what is left out)."""
 
     min_p: float
+    typical_p: float
+    top_n_sigma: float
     repeat_penalty: float
     frequency_penalty: float
     presence_penalty: float

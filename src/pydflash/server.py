@@ -58,10 +58,30 @@ def _opt(body: Mapping[str, Any], name: str, kind: type, default: Any = None) ->
     return v
 
 
+# llama-server samplers that do not give one distribution per position, which exact
+# speculative sampling needs (mirostat's and adaptive-p's state follow each sample, XTC
+# draws at random what to remove, DRY is not implemented): refused by name when on
+# (field, the value from which it is on): llama-server's "off" values are 0 (-1 for adaptive-p)
+_REFUSED_SAMPLERS: tuple[tuple[str, float], ...] = (
+    ("mirostat", 1),
+    ("xtc_probability", 1e-30),
+    ("dry_multiplier", 1e-30),
+    ("dynatemp_range", 1e-30),
+    ("adaptive_target", 0),
+)
+
+
 def _sampling_args(body: Mapping[str, Any]) -> dict[str, Any]:
     """The OpenAI request fields pydflash understands (others are ignored)."""
     if _opt(body, "n", int, 1) != 1:
         raise BadRequest("only n=1 is supported")
+    for name, on in _REFUSED_SAMPLERS:
+        v = body.get(name)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= on:
+            raise BadRequest(
+                f"the '{name}' sampler is not supported (pydflash samples exactly under speculation; "
+                "its samplers: top_k, typical_p, top_p, min_p, top_n_sigma, temperature, penalties)"
+            )
     kw: dict[str, Any] = {}
     # structured output: OpenAI's response_format, llama-server's json_schema and grammar
     structured: tuple[tuple[str, type], ...] = (("response_format", dict), ("json_schema", dict), ("grammar", str))
@@ -72,6 +92,8 @@ def _sampling_args(body: Mapping[str, Any]) -> dict[str, Any]:
         ("temperature", float),
         ("top_p", float),
         ("min_p", float),
+        ("typical_p", float),
+        ("top_n_sigma", float),
         ("top_k", int),
         ("frequency_penalty", float),
         ("presence_penalty", float),

@@ -137,7 +137,10 @@ private:
     // Appends the logprob of `t` taken from the row `raw` (SamplingParams.logprobs).
     void note_logprob(const float* raw, llama_token t, bool have_dist, std::vector<TokenLogprob>& out) const;
     // The row with what the grammar disallows at -inf (a copy); null if it allows nothing.
-    const float* constrain(const float* raw, Grammar& grammar);
+    // `plain`: no penalties or bias (the chain sees the row in logit order).
+    const float* constrain(const float* raw, Grammar& grammar, bool plain);
+    // The greedy choice of a plain chain under the grammar (-1: it allows nothing).
+    llama_token grammar_argmax(const float* raw, Grammar& grammar);
     [[noreturn]] void fail_decode(const std::string& what, int32_t rc);
     [[noreturn]] void fail_rollback(const std::string& what);
     static bool abort_callback(void* self);
@@ -157,9 +160,10 @@ private:
     std::vector<float> features_;
     Distribution dist_;
     std::unique_ptr<Sampler> sampler_;
-    std::unique_ptr<Grammar> grammar_;  // null: unconstrained
-    std::vector<float> masked_;         // a grammar-masked logits row
-    std::vector<llama_token> history_;  // tokens in the target cache
+    std::unique_ptr<Grammar> grammar_;                  // null: unconstrained
+    std::vector<float> masked_;                         // a grammar-masked logits row
+    std::vector<std::pair<float, llama_token>> order_;  // a row's tokens by logit (grammar scans)
+    std::vector<llama_token> history_;                  // tokens in the target cache
     std::optional<llama_token> pending_;
     int32_t n_past_ = 0;
     int32_t n_cached_ = 0;

@@ -1,8 +1,13 @@
 #include "grammar.h"
 
+#include <algorithm>
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <exception>
 #include <limits>
+#include <unordered_map>
+#include <utility>
 
 #include "common/json-schema-to-grammar.h"
 #include "common/json.h"
@@ -70,40 +75,127 @@ std::string json_schema_to_gbnf(const std::string& schema_json) {
     }
 }
 
-Grammar::Grammar(const llama_vocab* vocab, const GrammarSpec& spec) : vocab_(vocab) {
+void GrammarDeleter::operator()(llama_grammar* g) const noexcept { llama_grammar_free_impl(g); }
+
+namespace {
+
+// -inf for every entry not in `allowed` (sorted ids)
+void apply_allowed(const std::vector<llama_token>& allowed, float* logits, int32_t n_vocab) {
+    size_t j = 0;
+    for (int32_t i = 0; i < n_vocab; ++i) {
+        if (j < allowed.size() && allowed[j] == i) {
+            ++j;
+        } else {
+            logits[i] = -std::numeric_limits<float>::infinity();
+        }
+    }
+}
+
+}  // namespace
+
+struct MaskCache {
+    static constexpr size_t kMaxStates = 4096;
+    std::unordered_map<std::string, std::vector<llama_token>> allowed;  // sorted ids
+};
+
+Grammar::Grammar(const llama_vocab* vocab, const GrammarSpec& spec)
+    : vocab_(vocab), cache_(std::make_shared<MaskCache>()) {
     const std::string err = grammar_error(spec.gbnf);
     if (!err.empty()) throw InvalidArgument("the grammar does not parse: " + err);
-    if (spec.lazy) {
-        std::vector<const char*> patterns;
-        for (const auto& p : spec.trigger_patterns) patterns.push_back(p.c_str());
-        smpl_.reset(llama_sampler_init_grammar_lazy_patterns(vocab, spec.gbnf.c_str(), "root", patterns.data(),
-                                                             patterns.size(), spec.trigger_tokens.data(),
-                                                             spec.trigger_tokens.size()));
-    } else {
-        smpl_.reset(llama_sampler_init_grammar(vocab, spec.gbnf.c_str(), "root"));
+    std::vector<const char*> patterns;
+    for (const auto& p : spec.trigger_patterns) patterns.push_back(p.c_str());
+    try {
+        g_.reset(llama_grammar_init_impl(vocab, spec.gbnf.c_str(), "root", spec.lazy, patterns.data(), patterns.size(),
+                                         spec.trigger_tokens.data(), spec.trigger_tokens.size()));
+    } catch (const std::exception& e) {  // a trigger pattern that is not a regex
+        throw InvalidArgument(std::string("the grammar could not be built: ") + e.what());
     }
-    if (!smpl_) throw InvalidArgument("the grammar could not be built (see the log)");
+    if (!g_) throw InvalidArgument("the grammar could not be built (see the log)");
+    index_rules();
     for (llama_token t : spec.prefill) accept(t);
 }
 
+Grammar::Grammar(const llama_vocab* vocab, llama_grammar* g, std::shared_ptr<MaskCache> cache)
+    : vocab_(vocab), g_(g), cache_(std::move(cache)) {
+    index_rules();
+}
+
+Grammar::~Grammar() = default;
+
+void Grammar::index_rules() {
+    rule_at_.clear();
+    for (size_t r = 0; r < g_->rules.size(); ++r) {
+        if (!g_->rules[r].empty()) rule_at_.emplace_back(g_->rules[r].data(), static_cast<uint32_t>(r));
+    }
+    std::sort(rule_at_.begin(), rule_at_.end());
+}
+
+bool Grammar::state_key(std::string& key) const {
+    if (g_->awaiting_trigger) return false;
+    key.clear();
+    auto put = [&key](uint32_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); };
+    put(g_->partial_utf8.value);
+    put(static_cast<uint32_t>(g_->partial_utf8.n_remain));
+    for (const auto& stack : g_->stacks) {
+        put(static_cast<uint32_t>(stack.size()));
+        for (const llama_grammar_element* e : stack) {
+            // the rule holding e: the last one starting at or before it
+            auto it = std::upper_bound(rule_at_.begin(), rule_at_.end(),
+                                       std::make_pair(static_cast<const void*>(e), UINT32_MAX));
+            if (it == rule_at_.begin()) return false;
+            --it;
+            put(it->second);
+            put(static_cast<uint32_t>(e - static_cast<const llama_grammar_element*>(it->first)));
+        }
+    }
+    return true;
+}
+
 std::unique_ptr<Grammar> Grammar::clone() const {
-    return std::unique_ptr<Grammar>(new Grammar(vocab_, llama_sampler_clone(smpl_.get())));
+    return std::unique_ptr<Grammar>(new Grammar(vocab_, llama_grammar_clone_impl(*g_), cache_));
+}
+
+const std::vector<llama_token>* Grammar::known_allowed() {
+    if (!state_key(key_)) return nullptr;
+    auto it = cache_->allowed.find(key_);
+    return it == cache_->allowed.end() ? nullptr : &it->second;
 }
 
 bool Grammar::allows(llama_token t) {
+    if (const auto* known = known_allowed()) return std::binary_search(known->begin(), known->end(), t);
+    return allows_one(t);
+}
+
+bool Grammar::allows_one(llama_token t) {
     llama_token_data one{t, 0.0f, 0.0f};
     llama_token_data_array arr{&one, 1, -1, false};
-    llama_sampler_apply(smpl_.get(), &arr);
+    llama_grammar_apply_impl(*g_, &arr);
     return std::isfinite(one.logit);
 }
 
 void Grammar::mask(float* logits, int32_t n_vocab) {
-    cur_.resize(static_cast<size_t>(n_vocab));
-    for (int32_t i = 0; i < n_vocab; ++i) cur_[static_cast<size_t>(i)] = {i, logits[i], 0.0f};
-    llama_token_data_array arr{cur_.data(), cur_.size(), -1, false};
-    llama_sampler_apply(smpl_.get(), &arr);
-    // the grammar sampler edits logits in place and keeps the order
-    for (size_t i = 0; i < arr.size; ++i) logits[arr.data[i].id] = arr.data[i].logit;
+    if (g_->awaiting_trigger) return;  // a lazy grammar before its trigger allows everything
+    const bool cacheable = state_key(key_);
+    auto it = cacheable ? cache_->allowed.find(key_) : cache_->allowed.end();
+    if (it == cache_->allowed.end()) {
+        // the grammar's verdict on every token (of the state, not of these logits)
+        cur_.resize(static_cast<size_t>(n_vocab));
+        for (int32_t i = 0; i < n_vocab; ++i) cur_[static_cast<size_t>(i)] = {i, 0.0f, 0.0f};
+        llama_token_data_array arr{cur_.data(), cur_.size(), -1, false};
+        llama_grammar_apply_impl(*g_, &arr);
+        std::vector<llama_token> allowed;
+        for (size_t i = 0; i < arr.size; ++i) {
+            if (std::isfinite(arr.data[i].logit)) allowed.push_back(arr.data[i].id);
+        }
+        std::sort(allowed.begin(), allowed.end());
+        if (!cacheable) {
+            apply_allowed(allowed, logits, n_vocab);
+            return;
+        }
+        if (cache_->allowed.size() >= MaskCache::kMaxStates) cache_->allowed.clear();
+        it = cache_->allowed.emplace(key_, std::move(allowed)).first;
+    }
+    apply_allowed(it->second, logits, n_vocab);
 }
 
 void Grammar::accept(llama_token t) {
@@ -113,7 +205,7 @@ void Grammar::accept(llama_token t) {
         throw GrammarError("the grammar does not allow the end of generation here");
     }
     try {
-        llama_sampler_accept(smpl_.get(), t);
+        llama_grammar_accept_impl(*g_, t);
     } catch (const std::exception& e) {
         throw GrammarError(std::string("the output does not fit the grammar: ") + e.what());
     }

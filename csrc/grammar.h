@@ -5,11 +5,14 @@
 // emitted tokens advance the grammar, so a rejected draft never touches it.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "llama.h"
+
+struct llama_grammar;
 
 namespace pydflash {
 
@@ -32,29 +35,47 @@ std::string grammar_error(const std::string& gbnf);
 // schema it cannot convert.
 std::string json_schema_to_gbnf(const std::string& schema_json);
 
-struct SamplerDeleter {
-    void operator()(llama_sampler* s) const noexcept { llama_sampler_free(s); }
+struct GrammarDeleter {
+    void operator()(llama_grammar* g) const noexcept;
 };
+
+// The tokens a grammar state allows, by state: structural positions (after a key, at
+// the end) recur, and masking the whole vocabulary is the grammar's main cost. Shared
+// by a grammar and its copies (a state is named by rule and element indices, which
+// copies share; the element addresses they do not).
+struct MaskCache;
 
 class Grammar {
 public:
     // InvalidArgument when the grammar does not parse (nothing is printed).
     Grammar(const llama_vocab* vocab, const GrammarSpec& spec);
+    ~Grammar();
 
     // An independent copy of the current state (the drafter walks one along its block).
     std::unique_ptr<Grammar> clone() const;
 
     bool allows(llama_token t);  // t is allowed next
+    // The allowed tokens of the current state (sorted) when they are known already,
+    // else null; then `allows_one` checks one token without computing the state's key.
+    const std::vector<llama_token>* known_allowed();
+    bool allows_one(llama_token t);
     // Sets the disallowed entries of a logits row to -inf (the whole vocabulary).
     void mask(float* logits, int32_t n_vocab);
     // Advances past an emitted token; GrammarError when the grammar cannot take it.
     void accept(llama_token t);
 
 private:
-    Grammar(const llama_vocab* vocab, llama_sampler* smpl) : vocab_(vocab), smpl_(smpl) {}
+    Grammar(const llama_vocab* vocab, llama_grammar* g, std::shared_ptr<MaskCache> cache);
+    bool state_key(std::string& key) const;  // false: not cacheable (a lazy grammar waiting)
+    void index_rules();
+
     const llama_vocab* vocab_;
-    std::unique_ptr<llama_sampler, SamplerDeleter> smpl_;
+    std::unique_ptr<llama_grammar, GrammarDeleter> g_;
+    std::shared_ptr<MaskCache> cache_;
+    // each rule's element range in this copy, by address: (begin, rule index)
+    std::vector<std::pair<const void*, uint32_t>> rule_at_;
     std::vector<llama_token_data> cur_;
+    std::string key_;
 };
 
 }  // namespace pydflash

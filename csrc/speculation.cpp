@@ -4,6 +4,7 @@
 // speculative sampling with residual resampling).
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "batch.h"
 #include "context_pair.h"
@@ -58,12 +59,13 @@ std::vector<llama_token> ContextPair::draft_block(int32_t n, const DraftControl&
         llama_token t;
         float conf;
         const float* row = logits;
-        if (g && !(plain && sp.greedy() && g->allows(argmax(logits, n_vocab)))) {
-            row = constrain(logits, *g);
+        if (g && !(plain && sp.greedy())) {
+            row = constrain(logits, *g, plain);
             if (row == nullptr) break;  // the grammar allows nothing more: the block ends
         }
         if (plain && sp.greedy()) {
-            t = argmax(row, n_vocab);
+            t = g ? grammar_argmax(logits, *g) : argmax(logits, n_vocab);
+            if (t < 0) break;  // the grammar allows nothing more: the block ends
             conf = control.draft_p_min > 0.0f ? softmax_prob(logits, n_vocab, t) : 1.0f;
         } else {
             // q: the drafter's row under the target's transform (and the grammar)
@@ -113,8 +115,55 @@ void ContextPair::note_logprob(const float* raw, llama_token t, bool have_dist, 
     }
 }
 
-const float* ContextPair::constrain(const float* raw, Grammar& grammar) {
+llama_token ContextPair::grammar_argmax(const float* raw, Grammar& grammar) {
     const int32_t n_vocab = target_->n_vocab();
+    // a state seen before: the best of its allowed tokens (structural positions of a
+    // JSON grammar allow a handful)
+    if (const std::vector<llama_token>* known = grammar.known_allowed()) {
+        llama_token best = -1;
+        for (llama_token t : *known) {
+            if (best < 0 || raw[t] > raw[best]) best = t;  // ascending ids: ties keep the lower
+        }
+        return best;
+    }
+    // the model's own choice, when the grammar allows it (free text, strings)
+    const llama_token top = argmax(raw, n_vocab);
+    if (grammar.allows_one(top)) return top;
+    const float* row = constrain(raw, grammar, true);
+    return row == nullptr ? -1 : argmax(row, n_vocab);
+}
+
+const float* ContextPair::constrain(const float* raw, Grammar& grammar, bool plain) {
+    const int32_t n_vocab = target_->n_vocab();
+    const SamplingParams& sp = sampler_->params();
+    // How many of the best allowed tokens the chain can use: greedy takes one, top-k
+    // k, unless the chain reorders the row first (penalties, bias) or looks at all of
+    // it (top-n-sigma, no top-k). Those are found by trying tokens in logit order one
+    // at a time, far cheaper than the whole vocabulary when the grammar allows what
+    // the model prefers; the row keeps only them, which is what the chain would keep.
+    const int32_t need = !plain || sp.top_n_sigma > 0.0f ? 0 : sp.greedy() ? 1 : sp.top_k;
+    if (need > 0 && need <= n_vocab) {
+        const auto n_scan = static_cast<size_t>(std::min(n_vocab, std::max(64, 4 * need)));
+        order_.resize(static_cast<size_t>(n_vocab));
+        for (int32_t i = 0; i < n_vocab; ++i) order_[static_cast<size_t>(i)] = {raw[i], i};
+        std::partial_sort(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(n_scan), order_.end(),
+                          [](const auto& a, const auto& b) {
+                              return a.first > b.first || (a.first == b.first && a.second < b.second);
+                          });
+        const std::vector<llama_token>* known = grammar.known_allowed();
+        auto allowed = [&](llama_token t) {
+            return known ? std::binary_search(known->begin(), known->end(), t) : grammar.allows_one(t);
+        };
+        std::vector<llama_token> found;
+        for (size_t i = 0; i < n_scan && found.size() < static_cast<size_t>(need); ++i) {
+            if (std::isfinite(order_[i].first) && allowed(order_[i].second)) found.push_back(order_[i].second);
+        }
+        if (found.size() == static_cast<size_t>(need)) {
+            masked_.assign(static_cast<size_t>(n_vocab), -std::numeric_limits<float>::infinity());
+            for (llama_token t : found) masked_[static_cast<size_t>(t)] = raw[t];
+            return masked_.data();
+        }
+    }
     masked_.assign(raw, raw + n_vocab);
     grammar.mask(masked_.data(), n_vocab);
     if (!std::isfinite(masked_[static_cast<size_t>(argmax(masked_.data(), n_vocab))])) return nullptr;
@@ -142,15 +191,15 @@ std::vector<llama_token> ContextPair::accept(const std::vector<llama_token>& dra
     for (int32_t i = 0; i <= k; ++i) {
         const float* raw = llama_get_logits_ith(ctx_tgt_.get(), i);
         if (raw == nullptr) fail_decode("reading target logits", -1);
-        // under a grammar: the chain on the masked row (llama.cpp's grammar-first order);
-        // greedy needs no mask when the grammar allows the raw argmax (it is the masked one)
+        // under a grammar: the chain on the masked row (llama.cpp's grammar-first order)
         const float* row = raw;
-        if (grammar_ && !(plain && sp.greedy() && grammar_->allows(argmax(raw, n_vocab)))) {
-            row = constrain(raw, *grammar_);
+        if (grammar_ && !(plain && sp.greedy())) {
+            row = constrain(raw, *grammar_, plain);
             if (row == nullptr) throw GrammarError("the grammar allows no token here");
         }
         if (plain && sp.greedy()) {
-            const llama_token t = argmax(row, n_vocab);
+            const llama_token t = grammar_ ? grammar_argmax(raw, *grammar_) : argmax(raw, n_vocab);
+            if (t < 0) throw GrammarError("the grammar allows no token here");
             emit(t, raw, false);
             if (i == k || t != draft[static_cast<size_t>(i)]) break;
             ++n_acc;

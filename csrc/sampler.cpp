@@ -141,6 +141,17 @@ TokenLogprob distribution_logprob(const Distribution& d, llama_token token, int3
 Sampler::Sampler(const SamplingParams& params, int32_t n_vocab)
     : params_(params), n_vocab_(n_vocab), rng_(params.seed) {
     params_.validate(n_vocab);
+    if (params_.greedy()) return;
+    // llama.cpp's default chain after the bias and penalties, with llama-server's
+    // default min_keep (0)
+    if (params_.top_n_sigma > 0.0f) top_n_sigma_.reset(llama_sampler_init_top_n_sigma(params_.top_n_sigma));
+    cuts_.reset(llama_sampler_chain_init(llama_sampler_chain_default_params()));
+    llama_sampler* chain = cuts_.get();
+    if (params_.top_k > 0) llama_sampler_chain_add(chain, llama_sampler_init_top_k(params_.top_k));
+    if (params_.typical_p < 1.0f) llama_sampler_chain_add(chain, llama_sampler_init_typical(params_.typical_p, 0));
+    if (params_.top_p < 1.0f) llama_sampler_chain_add(chain, llama_sampler_init_top_p(params_.top_p, 0));
+    if (params_.min_p > 0.0f) llama_sampler_chain_add(chain, llama_sampler_init_min_p(params_.min_p, 0));
+    llama_sampler_chain_add(chain, llama_sampler_init_temp(params_.temperature));
 }
 
 double Sampler::uniform() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }
@@ -163,90 +174,6 @@ const float* Sampler::adjusted(const float* logits, const std::vector<llama_toke
     return work_.data();
 }
 
-namespace {
-
-bool by_logit(const std::pair<float, llama_token>& a, const std::pair<float, llama_token>& b) {
-    return a.first > b.first || (a.first == b.first && a.second < b.second);
-}
-
-// softmax over candidates sorted by logit (best first)
-std::vector<double> softmax(const std::vector<std::pair<float, llama_token>>& cand) {
-    std::vector<double> p(cand.size());
-    double sum = 0.0;
-    for (size_t i = 0; i < cand.size(); ++i)
-        sum += (p[i] = std::exp(static_cast<double>(cand[i].first - cand[0].first)));
-    for (double& x : p) x /= sum;
-    return p;
-}
-
-}  // namespace
-
-// llama.cpp's top-n-sigma: drop logits below max - n * std (population std of the
-// finite logits)
-void Sampler::cut_top_n_sigma() {
-    if (params_.top_n_sigma <= 0.0f || cand_.size() <= 1) return;
-    double mx = cand_[0].first, sum = 0.0;
-    for (const auto& c : cand_) {
-        mx = std::max(mx, static_cast<double>(c.first));
-        sum += c.first;
-    }
-    const double mean = sum / static_cast<double>(cand_.size());
-    double acc = 0.0;
-    for (const auto& c : cand_) acc += (c.first - mean) * (c.first - mean);
-    const double floor = mx - params_.top_n_sigma * std::sqrt(acc / static_cast<double>(cand_.size()));
-    cand_.erase(std::remove_if(cand_.begin(), cand_.end(), [floor](const auto& c) { return c.first < floor; }),
-                cand_.end());
-}
-
-// llama.cpp's typical-p: the tokens whose surprise is closest to the entropy, until
-// their mass exceeds typical_p; the survivors go back to logit order
-void Sampler::cut_typical() {
-    if (params_.typical_p >= 1.0f) return;
-    const std::vector<double> p = softmax(cand_);
-    double entropy = 0.0;
-    for (double x : p) entropy -= x > 0.0 ? x * std::log(x) : 0.0;
-    std::vector<size_t> idx(cand_.size());
-    for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
-    auto shifted = [&](size_t i) { return std::fabs(-std::log(p[i]) - entropy); };
-    std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return shifted(a) < shifted(b); });
-    size_t keep = idx.size();
-    double cum = 0.0;
-    for (size_t i = 0; i < idx.size(); ++i) {
-        cum += p[idx[i]];
-        if (cum > params_.typical_p) {
-            keep = i + 1;
-            break;
-        }
-    }
-    std::vector<std::pair<float, llama_token>> kept;
-    kept.reserve(keep);
-    for (size_t i = 0; i < keep; ++i) kept.push_back(cand_[idx[i]]);
-    std::sort(kept.begin(), kept.end(), by_logit);
-    cand_.swap(kept);
-}
-
-void Sampler::cut_top_p() {
-    if (params_.top_p >= 1.0f) return;
-    const std::vector<double> p = softmax(cand_);
-    double acc = 0.0;
-    for (size_t i = 0; i < p.size(); ++i) {
-        acc += p[i];
-        if (acc >= params_.top_p) {
-            cand_.resize(i + 1);
-            return;
-        }
-    }
-}
-
-void Sampler::cut_min_p() {
-    if (params_.min_p <= 0.0f) return;
-    // p_i >= min_p * p_max, as llama.cpp compares it: on logits
-    const float floor = cand_[0].first + std::log(params_.min_p);
-    size_t m = 1;
-    while (m < cand_.size() && cand_[m].first >= floor) ++m;
-    cand_.resize(m);
-}
-
 void Sampler::distribution(const float* logits, const std::vector<llama_token>& recent, Distribution& out) {
     out.ids.clear();
     out.probs.clear();
@@ -259,31 +186,32 @@ void Sampler::distribution(const float* logits, const std::vector<llama_token>& 
     // candidates: the finite logits (a -inf bias or a grammar removes a token)
     cand_.clear();
     for (int32_t i = 0; i < n_vocab_; ++i) {
-        if (std::isfinite(row[i])) cand_.emplace_back(row[i], i);
+        if (std::isfinite(row[i])) cand_.push_back({i, row[i], 0.0f});
     }
-    if (cand_.empty()) cand_.emplace_back(row[0], 0);  // nothing finite: llama.cpp keeps the first
-    cut_top_n_sigma();
-    if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < cand_.size()) {
-        const auto k = static_cast<std::ptrdiff_t>(params_.top_k);
-        std::partial_sort(cand_.begin(), cand_.begin() + k, cand_.end(), by_logit);
-        cand_.resize(static_cast<size_t>(k));
-    } else {
-        std::sort(cand_.begin(), cand_.end(), by_logit);
+    if (cand_.empty()) cand_.push_back({0, row[0], 0.0f});  // nothing finite: keep the first, as llama.cpp does
+    llama_token_data_array arr{cand_.data(), cand_.size(), -1, false};
+    if (top_n_sigma_) {
+        // it marks what it drops with -inf; they leave here, so that typical-p's
+        // entropy never sees p = 0 (0 * log 0 is NaN in llama.cpp's arithmetic)
+        llama_sampler_apply(top_n_sigma_.get(), &arr);
+        arr.size =
+            static_cast<size_t>(std::remove_if(arr.data, arr.data + arr.size,
+                                               [](const llama_token_data& d) { return !std::isfinite(d.logit); }) -
+                                arr.data);
     }
-    cut_typical();
-    cut_top_p();
-    cut_min_p();
-    // the temperature applies last, to the tokens the cuts kept
-    double kept = 0.0;
-    std::vector<double> q(cand_.size());
-    for (size_t i = 0; i < cand_.size(); ++i) {
-        kept += (q[i] = std::exp((static_cast<double>(cand_[i].first) - cand_[0].first) / params_.temperature));
-    }
-    out.ids.reserve(cand_.size());
-    out.probs.reserve(cand_.size());
-    for (size_t i = 0; i < cand_.size(); ++i) {
-        out.ids.push_back(cand_[i].second);
-        out.probs.push_back(static_cast<float>(q[i] / kept));
+    llama_sampler_apply(cuts_.get(), &arr);  // top-k, typical-p, top-p, min-p, temperature
+    // the survivors, most likely first (ties: lower id), with their softmax
+    std::sort(arr.data, arr.data + arr.size, [](const llama_token_data& a, const llama_token_data& b) {
+        return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+    });
+    double sum = 0.0;
+    for (size_t i = 0; i < arr.size; ++i) sum += std::exp(static_cast<double>(arr.data[i].logit - arr.data[0].logit));
+    out.ids.reserve(arr.size);
+    out.probs.reserve(arr.size);
+    for (size_t i = 0; i < arr.size; ++i) {
+        out.ids.push_back(arr.data[i].id);
+        out.probs.push_back(
+            static_cast<float>(std::exp(static_cast<double>(arr.data[i].logit - arr.data[0].logit)) / sum));
     }
 }
 

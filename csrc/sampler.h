@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <string>
 #include <utility>
@@ -87,17 +88,22 @@ public:
     llama_token sample_residual(const Distribution& p, const Distribution& q);
 
 private:
+    struct ChainDeleter {
+        void operator()(llama_sampler* s) const noexcept { llama_sampler_free(s); }
+    };
+    using ChainPtr = std::unique_ptr<llama_sampler, ChainDeleter>;
+
     SamplingParams params_;
     int32_t n_vocab_;
     std::mt19937_64 rng_;
     std::vector<float> work_;
-    std::vector<std::pair<float, llama_token>> cand_;  // (logit, id), the chain's survivors
+    std::vector<llama_token_data> cand_;  // the chain's candidates
     std::vector<float> dense_;
+    // llama.cpp's own samplers for the cuts and the temperature (no "dist": the
+    // distribution they leave is what p and q are)
+    ChainPtr top_n_sigma_;
+    ChainPtr cuts_;
     const float* adjusted(const float* logits, const std::vector<llama_token>& recent);  // bias, penalties
-    void cut_top_n_sigma();
-    void cut_typical();
-    void cut_top_p();
-    void cut_min_p();
 };
 
 // Index of the largest logit; ties go to the lowest id.

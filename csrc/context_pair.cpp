@@ -181,6 +181,7 @@ void ContextPair::set_grammar(const GrammarSpec& spec) {
     std::lock_guard<std::mutex> lock(mu_);
     require_open();
     grammar_.reset();
+    draft_grammar_.reset();
     if (!spec.gbnf.empty()) grammar_ = std::make_unique<Grammar>(llama_model_get_vocab(target_->get()), spec);
 }
 

@@ -161,6 +161,7 @@ private:
     Distribution dist_;
     std::unique_ptr<Sampler> sampler_;
     std::unique_ptr<Grammar> grammar_;                  // null: unconstrained
+    std::unique_ptr<Grammar> draft_grammar_;            // the copy the drafter walks (its state reset each step)
     std::vector<float> masked_;                         // a grammar-masked logits row
     std::vector<std::pair<float, llama_token>> order_;  // a row's tokens by logit (grammar scans)
     std::vector<llama_token> history_;                  // tokens in the target cache

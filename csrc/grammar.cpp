@@ -161,9 +161,39 @@ const std::vector<llama_token>* Grammar::known_allowed() {
     return it == cache_->allowed.end() ? nullptr : &it->second;
 }
 
+void Grammar::assign_state(const Grammar& other) {
+    // the same rules at other addresses: each stack element moves by its rule's offset
+    std::vector<const llama_grammar_element*> base(g_->rules.size(), nullptr);
+    for (const auto& [ptr, r] : other.rule_at_) base[r] = static_cast<const llama_grammar_element*>(ptr);
+    auto moved = [&](const llama_grammar_element* e) {
+        auto it = std::upper_bound(other.rule_at_.begin(), other.rule_at_.end(),
+                                   std::make_pair(static_cast<const void*>(e), UINT32_MAX));
+        --it;  // e lies in a rule of `other`: there is one at or before it
+        return g_->rules[it->second].data() + (e - base[it->second]);
+    };
+    g_->stacks = other.g_->stacks;
+    for (auto& stack : g_->stacks) {
+        for (auto& e : stack) e = moved(e);
+    }
+    g_->partial_utf8 = other.g_->partial_utf8;
+    g_->awaiting_trigger = other.g_->awaiting_trigger;
+    g_->trigger_buffer = other.g_->trigger_buffer;
+    g_->trigger_buffer_positions = other.g_->trigger_buffer_positions;
+}
+
 bool Grammar::allows(llama_token t) {
     if (const auto* known = known_allowed()) return std::binary_search(known->begin(), known->end(), t);
     return allows_one(t);
+}
+
+std::vector<bool> Grammar::allows_each(const std::vector<llama_token>& tokens) {
+    cur_.resize(tokens.size());
+    for (size_t i = 0; i < tokens.size(); ++i) cur_[i] = {tokens[i], 0.0f, 0.0f};
+    llama_token_data_array arr{cur_.data(), cur_.size(), -1, false};
+    llama_grammar_apply_impl(*g_, &arr);
+    std::vector<bool> out(tokens.size());
+    for (size_t i = 0; i < tokens.size(); ++i) out[i] = std::isfinite(cur_[i].logit);
+    return out;
 }
 
 bool Grammar::allows_one(llama_token t) {

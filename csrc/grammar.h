@@ -53,12 +53,18 @@ public:
 
     // An independent copy of the current state (the drafter walks one along its block).
     std::unique_ptr<Grammar> clone() const;
+    // Takes `other`'s state (a copy of the same grammar): cheaper than a new clone,
+    // which copies every rule.
+    void assign_state(const Grammar& other);
 
     bool allows(llama_token t);  // t is allowed next
     // The allowed tokens of the current state (sorted) when they are known already,
     // else null; then `allows_one` checks one token without computing the state's key.
     const std::vector<llama_token>* known_allowed();
     bool allows_one(llama_token t);
+    // Which of `tokens` the grammar allows next, in one pass over its stacks (far
+    // cheaper than one check per token).
+    std::vector<bool> allows_each(const std::vector<llama_token>& tokens);
     // Sets the disallowed entries of a logits row to -inf (the whole vocabulary).
     void mask(float* logits, int32_t n_vocab);
     // Advances past an emitted token; GrammarError when the grammar cannot take it.

@@ -52,7 +52,12 @@ std::vector<llama_token> ContextPair::draft_block(int32_t n, const DraftControl&
     std::vector<llama_token> win = plain ? std::vector<llama_token>() : recent_tokens();
     // under a grammar the block follows it too (a copy of its state walks the
     // block), so drafts are not wasted on tokens the target cannot emit
-    std::unique_ptr<Grammar> g = grammar_ ? grammar_->clone() : nullptr;
+    Grammar* g = nullptr;
+    if (grammar_) {
+        if (!draft_grammar_) draft_grammar_ = grammar_->clone();
+        draft_grammar_->assign_state(*grammar_);
+        g = draft_grammar_.get();
+    }
     for (int32_t i = 1; i <= n; ++i) {
         const float* logits = llama_get_logits_ith(ctx_dft_.get(), i);
         if (logits == nullptr) fail_decode("reading drafter logits", -1);
@@ -150,13 +155,17 @@ const float* ContextPair::constrain(const float* raw, Grammar& grammar, bool pla
                           [](const auto& a, const auto& b) {
                               return a.first > b.first || (a.first == b.first && a.second < b.second);
                           });
-        const std::vector<llama_token>* known = grammar.known_allowed();
-        auto allowed = [&](llama_token t) {
-            return known ? std::binary_search(known->begin(), known->end(), t) : grammar.allows_one(t);
-        };
+        std::vector<llama_token> best;
+        for (size_t i = 0; i < n_scan && std::isfinite(order_[i].first); ++i) best.push_back(order_[i].second);
+        std::vector<bool> ok;
+        if (const std::vector<llama_token>* known = grammar.known_allowed()) {
+            for (llama_token t : best) ok.push_back(std::binary_search(known->begin(), known->end(), t));
+        } else {
+            ok = grammar.allows_each(best);
+        }
         std::vector<llama_token> found;
-        for (size_t i = 0; i < n_scan && found.size() < static_cast<size_t>(need); ++i) {
-            if (std::isfinite(order_[i].first) && allowed(order_[i].second)) found.push_back(order_[i].second);
+        for (size_t i = 0; i < best.size() && found.size() < static_cast<size_t>(need); ++i) {
+            if (ok[i]) found.push_back(best[i]);
         }
         if (found.size() == static_cast<size_t>(need)) {
             masked_.assign(static_cast<size_t>(n_vocab), -std::numeric_limits<float>::infinity());

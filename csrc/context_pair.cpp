@@ -182,7 +182,11 @@ void ContextPair::set_grammar(const GrammarSpec& spec) {
     require_open();
     grammar_.reset();
     draft_grammar_.reset();
-    if (!spec.gbnf.empty()) grammar_ = std::make_unique<Grammar>(llama_model_get_vocab(target_->get()), spec);
+    grammar_start_.reset();
+    if (!spec.gbnf.empty()) {
+        grammar_ = std::make_unique<Grammar>(llama_model_get_vocab(target_->get()), spec);
+        grammar_start_ = grammar_->clone();
+    }
 }
 
 std::vector<llama_token> ContextPair::tokens() const {
@@ -334,6 +338,8 @@ double ContextPair::prefill(const std::vector<llama_token>& tokens, bool reuse) 
                                 std::to_string(params_.n_ctx) + " (at most " + std::to_string(params_.n_ctx - 1) +
                                 " prompt tokens leave room to generate)");
     }
+    // a new generation: the grammar starts over
+    if (grammar_) grammar_->assign_state(*grammar_start_);
     const auto t0 = Clock::now();
     last_check_ = t0;
     const auto n = static_cast<int32_t>(tokens.size()) - 1;  // the last token stays pending

@@ -76,8 +76,8 @@ public:
     std::vector<MemoryRow> memory() const;
 
     void set_sampling(const SamplingParams& params);
-    // The grammar the next tokens must follow, from its start (an empty gbnf: none).
-    // InvalidArgument when it does not parse.
+    // The grammar the next tokens must follow, from its start (an empty gbnf: none);
+    // every prefill() starts it over. InvalidArgument when it does not parse.
     void set_grammar(const GrammarSpec& spec);
     bool has_grammar() const { return grammar_ != nullptr; }
     void reset();
@@ -160,9 +160,10 @@ private:
     std::vector<float> features_;
     Distribution dist_;
     std::unique_ptr<Sampler> sampler_;
-    std::unique_ptr<Grammar> grammar_;                  // null: unconstrained
-    std::unique_ptr<Grammar> draft_grammar_;            // the copy the drafter walks (its state reset each step)
-    std::vector<float> masked_;                         // a grammar-masked logits row
+    std::unique_ptr<Grammar> grammar_;        // null: unconstrained
+    std::unique_ptr<Grammar> draft_grammar_;  // the copy the drafter walks (its state reset each step)
+    std::unique_ptr<Grammar> grammar_start_;  // its state after the spec's prefill: each prefill() returns to it
+    std::vector<float> masked_;               // a grammar-masked logits row
     std::vector<std::pair<float, llama_token>> order_;  // a row's tokens by logit (grammar scans)
     std::vector<llama_token> history_;                  // tokens in the target cache
     std::optional<llama_token> pending_;

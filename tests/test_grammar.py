@@ -230,3 +230,26 @@ def test_bad_schemas_and_option_mixes(embedded):
     with pytest.raises(TypeError, match="grammar must be"):
         llm.generate("x", max_tokens=4, grammar=5)  # type: ignore[arg-type]
     assert issubclass(GrammarError, ValueError)
+
+
+def test_the_step_api_restarts_the_grammar_at_each_prefill_and_set_sampling_drops_it(embedded):
+    llm, base = embedded
+    prompt = llm.prompt_tokens("x = ")
+    pair = llm.pair
+    pair.set_sampling()
+    pair.set_grammar(Grammar('root ::= [0-9]{1,3} ";"'))
+    runs = []
+    for _ in range(2):  # the second prefill starts the grammar over
+        pair.prefill(prompt)
+        toks: list[int] = []
+        while not toks or not llm.core_model.is_eog(toks[-1]):
+            toks += pair.step().tokens
+        runs.append(toks)
+    assert runs[0] == runs[1]
+    text = llm.detokenize(runs[0][:-1])
+    assert re.fullmatch(r"[0-9]{1,3};", text), text
+    pair.set_sampling()  # drops the grammar: the same prompt runs free again
+    pair.prefill(prompt)
+    free = list(pair.step(0).tokens)
+    assert free == base.generate(prompt, max_tokens=1).tokens
+    assert llm.generate(prompt, max_tokens=8).tokens == base.generate(prompt, max_tokens=8).tokens

@@ -124,7 +124,8 @@ class ContextPair:
         """How the target's tokens are chosen (temperature 0: greedy) and how
         drafts are verified at temperature > 0: "rejection" (speculative
         sampling, exact for the target's distribution) or "match" (accept a
-        draft only when the target's own sample equals it)."""
+        draft only when the target's own sample equals it). It also drops any
+        grammar (``set_grammar`` after it constrains the output)."""
         cfg = SamplingConfig.build(
             temperature=temperature,
             top_k=top_k,
@@ -140,6 +141,7 @@ class ContextPair:
             verify=verify,
         )
         self._core.set_sampling(cfg.core_params(seed))
+        self._core.set_grammar("")
 
     def interrupt(self) -> None:
         """Stop the running (or the next) decode from any thread; that call

@@ -184,8 +184,19 @@ void ContextPair::set_grammar(const GrammarSpec& spec) {
     draft_grammar_.reset();
     grammar_start_.reset();
     if (!spec.gbnf.empty()) {
-        grammar_ = std::make_unique<Grammar>(llama_model_get_vocab(target_->get()), spec);
+        // a grammar seen lately (an app's schema, request after request): its
+        // allowed-token cache carries over; the most recent few are kept
+        auto seen = std::find_if(grammar_caches_.begin(), grammar_caches_.end(),
+                                 [&](const auto& c) { return c.first == spec.gbnf; });
+        std::shared_ptr<MaskCache> cache;
+        if (seen != grammar_caches_.end()) {
+            cache = seen->second;
+            grammar_caches_.erase(seen);
+        }
+        grammar_ = std::make_unique<Grammar>(llama_model_get_vocab(target_->get()), spec, cache);
         grammar_start_ = grammar_->clone();
+        grammar_caches_.emplace_back(spec.gbnf, grammar_->cache());
+        if (grammar_caches_.size() > kGrammarCaches) grammar_caches_.erase(grammar_caches_.begin());
     }
 }
 

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "drafter.h"
@@ -163,7 +164,10 @@ private:
     std::unique_ptr<Grammar> grammar_;        // null: unconstrained
     std::unique_ptr<Grammar> draft_grammar_;  // the copy the drafter walks (its state reset each step)
     std::unique_ptr<Grammar> grammar_start_;  // its state after the spec's prefill: each prefill() returns to it
-    std::vector<float> masked_;               // a grammar-masked logits row
+    // the allowed-token caches of the last few grammars (by GBNF text), least recent first
+    static constexpr size_t kGrammarCaches = 4;
+    std::vector<std::pair<std::string, std::shared_ptr<MaskCache>>> grammar_caches_;
+    std::vector<float> masked_;                         // a grammar-masked logits row
     std::vector<std::pair<float, llama_token>> order_;  // a row's tokens by logit (grammar scans)
     std::vector<llama_token> history_;                  // tokens in the target cache
     std::optional<llama_token> pending_;

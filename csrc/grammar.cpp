@@ -98,8 +98,8 @@ struct MaskCache {
     std::unordered_map<std::string, std::vector<llama_token>> allowed;  // sorted ids
 };
 
-Grammar::Grammar(const llama_vocab* vocab, const GrammarSpec& spec)
-    : vocab_(vocab), cache_(std::make_shared<MaskCache>()) {
+Grammar::Grammar(const llama_vocab* vocab, const GrammarSpec& spec, std::shared_ptr<MaskCache> cache)
+    : vocab_(vocab), cache_(cache ? std::move(cache) : std::make_shared<MaskCache>()) {
     const std::string err = grammar_error(spec.gbnf);
     if (!err.empty()) throw InvalidArgument("the grammar does not parse: " + err);
     std::vector<const char*> patterns;

@@ -47,8 +47,11 @@ struct MaskCache;
 
 class Grammar {
 public:
-    // InvalidArgument when the grammar does not parse (nothing is printed).
-    Grammar(const llama_vocab* vocab, const GrammarSpec& spec);
+    // InvalidArgument when the grammar does not parse (nothing is printed). `cache`:
+    // the allowed-token cache of an earlier Grammar of the same GBNF text (the same
+    // rules), or null for a new one.
+    Grammar(const llama_vocab* vocab, const GrammarSpec& spec, std::shared_ptr<MaskCache> cache = nullptr);
+    const std::shared_ptr<MaskCache>& cache() const { return cache_; }
     ~Grammar();
 
     // An independent copy of the current state (the drafter walks one along its block).

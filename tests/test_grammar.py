@@ -253,3 +253,21 @@ def test_the_step_api_restarts_the_grammar_at_each_prefill_and_set_sampling_drop
     free = list(pair.step(0).tokens)
     assert free == base.generate(prompt, max_tokens=1).tokens
     assert llm.generate(prompt, max_tokens=8).tokens == base.generate(prompt, max_tokens=8).tokens
+
+
+def test_a_grammar_used_again_reuses_its_cache_and_gives_the_same_output(embedded):
+    """The pair keeps the allowed-token caches of its last few grammars (by GBNF
+    text); warm and cold (a new object) outputs are identical, greedy and sampled,
+    with another grammar used in between."""
+    llm, _ = embedded
+    target, drafter = pydflash.embedded_pair()
+    kws = [dict(max_tokens=120), dict(max_tokens=120, temperature=0.8, seed=5)]
+    warm = []
+    for kw in kws:
+        for prompt in PROMPTS[:2]:
+            llm.generate(prompt, json_schema=SCHEMA, **kw)  # warms the cache
+            llm.generate(prompt, max_tokens=8, grammar=PY_DEF)  # another grammar in between
+            warm.append(llm.generate(prompt, json_schema=SCHEMA, **kw).tokens)
+    with Llama(target, draft=drafter, n_ctx=1024) as fresh:
+        cold = [fresh.generate(p, json_schema=SCHEMA, **kw).tokens for kw in kws for p in PROMPTS[:2]]
+    assert warm == cold

@@ -340,4 +340,4 @@ class GenerateOptions(TypedDict, total=False):
     json_schema: Mapping[str, Any] | str | None
 
 
-__all__ = ["CHOICES", "GenerateOptions", "ModelConfig", "SamplingConfig", "Unpack"]
+__all__ = ["CHOICES", "GenerateOptions", "Grammar", "ModelConfig", "SamplingConfig", "Unpack"]

@@ -254,10 +254,16 @@ class Llama:
         temperature) shapes p and q.
 
         Keyword options (``GenerateOptions``, defaults as ``SamplingConfig``'s):
-        ``min_p``, ``repeat_penalty``, ``frequency_penalty``, ``presence_penalty``,
-        ``penalty_last_n``, ``logit_bias``, ``verify``, ``draft_max``,
-        ``draft_min``, ``draft_p_min``, ``cache_prompt``, ``logprobs``,
-        ``top_logprobs``, ``post_sampling_probs``.
+        ``min_p``, ``typical_p``, ``top_n_sigma``, ``repeat_penalty``,
+        ``frequency_penalty``, ``presence_penalty``, ``penalty_last_n``,
+        ``logit_bias``, ``verify``, ``draft_max``, ``draft_min``, ``draft_p_min``,
+        ``cache_prompt``, ``logprobs``, ``top_logprobs``, ``post_sampling_probs``,
+        ``grammar``, ``json_schema``.
+
+        ``grammar`` (GBNF text or a ``Grammar``) or ``json_schema`` (a mapping or
+        JSON text): the output follows it. The target's rows are masked before the
+        sampler chain and the drafter's block follows it too, so greedy output is
+        the constrained target's and sampling keeps its distribution exactly.
 
         ``logprobs=True`` fills ``result.logprobs``: one ``TokenLogprob`` per
         token, read from the verification pass that produced it (no extra pass),

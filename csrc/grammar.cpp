@@ -130,24 +130,35 @@ void Grammar::index_rules() {
     std::sort(rule_at_.begin(), rule_at_.end());
 }
 
-bool Grammar::state_key(std::string& key) const {
+bool Grammar::locate(const llama_grammar_element* e, uint32_t& rule, uint32_t& offset) const {
+    // the rule holding e: the last one starting at or before it
+    auto it =
+        std::upper_bound(rule_at_.begin(), rule_at_.end(), std::make_pair(static_cast<const void*>(e), UINT32_MAX));
+    if (it == rule_at_.begin()) return false;
+    --it;
+    rule = it->second;
+    offset = static_cast<uint32_t>(e - static_cast<const llama_grammar_element*>(it->first));
+    return true;
+}
+
+bool Grammar::state_key() {
+    if (key_known_ >= 0) return key_known_ == 1;  // the state has not moved since
+    key_known_ = 0;
     if (g_->awaiting_trigger) return false;
-    key.clear();
-    auto put = [&key](uint32_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); };
+    key_.clear();
+    auto put = [this](uint32_t v) { key_.append(reinterpret_cast<const char*>(&v), sizeof v); };
     put(g_->partial_utf8.value);
     put(static_cast<uint32_t>(g_->partial_utf8.n_remain));
     for (const auto& stack : g_->stacks) {
         put(static_cast<uint32_t>(stack.size()));
         for (const llama_grammar_element* e : stack) {
-            // the rule holding e: the last one starting at or before it
-            auto it = std::upper_bound(rule_at_.begin(), rule_at_.end(),
-                                       std::make_pair(static_cast<const void*>(e), UINT32_MAX));
-            if (it == rule_at_.begin()) return false;
-            --it;
-            put(it->second);
-            put(static_cast<uint32_t>(e - static_cast<const llama_grammar_element*>(it->first)));
+            uint32_t rule = 0, offset = 0;
+            if (!locate(e, rule, offset)) return false;
+            put(rule);
+            put(offset);
         }
     }
+    key_known_ = 1;
     return true;
 }
 
@@ -156,29 +167,26 @@ std::unique_ptr<Grammar> Grammar::clone() const {
 }
 
 const std::vector<llama_token>* Grammar::known_allowed() {
-    if (!state_key(key_)) return nullptr;
+    if (!state_key()) return nullptr;
     auto it = cache_->allowed.find(key_);
     return it == cache_->allowed.end() ? nullptr : &it->second;
 }
 
 void Grammar::assign_state(const Grammar& other) {
-    // the same rules at other addresses: each stack element moves by its rule's offset
-    std::vector<const llama_grammar_element*> base(g_->rules.size(), nullptr);
-    for (const auto& [ptr, r] : other.rule_at_) base[r] = static_cast<const llama_grammar_element*>(ptr);
-    auto moved = [&](const llama_grammar_element* e) {
-        auto it = std::upper_bound(other.rule_at_.begin(), other.rule_at_.end(),
-                                   std::make_pair(static_cast<const void*>(e), UINT32_MAX));
-        --it;  // e lies in a rule of `other`: there is one at or before it
-        return g_->rules[it->second].data() + (e - base[it->second]);
-    };
+    // the same rules at other addresses: each stack element keeps its rule and offset
     g_->stacks = other.g_->stacks;
     for (auto& stack : g_->stacks) {
-        for (auto& e : stack) e = moved(e);
+        for (auto& e : stack) {
+            uint32_t rule = 0, offset = 0;
+            other.locate(e, rule, offset);  // e lies in one of other's rules
+            e = g_->rules[rule].data() + offset;
+        }
     }
     g_->partial_utf8 = other.g_->partial_utf8;
     g_->awaiting_trigger = other.g_->awaiting_trigger;
     g_->trigger_buffer = other.g_->trigger_buffer;
     g_->trigger_buffer_positions = other.g_->trigger_buffer_positions;
+    key_known_ = -1;
 }
 
 bool Grammar::allows(llama_token t) {
@@ -205,7 +213,7 @@ bool Grammar::allows_one(llama_token t) {
 
 void Grammar::mask(float* logits, int32_t n_vocab) {
     if (g_->awaiting_trigger) return;  // a lazy grammar before its trigger allows everything
-    const bool cacheable = state_key(key_);
+    const bool cacheable = state_key();
     auto it = cacheable ? cache_->allowed.find(key_) : cache_->allowed.end();
     if (it == cache_->allowed.end()) {
         // the grammar's verdict on every token (of the state, not of these logits)
@@ -234,6 +242,7 @@ void Grammar::accept(llama_token t) {
     if (llama_vocab_is_eog(vocab_, t) && !allows(t)) {
         throw GrammarError("the grammar does not allow the end of generation here");
     }
+    key_known_ = -1;
     try {
         llama_grammar_accept_impl(*g_, t);
     } catch (const std::exception& e) {

@@ -13,6 +13,7 @@
 #include "llama.h"
 
 struct llama_grammar;
+struct llama_grammar_element;
 
 namespace pydflash {
 
@@ -75,7 +76,11 @@ public:
 
 private:
     Grammar(const llama_vocab* vocab, llama_grammar* g, std::shared_ptr<MaskCache> cache);
-    bool state_key(std::string& key) const;  // false: not cacheable (a lazy grammar waiting)
+    // The current state's cache key in key_ (computed once per state); false: not
+    // cacheable (a lazy grammar waiting for its trigger).
+    bool state_key();
+    // The rule and offset of a stack element of this copy (false: not in its rules).
+    bool locate(const llama_grammar_element* e, uint32_t& rule, uint32_t& offset) const;
     void index_rules();
 
     const llama_vocab* vocab_;
@@ -85,6 +90,7 @@ private:
     std::vector<std::pair<const void*, uint32_t>> rule_at_;
     std::vector<llama_token_data> cur_;
     std::string key_;
+    int key_known_ = -1;  // key_ is the current state's: -1 not yet, 0 not cacheable, 1 yes
 };
 
 }  // namespace pydflash

@@ -83,8 +83,28 @@ def hybrid_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
+@pytest.fixture(scope="session")
+def embedded_dflash():
+    """The embedded trained pair (real logit scales, an accepted drafter)."""
+    import pydflash
+
+    target, drafter = pydflash.embedded_pair()
+    with Llama(target, draft=drafter, n_ctx=1024) as llm:
+        yield llm
+
+
+@pytest.fixture(scope="session")
+def embedded_target():
+    """The embedded pair's target alone."""
+    import pydflash
+
+    target, _ = pydflash.embedded_pair()
+    with Llama(target, n_ctx=1024) as llm:
+        yield llm
+
+
 # Session-scoped Llama objects whose pair the step-API tests drive directly.
-SHARED_LLAMAS = ("baseline", "dflash", "dflash_b8")
+SHARED_LLAMAS = ("baseline", "dflash", "dflash_b8", "embedded_dflash", "embedded_target")
 
 
 @pytest.fixture(autouse=True)

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
 import pydflash
 from pydflash import Grammar, GrammarError, Llama
-from test_sampling import ALPHA, N, PROMPT, fit_pvalue, transform
+from test_sampling import ALPHA, N, PROMPT, exact_joint, fit_pvalue, spread_pair, transform  # noqa: F401
 
 # the tiny test vocabulary: bytes, then merges; [a-e]+ allows 'a'..'e' and 'de'
 LETTERS = "root ::= [a-e]+"
@@ -40,11 +39,9 @@ SCHEMA = {
 PROMPTS = ["person = ", "# a user record\nuser = ", "def load(path):\n    return ", "config = json.loads('"]
 
 
-@pytest.fixture(scope="module")
-def embedded() -> Iterator[tuple[Llama, Llama]]:
-    target, drafter = pydflash.embedded_pair()
-    with Llama(target, draft=drafter, n_ctx=1024) as llm, Llama(target, n_ctx=1024) as base:
-        yield llm, base
+@pytest.fixture
+def embedded(embedded_dflash: Llama, embedded_target: Llama) -> tuple[Llama, Llama]:
+    return embedded_dflash, embedded_target
 
 
 def valid(obj: object) -> bool:
@@ -106,18 +103,8 @@ def test_json_object_and_grammar_objects(embedded):
 
 
 @pytest.fixture(scope="module")
-def spread(tmp_path_factory):
-    import dataclasses
-
-    from conftest import TARGET
-    from pydflash import testing
-
-    d = tmp_path_factory.mktemp("gspread")
-    spec = dataclasses.replace(TARGET, head_scale=0.2, hot_tokens=10, seed=5)
-    t = testing.write_target(d / "t.gguf", spec)
-    dr = testing.write_drafter(d / "d.gguf", spec, testing.DrafterSpec(seed=9, attn_out_scale=1.0))
-    with Llama(t, draft=dr, n_ctx=256) as llm, Llama(t, n_ctx=256) as base:
-        yield llm, base
+def spread(spread_pair):
+    return spread_pair
 
 
 def letters_allowed(base: Llama, first: bool) -> np.ndarray:
@@ -130,18 +117,7 @@ def letters_allowed(base: Llama, first: bool) -> np.ndarray:
 
 
 def exact_constrained_joint(base: Llama, **kw) -> dict[tuple[int, int], float]:
-    def masked(row: np.ndarray, allowed: np.ndarray) -> np.ndarray:
-        return np.where(allowed, row.astype(np.float64), -np.inf)
-
-    a1, a2 = letters_allowed(base, True), letters_allowed(base, False)
-    p1 = transform(masked(base.pair.score(PROMPT)[-1], a1), PROMPT[-64:], **kw)
-    joint = {}
-    for t1 in np.flatnonzero(p1 > 1e-9):
-        ctx = PROMPT + [int(t1)]
-        p2 = transform(masked(base.pair.score(ctx)[-1], a2), ctx[-64:], **kw)
-        for t2 in np.flatnonzero(p2 > 1e-9):
-            joint[(int(t1), int(t2))] = p1[t1] * p2[t2]
-    return joint
+    return exact_joint(base, PROMPT, 64, allowed=(letters_allowed(base, True), letters_allowed(base, False)), **kw)
 
 
 def constrained_pairs(llm: Llama, **kw) -> tuple[dict[tuple[int, int], int], float]:

@@ -15,30 +15,18 @@ check the structure only."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 
-import pydflash
 from pydflash import Llama, TokenLogprob
 
 PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n\ndef main():", "class Stack:\n    def __init__(self):"]
 TOL = 1e-3
 
 
-@pytest.fixture(scope="module")
-def embedded() -> Iterator[Llama]:
-    target, drafter = pydflash.embedded_pair()
-    with Llama(target, draft=drafter, n_ctx=512) as llm:
-        yield llm
-
-
-@pytest.fixture(scope="module")
-def embedded_target() -> Iterator[Llama]:
-    target, _ = pydflash.embedded_pair()
-    with Llama(target, n_ctx=512) as llm:
-        yield llm
+@pytest.fixture
+def embedded(embedded_dflash: Llama) -> Llama:
+    return embedded_dflash
 
 
 def log_softmax(rows: np.ndarray) -> np.ndarray:

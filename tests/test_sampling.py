@@ -88,13 +88,18 @@ def transform(logits: np.ndarray, recent: list[int], *, temperature=1.0, top_k=0
     return out
 
 
-def exact_joint(base: Llama, prompt: list[int], window: int, **kw) -> dict[tuple[int, int], float]:
-    """P(t1, t2) of the target alone."""
-    p1 = transform(base.pair.score(prompt)[-1], prompt[-window:], **kw)
+def exact_joint(base: Llama, prompt: list[int], window: int, allowed=None, **kw) -> dict[tuple[int, int], float]:
+    """P(t1, t2) of the target alone; ``allowed``: (tokens a grammar allows first,
+    then second) as boolean masks, the rest set to -inf before the chain."""
+    def row(ctx: list[int], i: int) -> np.ndarray:
+        r = base.pair.score(ctx)[-1].astype(np.float64)
+        return r if allowed is None else np.where(allowed[i], r, -np.inf)
+
+    p1 = transform(row(prompt, 0), prompt[-window:], **kw)
     joint = {}
     for t1 in np.flatnonzero(p1 > 1e-9):
         ctx = prompt + [int(t1)]
-        p2 = transform(base.pair.score(ctx)[-1], ctx[-window:], **kw)
+        p2 = transform(row(ctx, 1), ctx[-window:], **kw)
         for t2 in np.flatnonzero(p2 > 1e-9):
             joint[(int(t1), int(t2))] = p1[t1] * p2[t2]
     return joint

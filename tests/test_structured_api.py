@@ -6,11 +6,9 @@ client; bad combinations are ValueErrors in-process and 400s over HTTP."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 
-import pydflash
 from pydflash import Llama
 from pydflash.server import Server
 
@@ -33,16 +31,14 @@ def fits(text: str) -> bool:
     )  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def llm() -> Iterator[Llama]:
-    target, drafter = pydflash.embedded_pair()
-    with Llama(target, draft=drafter, n_ctx=1024) as m:
-        yield m
+@pytest.fixture
+def llm(embedded_dflash: Llama) -> Llama:
+    return embedded_dflash
 
 
 @pytest.fixture(scope="module")
-def client(llm: Llama):
-    srv = Server(llm, port=0, alias="pair").start()
+def client(embedded_dflash: Llama):
+    srv = Server(embedded_dflash, port=0, alias="pair").start()
     yield openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=300)
     srv.shutdown()
 

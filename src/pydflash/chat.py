@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import _core
+from .config import schema_json
 
 __all__ = ["ChatPrompt", "ChatReply", "ChatTemplate", "builtin_templates"]
 
@@ -101,7 +102,7 @@ class ChatTemplate:
             mj = json.dumps(list(messages))
             tj = json.dumps(list(tools)) if tools else ""
             kj = json.dumps(template_kwargs) if template_kwargs else ""
-            sj = json.dumps(dict(json_schema) or {"type": "object"}) if json_schema is not None else ""
+            sj = schema_json(json_schema) if json_schema is not None else ""
         except (TypeError, ValueError) as e:
             raise TypeError(f"messages, tools and template arguments must be JSON-serialisable: {e}") from None
         d = self._t.apply(mj, add_generation_prompt, enable_thinking, tj, kj, sj, grammar or "")

@@ -168,10 +168,15 @@ class Grammar:
         """llama.cpp's grammar for a JSON schema (a mapping or JSON text); ``{}`` is
         any JSON object, as in llama-server."""
         if isinstance(schema, Mapping):
-            schema = json.dumps(dict(schema) or {"type": "object"})
+            schema = schema_json(schema)
         elif not isinstance(schema, str):
             raise TypeError(f"json_schema must be a mapping or JSON text, not {type(schema).__name__}")
         return cls(_core.json_schema_to_grammar(schema))
+
+
+def schema_json(schema: Mapping[str, Any]) -> str:
+    """A JSON schema as JSON text; ``{}`` is any JSON object, as llama-server reads it."""
+    return json.dumps(dict(schema) or {"type": "object"})
 
 
 @dataclasses.dataclass(frozen=True)

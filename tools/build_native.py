@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Build llama.cpp's own DFlash loop, `llama-speculative-simple`, from the
-vendored tree (the same commit pydflash links), for `pydflash bench`'s
-native engine. The binary goes to build/native/bin/ (git-ignored; never
-committed). A clean build takes ~10 minutes on 2 cores (llama, ggml, common).
+"""Build llama.cpp's own DFlash loop, `llama-speculative-simple`, and its
+server, `llama-server`, from the vendored tree (the same commit pydflash
+links), for `pydflash bench`'s native engines. The binaries go to
+build/native/bin/ (git-ignored; never committed). A clean build takes ~10
+minutes on 2 cores (llama, ggml, common), the server a few more.
 
-    python tools/build_native.py [--src vendor/llama.cpp] [--build build/native]
+    python tools/build_native.py [--src vendor/llama.cpp] [--build build/native] [--target NAME ...]
 """
 
 from __future__ import annotations
@@ -16,23 +17,24 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGETS = ["llama-speculative-simple"]
+TARGETS = ["llama-speculative-simple", "llama-server"]
 
 
-def build(src: Path, build_dir: Path, jobs: int | None = None) -> Path:
+def build(src: Path, build_dir: Path, jobs: int | None = None, targets: list[str] | None = None) -> Path:
     if not (src / "CMakeLists.txt").is_file():
         raise SystemExit(f"{src} is not a llama.cpp tree (run tools/fetch_llama_cpp.py or pip install . first)")
     configure = ["cmake", "-S", str(src), "-B", str(build_dir), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
                  "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_COMMON=ON",
-                 "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_TOOLS=OFF",
-                 "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_OPENSSL=OFF"]
+                 "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_TOOLS=ON",
+                 "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_OPENSSL=OFF"]
     if not (build_dir / "CMakeCache.txt").is_file():
         subprocess.run(configure, check=True)
-    cmd = ["cmake", "--build", str(build_dir), "--target", *TARGETS]
+    targets = targets or TARGETS
+    cmd = ["cmake", "--build", str(build_dir), "--target", *targets]
     if jobs:
         cmd += ["-j", str(jobs)]
     subprocess.run(cmd, check=True)
-    return build_dir / "bin" / TARGETS[0]
+    return build_dir / "bin" / targets[0]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,9 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--src", type=Path, default=ROOT / "vendor" / "llama.cpp")
     ap.add_argument("--build", type=Path, default=ROOT / "build" / "native")
     ap.add_argument("-j", "--jobs", type=int)
+    ap.add_argument("--target", action="append", choices=TARGETS, help="build only this one (repeatable)")
     a = ap.parse_args(argv)
     t0 = time.monotonic()
-    exe = build(a.src, a.build, a.jobs)
+    exe = build(a.src, a.build, a.jobs, a.target)
     print(f"built {exe} in {time.monotonic() - t0:.0f} s")
     return 0
 

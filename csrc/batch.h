@@ -8,10 +8,10 @@
 
 namespace pydflash {
 
-// One token of sequence 0 at `pos` (4 positions for M-RoPE models); with
+// One token of sequence `seq` at `pos` (4 positions for M-RoPE models); with
 // `output`, its logits are kept.
-inline void add_token(llama_batch_ext* b, llama_token id, llama_pos pos, bool output) {
-    const int32_t idx = llama_batch_ext_add_token(b, 0, id);
+inline void add_token(llama_batch_ext* b, llama_seq_id seq, llama_token id, llama_pos pos, bool output) {
+    const int32_t idx = llama_batch_ext_add_token(b, seq, id);
     if (idx < 0) throw Error("batch is full (llama_batch_ext_add_token returned " + std::to_string(idx) + ")");
     const llama_pos p4[4] = {pos, pos, pos, 0};
     if (!llama_batch_ext_set_pos(b, idx, p4)) throw Error("llama_batch_ext_set_pos failed");

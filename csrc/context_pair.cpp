@@ -37,8 +37,9 @@ ContextPair::ContextPair(std::shared_ptr<Model> target, std::shared_ptr<Model> d
 
     if (drafter_) {
         spec_ = check_drafter(*target_, *drafter_);
-        // a verification batch is block_size tokens; a drafter decode must fit one ubatch
-        const int32_t need = spec_.block_size;
+        // a verification batch is block_size tokens per sequence; a drafter decode
+        // (every sequence's block) must fit one ubatch
+        const int32_t need = spec_.block_size * params_.n_seq;
         params_.n_batch = std::max(params_.n_batch, need);
         params_.n_ubatch = std::max(params_.n_ubatch, need);
         check_draft_max(params_.draft_max, spec_);
@@ -69,7 +70,8 @@ ContextPair::ContextPair(std::shared_ptr<Model> target, std::shared_ptr<Model> d
     if (ctx_dft_) llama_set_abort_callback(ctx_dft_.get(), &ContextPair::abort_callback, this);
     batch_tgt_.reset(llama_batch_ext_init(ctx_tgt_.get()));
     if (!batch_tgt_) throw Error("llama_batch_ext_init failed for the target");
-    sampler_ = std::make_unique<Sampler>(SamplingParams{}, target_->n_vocab());
+    seqs_.resize(static_cast<size_t>(params_.n_seq));
+    for (Sequence& sq : seqs_) sq.sampler = std::make_unique<Sampler>(SamplingParams{}, target_->n_vocab());
 }
 
 ContextPair::~ContextPair() = default;
@@ -137,24 +139,56 @@ void ContextPair::close() {
     ctx_tgt_.reset();
     drafter_.reset();
     target_.reset();
-    pending_.reset();
-    history_.clear();
-    n_past_ = 0;
+    seqs_.clear();
 }
+
+const Sequence& ContextPair::seq_at(int32_t seq) const {
+    require_open();
+    if (seq < 0 || seq >= static_cast<int32_t>(seqs_.size())) {
+        throw InvalidArgument("sequence " + std::to_string(seq) + " is out of range [0, " +
+                              std::to_string(seqs_.size()) + ")");
+    }
+    return seqs_[static_cast<size_t>(seq)];
+}
+
+Sequence& ContextPair::seq_at(int32_t seq) {
+    return const_cast<Sequence&>(static_cast<const ContextPair*>(this)->seq_at(seq));
+}
+
+namespace {
+
+void forget(Sequence& s) {
+    s.pending.reset();
+    s.history.clear();
+    s.prompt.clear();
+    s.n_past = 0;
+    s.n_cached = 0;
+}
+
+}  // namespace
 
 void ContextPair::clear_memory() {
     if (ctx_tgt_) llama_memory_clear(llama_get_memory(ctx_tgt_.get()), true);
     if (ctx_dft_) llama_memory_clear(llama_get_memory(ctx_dft_.get()), true);
-    pending_.reset();
-    history_.clear();
-    n_past_ = 0;
-    n_cached_ = 0;
+    for (Sequence& s : seqs_) forget(s);
+}
+
+void ContextPair::clear_sequence(int32_t seq) {
+    // removing a whole sequence cannot fail (llama.cpp refuses only partial removals)
+    if (ctx_tgt_) llama_memory_seq_rm(llama_get_memory(ctx_tgt_.get()), seq, -1, -1);
+    if (ctx_dft_) llama_memory_seq_rm(llama_get_memory(ctx_dft_.get()), seq, -1, -1);
+    forget(seq_at(seq));
 }
 
 void ContextPair::reset() {
     std::lock_guard<std::mutex> lock(mu_);
     require_open();
     clear_memory();
+}
+
+void ContextPair::reset(int32_t seq) {
+    std::lock_guard<std::mutex> lock(mu_);
+    clear_sequence(seq);
 }
 
 std::vector<MemoryRow> ContextPair::memory() const {
@@ -171,18 +205,17 @@ std::vector<MemoryRow> ContextPair::memory() const {
     return rows;
 }
 
-void ContextPair::set_sampling(const SamplingParams& params) {
+void ContextPair::set_sampling(int32_t seq, const SamplingParams& params) {
     std::lock_guard<std::mutex> lock(mu_);
-    require_open();
-    sampler_ = std::make_unique<Sampler>(params, target_->n_vocab());
+    seq_at(seq).sampler = std::make_unique<Sampler>(params, target_->n_vocab());
 }
 
-void ContextPair::set_grammar(const GrammarSpec& spec) {
+void ContextPair::set_grammar(int32_t seq, const GrammarSpec& spec) {
     std::lock_guard<std::mutex> lock(mu_);
-    require_open();
-    grammar_.reset();
-    draft_grammar_.reset();
-    grammar_start_.reset();
+    Sequence& s = seq_at(seq);
+    s.grammar.reset();
+    s.draft_grammar.reset();
+    s.grammar_start.reset();
     if (!spec.gbnf.empty()) {
         // a grammar seen lately (an app's schema, request after request): its
         // allowed-token cache carries over; the most recent few are kept
@@ -193,17 +226,18 @@ void ContextPair::set_grammar(const GrammarSpec& spec) {
             cache = seen->second;
             grammar_caches_.erase(seen);
         }
-        grammar_ = std::make_unique<Grammar>(llama_model_get_vocab(target_->get()), spec, cache);
-        grammar_start_ = grammar_->clone();
-        grammar_caches_.emplace_back(spec.gbnf, grammar_->cache());
+        s.grammar = std::make_unique<Grammar>(llama_model_get_vocab(target_->get()), spec, cache);
+        s.grammar_start = s.grammar->clone();
+        grammar_caches_.emplace_back(spec.gbnf, s.grammar->cache());
         if (grammar_caches_.size() > kGrammarCaches) grammar_caches_.erase(grammar_caches_.begin());
     }
 }
 
-std::vector<llama_token> ContextPair::tokens() const {
+std::vector<llama_token> ContextPair::tokens(int32_t seq) const {
     std::lock_guard<std::mutex> lock(mu_);
-    std::vector<llama_token> out = history_;
-    if (pending_) out.push_back(*pending_);
+    const Sequence& s = seq_at(seq);
+    std::vector<llama_token> out = s.history;
+    if (s.pending) out.push_back(*s.pending);
     return out;
 }
 
@@ -230,31 +264,31 @@ void ContextPair::fail_rollback(const std::string& what) {
     throw RollbackError(msg + "; the context was reset, call prefill() again");
 }
 
-void ContextPair::roll_back_target(const std::vector<llama_token>& batch, int32_t n_keep, bool checkpointed) {
-    const auto n_batch = static_cast<int32_t>(batch.size());
-    if (n_keep >= n_batch) return;  // everything accepted: nothing to remove
+bool ContextPair::roll_back_target(Work& w, int32_t n_batch) {
+    if (w.n_keep >= n_batch) return false;  // everything accepted: nothing to remove
     llama_memory_t mem = llama_get_memory(ctx_tgt_.get());
-    if (!checkpointed) {
+    const llama_pos n_past = w.s->n_past;
+    if (!w.checkpointed) {
         // KV trim; with state planes llama.cpp also selects the plane n_batch - n_keep
         // tokens back, and refuses (false) when that is beyond n_rs_seq
-        if (fault_.fire(FaultSite::MemoryRemove) || !llama_memory_seq_rm(mem, 0, n_past_ + n_keep, -1)) {
-            fail_rollback("llama.cpp refused to remove " + std::to_string(n_batch - n_keep) +
+        if (fault_.fire(FaultSite::MemoryRemove) || !llama_memory_seq_rm(mem, w.seq, n_past + w.n_keep, -1)) {
+            fail_rollback("llama.cpp refused to remove " + std::to_string(n_batch - w.n_keep) +
                           " rejected tokens from the target's memory (" + rollback_name(rollback_) + ", n_rs_seq " +
                           std::to_string(n_rs_seq_) + ")");
         }
-        return;
+        return false;
     }
     try {
-        checkpoint_.restore(ctx_tgt_.get());
+        w.s->checkpoint.restore(ctx_tgt_.get(), w.seq);
     } catch (const RollbackError& e) {
         fail_rollback(e.what());
     }
-    // the state is back before the verified batch; drop its K/V, then replay
-    // the kept tokens (their features come from this pass too)
-    if (fault_.fire(FaultSite::MemoryRemove) || !llama_memory_seq_rm(mem, 0, n_past_, -1)) {
+    // the state is back before the verified batch; drop its K/V: the kept
+    // tokens are replayed (their features come from that pass too)
+    if (fault_.fire(FaultSite::MemoryRemove) || !llama_memory_seq_rm(mem, w.seq, n_past, -1)) {
         fail_rollback("llama.cpp refused to remove the verified tokens after restoring the checkpoint");
     }
-    decode_target(batch.data(), n_keep, n_past_, false);
+    return true;
 }
 
 void ContextPair::fail_decode(const std::string& what, int32_t rc) {
@@ -271,17 +305,15 @@ void ContextPair::fail_decode(const std::string& what, int32_t rc) {
     throw DecodeError(msg);
 }
 
-void ContextPair::decode_target(const llama_token* tokens, int32_t n, llama_pos pos0, bool all_logits) {
-    llama_batch_ext* b = batch_tgt_.get();
-    llama_batch_ext_clear(b);
-    for (int32_t i = 0; i < n; ++i) add_token(b, tokens[i], pos0 + i, all_logits);
-    const int32_t rc =
-        fault_.fire(FaultSite::TargetDecode) ? -1 : llama_process(ctx_tgt_.get(), LLAMA_PROCESS_TYPE_DECODE, b);
+void ContextPair::decode_target_batch() {
+    const int32_t rc = fault_.fire(FaultSite::TargetDecode)
+                           ? -1
+                           : llama_process(ctx_tgt_.get(), LLAMA_PROCESS_TYPE_DECODE, batch_tgt_.get());
     if (rc != 0) fail_decode("target decode", rc);
 }
 
-void ContextPair::inject(int32_t n_rows, llama_pos pos0) {
-    // rows 0..n_rows-1 of the last target decode, at positions pos0..
+void ContextPair::inject(const std::vector<Span>& spans) {
+    // the spans' rows of the last target pass, into the drafter's cache at their positions
     const auto n_ids = spec_.target_layer_ids.size();
     const size_t n_embd = static_cast<size_t>(spec_.n_embd_target);
     const size_t n_enc = n_ids * n_embd;
@@ -291,38 +323,43 @@ void ContextPair::inject(int32_t n_rows, llama_pos pos0) {
         layers[k] = llama_get_embeddings_layer_inp(ctx_tgt_.get(), static_cast<uint32_t>(spec_.target_layer_ids[k]));
         if (layers[k] == nullptr) fail_decode("reading target layer features", -1);
     }
-    for (int32_t off = 0; off < n_rows; off += chunk_max) {
-        const int32_t n_chunk = std::min(chunk_max, n_rows - off);
-        features_.resize(static_cast<size_t>(n_chunk) * n_enc);
-        for (int32_t i = 0; i < n_chunk; ++i) {
-            float* dst = features_.data() + static_cast<size_t>(i) * n_enc;
-            for (size_t k = 0; k < n_ids; ++k) {
-                std::memcpy(dst + k * n_embd, layers[k] + static_cast<size_t>(off + i) * n_embd,
-                            n_embd * sizeof(float));
-            }
-        }
-        llama_batch_ext* b = batch_dft_.get();
-        llama_batch_ext_clear(b);
-        for (int32_t i = 0; i < n_chunk; ++i) {
-            const llama_embd e{features_.data() + static_cast<size_t>(i) * n_enc, 1, n_enc};
-            const int32_t idx = llama_batch_ext_add_embd(b, 0, e);
-            if (idx < 0) fail_decode("building the feature batch", idx);
-            const llama_pos p = pos0 + off + i;
-            const llama_pos p4[4] = {p, p, p, 0};  // M-RoPE drafters read 4 positions per embedding
-            if (!llama_batch_ext_set_pos(b, idx, p4)) fail_decode("setting feature positions", -1);
-        }
+    llama_batch_ext* b = batch_dft_.get();
+    int32_t n_chunk = 0;
+    auto flush = [&]() {
+        if (n_chunk == 0) return;
         const int32_t rc =
             fault_.fire(FaultSite::DrafterDecode) ? -1 : llama_process(ctx_dft_.get(), LLAMA_PROCESS_TYPE_DECODE, b);
         if (rc != 0) fail_decode("drafter feature injection", rc);
+        n_chunk = 0;
+    };
+    features_.resize(static_cast<size_t>(chunk_max) * n_enc);
+    for (const Span& sp : spans) {
+        for (int32_t i = 0; i < sp.n; ++i) {
+            if (n_chunk == 0) llama_batch_ext_clear(b);
+            float* dst = features_.data() + static_cast<size_t>(n_chunk) * n_enc;
+            const auto row = static_cast<size_t>(sp.row0 + i);
+            for (size_t k = 0; k < n_ids; ++k) {
+                std::memcpy(dst + k * n_embd, layers[k] + row * n_embd, n_embd * sizeof(float));
+            }
+            const llama_embd e{dst, 1, n_enc};
+            const int32_t idx = llama_batch_ext_add_embd(b, sp.seq, e);
+            if (idx < 0) fail_decode("building the feature batch", idx);
+            const llama_pos p = sp.pos0 + i;
+            const llama_pos p4[4] = {p, p, p, 0};  // M-RoPE drafters read 4 positions per embedding
+            if (!llama_batch_ext_set_pos(b, idx, p4)) fail_decode("setting feature positions", -1);
+            if (++n_chunk == chunk_max) flush();
+        }
     }
+    flush();
 }
 
-int32_t ContextPair::keep_common_prefix(const std::vector<llama_token>& tokens, int32_t n) {
+int32_t ContextPair::keep_common_prefix(int32_t seq, const std::vector<llama_token>& tokens, int32_t n) {
+    Sequence& s = seqs_[static_cast<size_t>(seq)];
     // the longest prefix of the cached history that the new prompt repeats
     int32_t common = 0;
-    const auto n_hist = static_cast<int32_t>(history_.size());
+    const auto n_hist = static_cast<int32_t>(s.history.size());
     while (common < n && common < n_hist &&
-           history_[static_cast<size_t>(common)] == tokens[static_cast<size_t>(common)]) {
+           s.history[static_cast<size_t>(common)] == tokens[static_cast<size_t>(common)]) {
         ++common;
     }
     // a recurrent state cannot be cut back to an arbitrary position: it is kept
@@ -331,41 +368,88 @@ int32_t ContextPair::keep_common_prefix(const std::vector<llama_token>& tokens, 
     if (common == 0 || (recurrent && common < n_hist)) return 0;
     if (common < n_hist) {
         // K/V and the drafter's injected features are per position: drop the rest
-        if (!llama_memory_seq_rm(llama_get_memory(ctx_tgt_.get()), 0, common, -1)) return 0;
-        if (ctx_dft_ && !llama_memory_seq_rm(llama_get_memory(ctx_dft_.get()), 0, common, -1)) return 0;
+        if (!llama_memory_seq_rm(llama_get_memory(ctx_tgt_.get()), seq, common, -1)) return 0;
+        if (ctx_dft_ && !llama_memory_seq_rm(llama_get_memory(ctx_dft_.get()), seq, common, -1)) return 0;
     }
-    history_.resize(static_cast<size_t>(common));
-    n_past_ = common;
+    s.history.resize(static_cast<size_t>(common));
+    s.n_past = common;
     return common;
 }
 
-double ContextPair::prefill(const std::vector<llama_token>& tokens, bool reuse) {
+int32_t ContextPair::prefill_begin(int32_t seq, const std::vector<llama_token>& tokens, bool reuse) {
     std::lock_guard<std::mutex> lock(mu_);
-    require_open();
+    Sequence& s = seq_at(seq);
     if (tokens.empty()) throw InvalidArgument("prefill needs at least one token");
     for (llama_token t : tokens) target_->check_token(t);
-    if (tokens.size() > static_cast<size_t>(params_.n_ctx) - 1) {
-        throw ContextLimitError("prompt has " + std::to_string(tokens.size()) + " tokens but the context holds " +
-                                std::to_string(params_.n_ctx) + " (at most " + std::to_string(params_.n_ctx - 1) +
-                                " prompt tokens leave room to generate)");
+    const int32_t limit = n_ctx_seq();
+    if (tokens.size() > static_cast<size_t>(limit) - 1) {
+        const std::string where = params_.n_seq > 1 ? "a sequence's context holds " + std::to_string(limit) +
+                                                          " (n_ctx " + std::to_string(params_.n_ctx) +
+                                                          " / n_parallel " + std::to_string(params_.n_seq) + ")"
+                                                    : "the context holds " + std::to_string(limit);
+        throw ContextLimitError("prompt has " + std::to_string(tokens.size()) + " tokens but " + where + " (at most " +
+                                std::to_string(limit - 1) + " prompt tokens leave room to generate)");
     }
     // a new generation: the grammar starts over
-    if (grammar_) grammar_->assign_state(*grammar_start_);
+    if (s.grammar) s.grammar->assign_state(*s.grammar_start);
+    const auto n = static_cast<int32_t>(tokens.size()) - 1;  // the last token stays pending
+    const int32_t cached = reuse ? keep_common_prefix(seq, tokens, n) : 0;
+    if (cached == 0) clear_sequence(seq);
+    s.pending.reset();
+    s.prompt = tokens;
+    s.n_cached = cached;
+    if (s.n_past == n) {  // nothing left to evaluate
+        s.pending = tokens.back();
+        s.prompt.clear();
+    }
+    return cached;
+}
+
+int32_t ContextPair::prefill_remaining(int32_t seq) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Sequence& s = seq_at(seq);
+    return s.prompt.empty() ? 0 : static_cast<int32_t>(s.prompt.size()) - 1 - s.n_past;
+}
+
+double ContextPair::prefill_some(const std::vector<int32_t>& seqs, int32_t budget) {
+    std::lock_guard<std::mutex> lock(mu_);
+    require_open();
     const auto t0 = Clock::now();
     last_check_ = t0;
-    const auto n = static_cast<int32_t>(tokens.size()) - 1;  // the last token stays pending
-    n_cached_ = reuse ? keep_common_prefix(tokens, n) : 0;
-    if (n_cached_ == 0) clear_memory();
-    pending_.reset();
-    const int32_t chunk = params_.n_batch;
-    for (int32_t off = n_cached_; off < n; off += chunk) {
-        const int32_t m = std::min(chunk, n - off);
-        decode_target(tokens.data() + off, m, off, false);
-        if (drafter_) inject(m, off);
+    budget = std::min(budget, params_.n_batch);
+    llama_batch_ext* b = batch_tgt_.get();
+    llama_batch_ext_clear(b);
+    std::vector<Span> spans;
+    int32_t row = 0;
+    for (int32_t seq : seqs) {
+        Sequence& s = seq_at(seq);
+        if (s.prompt.empty() || row >= budget) continue;
+        const auto n = static_cast<int32_t>(s.prompt.size()) - 1;
+        const int32_t m = std::min(budget - row, n - s.n_past);
+        for (int32_t i = 0; i < m; ++i)
+            add_token(b, seq, s.prompt[static_cast<size_t>(s.n_past + i)], s.n_past + i, false);
+        spans.push_back({seq, row, m, s.n_past});
+        row += m;
     }
-    history_.assign(tokens.begin(), tokens.end() - 1);
-    pending_ = tokens.back();
-    n_past_ = n;
+    if (row == 0) return 0.0;
+    decode_target_batch();
+    if (drafter_) inject(spans);
+    for (const Span& sp : spans) {
+        Sequence& s = seqs_[static_cast<size_t>(sp.seq)];
+        s.history.insert(s.history.end(), s.prompt.begin() + s.n_past, s.prompt.begin() + s.n_past + sp.n);
+        s.n_past += sp.n;
+        if (s.n_past == static_cast<int32_t>(s.prompt.size()) - 1) {
+            s.pending = s.prompt.back();
+            s.prompt.clear();
+        }
+    }
+    return ms_since(t0);
+}
+
+double ContextPair::prefill(int32_t seq, const std::vector<llama_token>& tokens, bool reuse) {
+    const auto t0 = Clock::now();
+    prefill_begin(seq, tokens, reuse);
+    while (prefill_remaining(seq) > 0) prefill_some({seq}, params_.n_batch);
     return ms_since(t0);
 }
 
@@ -374,9 +458,9 @@ std::vector<float> ContextPair::score(const std::vector<llama_token>& tokens) {
     require_open();
     if (tokens.empty()) throw InvalidArgument("score needs at least one token");
     for (llama_token t : tokens) target_->check_token(t);
-    if (tokens.size() > static_cast<size_t>(params_.n_ctx)) {
-        throw ContextLimitError("score: " + std::to_string(tokens.size()) + " tokens do not fit in n_ctx " +
-                                std::to_string(params_.n_ctx));
+    if (tokens.size() > static_cast<size_t>(n_ctx_seq())) {
+        throw ContextLimitError("score: " + std::to_string(tokens.size()) + " tokens do not fit in a context of " +
+                                std::to_string(n_ctx_seq()));
     }
     clear_memory();
     const auto n = static_cast<int32_t>(tokens.size());
@@ -385,7 +469,10 @@ std::vector<float> ContextPair::score(const std::vector<llama_token>& tokens) {
     const int32_t chunk = params_.n_batch;
     for (int32_t off = 0; off < n; off += chunk) {
         const int32_t m = std::min(chunk, n - off);
-        decode_target(tokens.data() + off, m, off, true);
+        llama_batch_ext_clear(batch_tgt_.get());
+        for (int32_t i = 0; i < m; ++i)
+            add_token(batch_tgt_.get(), 0, tokens[static_cast<size_t>(off + i)], off + i, true);
+        decode_target_batch();
         for (int32_t i = 0; i < m; ++i) {
             const float* row = llama_get_logits_ith(ctx_tgt_.get(), i);
             if (row == nullptr) fail_decode("reading target logits", -1);
@@ -401,101 +488,187 @@ void ContextPair::check(const DraftControl& control) const {
     if (drafter_) check_draft_max(control.draft_max, spec_);
 }
 
-std::vector<llama_token> ContextPair::choose_draft(const DraftControl& control,
-                                                   const std::optional<std::vector<llama_token>>& external,
-                                                   int32_t room, std::vector<Distribution>& q, StepResult& r) {
-    if (external) {
-        for (llama_token t : *external) target_->check_token(t);
-        if (external->size() + 1 > static_cast<size_t>(params_.n_batch)) {
-            throw InvalidArgument("external draft of " + std::to_string(external->size()) +
-                                  " tokens exceeds n_batch - 1 = " + std::to_string(params_.n_batch - 1));
-        }
-        const auto n = std::min<size_t>(external->size(), static_cast<size_t>(room));
-        return {external->begin(), external->begin() + static_cast<std::ptrdiff_t>(n)};
-    }
-    int32_t k = control.draft_max < 0 ? draft_max_ : control.draft_max;
-    k = std::min({k, max_draft(), room});
-    if (!drafter_ || k <= 0 || k < control.draft_min) return {};
-    const auto t0 = Clock::now();
-    std::vector<llama_token> draft = draft_block(k, control, q);
-    r.t_draft_ms = ms_since(t0);
-    return draft;
+StepResult ContextPair::step(int32_t seq, const DraftControl& control,
+                             const std::optional<std::vector<llama_token>>& external) {
+    std::vector<StepResult> rs = step_batch({SeqStep{seq, control, external}});
+    if (!rs[0].error.empty()) throw GrammarError(rs[0].error);
+    return std::move(rs[0]);
 }
 
-StepResult ContextPair::step(const DraftControl& control, const std::optional<std::vector<llama_token>>& external) {
+std::vector<StepResult> ContextPair::step_batch(const std::vector<SeqStep>& steps) {
     std::lock_guard<std::mutex> lock(mu_);
     require_open();
-    if (!pending_) throw InvalidArgument("nothing to continue from: call prefill() first");
-    if (external) {
-        control.validate();  // an external draft is not bounded by the block
-    } else {
-        check(control);
+    if (steps.empty()) return {};
+    // every request is checked before any work: a bad one changes nothing
+    std::vector<Work> work;
+    work.reserve(steps.size());
+    std::vector<bool> seen(seqs_.size(), false);
+    int32_t n_rows = 0;
+    for (const SeqStep& st : steps) {
+        Sequence& s = seq_at(st.seq);
+        if (seen[static_cast<size_t>(st.seq)]) {
+            throw InvalidArgument("sequence " + std::to_string(st.seq) + " appears twice in one step");
+        }
+        seen[static_cast<size_t>(st.seq)] = true;
+        if (!s.pending) {
+            throw InvalidArgument("sequence " + std::to_string(st.seq) +
+                                  " has nothing to continue from: call prefill() first");
+        }
+        const int32_t room = n_ctx_seq() - s.n_past - 1;
+        if (room < 0) {
+            throw ContextLimitError("the context is full (" + std::to_string(n_ctx_seq()) + " tokens)");
+        }
+        Work w{st.seq, &s, &st, {}, {}, {}};
+        if (st.external) {
+            st.control.validate();  // an external draft is not bounded by the block
+            for (llama_token t : *st.external) target_->check_token(t);
+            if (st.external->size() + 1 > static_cast<size_t>(params_.n_batch)) {
+                throw InvalidArgument("external draft of " + std::to_string(st.external->size()) +
+                                      " tokens exceeds n_batch - 1 = " + std::to_string(params_.n_batch - 1));
+            }
+            const auto n = std::min<size_t>(st.external->size(), static_cast<size_t>(room));
+            w.draft.assign(st.external->begin(), st.external->begin() + static_cast<std::ptrdiff_t>(n));
+        } else {
+            check(st.control);
+            int32_t k = st.control.draft_max < 0 ? draft_max_ : st.control.draft_max;
+            k = std::min({k, max_draft(), room});
+            if (drafter_ && k > 0 && k >= st.control.draft_min) w.k_draft = k;
+        }
+        n_rows += 1 + std::max(w.k_draft, static_cast<int32_t>(w.draft.size()));
+        work.push_back(std::move(w));
     }
-    const int32_t room = params_.n_ctx - n_past_ - 1;
-    if (room < 0) {
-        throw ContextLimitError("the context is full (" + std::to_string(params_.n_ctx) + " tokens)");
+    if (n_rows > params_.n_batch) {
+        throw InvalidArgument("the step's " + std::to_string(n_rows) + " tokens exceed n_batch " +
+                              std::to_string(params_.n_batch));
     }
-    StepResult r;
-    std::vector<Distribution> q;
-    std::vector<llama_token> draft = choose_draft(control, external, room, q, r);
-    const auto k = static_cast<int32_t>(draft.size());
+    const auto n_work = static_cast<int32_t>(work.size());
 
-    // a recurrent state rolls back at most n_rs_seq tokens through its planes;
-    // a longer draft (or no planes at all) needs a checkpoint
-    const bool checkpointed = rollback_ != RollbackKind::KvTrim && k > static_cast<int32_t>(n_rs_seq_);
+    // 1. draft: one drafter pass over every sequence's block
     auto t0 = Clock::now();
-    if (checkpointed) {
+    draft_blocks(work);
+    const double t_draft = ms_since(t0);
+
+    // 2. checkpoints: a recurrent state rolls back at most n_rs_seq tokens through
+    // its planes; a longer draft (or no planes at all) needs a saved state
+    t0 = Clock::now();
+    for (Work& w : work) {
+        w.checkpointed =
+            rollback_ != RollbackKind::KvTrim && static_cast<int32_t>(w.draft.size()) > static_cast<int32_t>(n_rs_seq_);
+        if (!w.checkpointed) continue;
         try {
-            checkpoint_.save(ctx_tgt_.get());
+            w.s->checkpoint.save(ctx_tgt_.get(), w.seq);
         } catch (const RollbackError& e) {
             fail_rollback(e.what());
         }
     }
-    r.t_rollback_ms = ms_since(t0);
+    const double t_save = ms_since(t0);
 
-    // verify [pending, d1..dk] in one target pass, every row with logits
-    std::vector<llama_token> batch;
-    batch.reserve(static_cast<size_t>(k) + 1);
-    batch.push_back(*pending_);
-    batch.insert(batch.end(), draft.begin(), draft.end());
-    t0 = Clock::now();
-    decode_target(batch.data(), k + 1, n_past_, true);
-    r.t_verify_ms = ms_since(t0);
-
-    t0 = Clock::now();
-    int32_t n_acc = 0;
-    try {
-        r.tokens = accept(draft, q, external.has_value(), n_acc, r.logprobs);
-    } catch (const GrammarError& e) {
-        // the verified rows are in the caches but not committed: start clean
-        clear_memory();
-        throw GrammarError(std::string(e.what()) + "; the context was reset");
+    // 3. verify [pending, d1..dk] of every sequence in one target pass, every row with logits
+    llama_batch_ext* b = batch_tgt_.get();
+    llama_batch_ext_clear(b);
+    int32_t row = 0;
+    for (Work& w : work) {
+        w.row = row;
+        add_token(b, w.seq, *w.s->pending, w.s->n_past, true);
+        for (size_t i = 0; i < w.draft.size(); ++i) {
+            add_token(b, w.seq, w.draft[i], w.s->n_past + 1 + static_cast<llama_pos>(i), true);
+        }
+        row += 1 + static_cast<int32_t>(w.draft.size());
     }
-    r.t_sample_ms = ms_since(t0);
-
-    // roll back the rejected tail, then inject the kept rows of the last target
-    // pass (the verification, or the replay after a restored checkpoint);
-    // features are per position, so this equals injecting all rows and trimming
-    const int32_t n_keep = 1 + n_acc;
     t0 = Clock::now();
-    roll_back_target(batch, n_keep, checkpointed);
-    r.t_rollback_ms += ms_since(t0);
-    if (drafter_) {
+    decode_target_batch();
+    const double t_verify = ms_since(t0);
+
+    // 4. accept per sequence; one whose grammar allows nothing more fails alone
+    for (Work& w : work) {
         t0 = Clock::now();
-        inject(n_keep, n_past_);
-        r.t_inject_ms = ms_since(t0);
+        int32_t n_acc = 0;
+        try {
+            w.r.tokens = accept(*w.s, w.row, w.draft, w.q, w.req->external.has_value(), n_acc, w.r.logprobs);
+            w.n_keep = 1 + n_acc;
+            w.r.n_accepted = n_acc;
+        } catch (const GrammarError& e) {
+            // its verified rows are in the caches but not committed: it starts clean
+            w.r.error = std::string(e.what()) + "; the context was reset";
+            w.n_keep = 0;
+        }
+        w.r.t_sample_ms = ms_since(t0);
     }
-    const int32_t new_past = n_past_ + n_keep;
-    if (ctx_dft_) llama_memory_seq_rm(llama_get_memory(ctx_dft_.get()), 0, new_past, -1);
-    history_.insert(history_.end(), batch.begin(), batch.begin() + n_keep);
-    n_past_ = new_past;
-    pending_ = r.tokens.back();
 
-    r.drafted = std::move(draft);
-    r.n_drafted = k;
-    r.n_accepted = n_acc;
-    r.n_past = n_past_;
-    return r;
+    // 5. roll back the rejected tails, inject the kept rows (features are per
+    // position, so this equals injecting all rows and trimming); checkpointed
+    // sequences replay their kept tokens in one more target pass, injected after it
+    t0 = Clock::now();
+    std::vector<Span> spans;
+    std::vector<Work*> replay;
+    for (Work& w : work) {
+        if (!w.r.error.empty()) continue;
+        const auto n_batch = 1 + static_cast<int32_t>(w.draft.size());
+        if (roll_back_target(w, n_batch)) {
+            replay.push_back(&w);
+        } else {
+            spans.push_back({w.seq, w.row, w.n_keep, w.s->n_past});
+        }
+    }
+    double t_rollback = ms_since(t0);
+    double t_inject = 0.0;
+    if (drafter_ && !spans.empty()) {
+        t0 = Clock::now();
+        inject(spans);
+        t_inject += ms_since(t0);
+    }
+    if (!replay.empty()) {
+        t0 = Clock::now();
+        llama_batch_ext_clear(b);
+        spans.clear();
+        row = 0;
+        for (Work* w : replay) {
+            add_token(b, w->seq, *w->s->pending, w->s->n_past, false);
+            for (int32_t i = 0; i + 1 < w->n_keep; ++i) {
+                add_token(b, w->seq, w->draft[static_cast<size_t>(i)], w->s->n_past + 1 + i, false);
+            }
+            spans.push_back({w->seq, row, w->n_keep, w->s->n_past});
+            row += w->n_keep;
+        }
+        decode_target_batch();
+        t_rollback += ms_since(t0);
+        if (drafter_) {
+            t0 = Clock::now();
+            inject(spans);
+            t_inject += ms_since(t0);
+        }
+    }
+
+    // 6. commit
+    std::vector<StepResult> out;
+    out.reserve(work.size());
+    for (Work& w : work) {
+        StepResult& r = w.r;
+        r.seq = w.seq;
+        r.n_batch_seqs = n_work;
+        r.t_draft_ms = w.k_draft > 0 ? t_draft : 0.0;
+        r.t_verify_ms = t_verify;
+        r.t_inject_ms = t_inject;
+        r.t_rollback_ms = (w.checkpointed ? t_save : 0.0) + t_rollback;
+        r.n_drafted = static_cast<int32_t>(w.draft.size());
+        if (!r.error.empty()) {
+            clear_sequence(w.seq);
+            r.drafted = std::move(w.draft);
+            out.push_back(std::move(r));
+            continue;
+        }
+        Sequence& s = *w.s;
+        const int32_t new_past = s.n_past + w.n_keep;
+        if (ctx_dft_) llama_memory_seq_rm(llama_get_memory(ctx_dft_.get()), w.seq, new_past, -1);
+        s.history.push_back(*s.pending);
+        s.history.insert(s.history.end(), w.draft.begin(), w.draft.begin() + (w.n_keep - 1));
+        s.n_past = new_past;
+        s.pending = r.tokens.back();
+        r.drafted = std::move(w.draft);
+        r.n_past = s.n_past;
+        out.push_back(std::move(r));
+    }
+    return out;
 }
 
 }  // namespace pydflash

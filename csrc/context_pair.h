@@ -30,14 +30,26 @@ struct StepResult {
     std::vector<llama_token> tokens;     // new tokens: the accepted drafts, then the target's own
     std::vector<llama_token> drafted;    // what the drafter proposed
     std::vector<TokenLogprob> logprobs;  // one per token, when SamplingParams::logprobs
+    int32_t seq = 0;                     // the sequence this step advanced
     int32_t n_drafted = 0;
     int32_t n_accepted = 0;
     int32_t n_past = 0;          // tokens in the target cache after the step
-    double t_draft_ms = 0.0;     // drafter block pass
-    double t_verify_ms = 0.0;    // target verification pass
-    double t_inject_ms = 0.0;    // feature injection into the drafter
+    int32_t n_batch_seqs = 1;    // sequences that shared this step's passes
+    double t_draft_ms = 0.0;     // drafter block pass (shared by the step's sequences)
+    double t_verify_ms = 0.0;    // target verification pass (shared)
+    double t_inject_ms = 0.0;    // feature injection into the drafter (shared)
     double t_sample_ms = 0.0;    // acceptance / sampling
     double t_rollback_ms = 0.0;  // removing rejected tokens (checkpoint: save, restore and replay)
+    // non-empty: this sequence failed (a grammar that allows nothing more); its
+    // caches were cleared and the others' steps are unaffected
+    std::string error;
+};
+
+// One sequence's part of a batched step.
+struct SeqStep {
+    int32_t seq = 0;
+    DraftControl control;
+    std::optional<std::vector<llama_token>> external;  // verify these instead of the drafter's block
 };
 
 // llama.cpp's memory breakdown of one context, per buffer type (device).
@@ -49,6 +61,21 @@ struct MemoryRow {
     size_t compute = 0;  // compute buffers
 };
 
+// What one sequence (a slot) holds: its token history in both caches, the
+// token pending for its next step, its sampler, grammar and checkpoint.
+struct Sequence {
+    std::unique_ptr<Sampler> sampler;
+    std::unique_ptr<Grammar> grammar;        // null: unconstrained
+    std::unique_ptr<Grammar> draft_grammar;  // the copy the drafter walks (its state reset each step)
+    std::unique_ptr<Grammar> grammar_start;  // its state after the spec's prefill: each prefill returns to it
+    std::vector<llama_token> history;        // tokens in the target cache
+    std::optional<llama_token> pending;
+    std::vector<llama_token> prompt;  // a prefill in progress: the whole prompt ...
+    int32_t n_past = 0;               // ... of which history holds the first n_past
+    int32_t n_cached = 0;             // prompt tokens the last prefill took from the cache
+    StateCheckpoint checkpoint;
+};
+
 class ContextPair {
 public:
     ContextPair(std::shared_ptr<Model> target, std::shared_ptr<Model> drafter, const PairParams& params);
@@ -57,18 +84,30 @@ public:
     ContextPair& operator=(const ContextPair&) = delete;
 
     // Evaluate `tokens` (all but the last, which is kept pending for the first
-    // step) from empty caches; with `reuse`, the longest prefix the caches
-    // already hold is kept (prompt cache; see n_cached()). Returns the time
-    // spent in ms.
-    double prefill(const std::vector<llama_token>& tokens, bool reuse = false);
+    // step) in sequence `seq`, from an empty cache; with `reuse`, the longest
+    // prefix the caches already hold for it is kept (prompt cache; see
+    // n_cached()). Returns the time spent in ms.
+    double prefill(int32_t seq, const std::vector<llama_token>& tokens, bool reuse = false);
+    // The same in parts, so that other sequences' steps run in between:
+    // prefill_begin checks the prompt, keeps the cached prefix and returns its
+    // length; each prefill_some evaluates at most `budget` more prompt tokens of
+    // the given sequences in one target pass (a sequence whose prompt is done
+    // has its pending token). Returns the time spent in ms.
+    int32_t prefill_begin(int32_t seq, const std::vector<llama_token>& tokens, bool reuse);
+    double prefill_some(const std::vector<int32_t>& seqs, int32_t budget);
+    int32_t prefill_remaining(int32_t seq) const;
 
-    // One speculative step. draft_max < 0 uses the pair's default; 0 is plain
-    // target decoding. With `external`, those tokens are verified instead of
-    // the drafter's block (any source: prompt lookup, tests).
-    StepResult step(const DraftControl& control, const std::optional<std::vector<llama_token>>& external);
+    // One speculative step of one sequence. draft_max < 0 uses the pair's
+    // default; 0 is plain target decoding. With `external`, those tokens are
+    // verified instead of the drafter's block (any source: prompt lookup, tests).
+    StepResult step(int32_t seq, const DraftControl& control, const std::optional<std::vector<llama_token>>& external);
+    // One step of several sequences: one drafter pass drafts all their blocks,
+    // one target pass verifies them all, then each is accepted, rolled back and
+    // injected on its own. Results in the order of `steps`.
+    std::vector<StepResult> step_batch(const std::vector<SeqStep>& steps);
 
     // Target logits for every position of `tokens` (row-major n x n_vocab),
-    // evaluated from an empty cache; the pair is left reset.
+    // evaluated from an empty cache; every sequence is left reset.
     std::vector<float> score(const std::vector<llama_token>& tokens);
 
     // InvalidArgument unless `control` suits this pair (draft_max within the block).
@@ -76,16 +115,19 @@ public:
 
     std::vector<MemoryRow> memory() const;
 
-    void set_sampling(const SamplingParams& params);
-    // The grammar the next tokens must follow, from its start (an empty gbnf: none);
-    // every prefill() starts it over. InvalidArgument when it does not parse.
-    void set_grammar(const GrammarSpec& spec);
-    bool has_grammar() const { return grammar_ != nullptr; }
-    void reset();
+    void set_sampling(int32_t seq, const SamplingParams& params);
+    // The grammar the next tokens of `seq` must follow, from its start (an empty
+    // gbnf: none); every prefill starts it over. InvalidArgument when it does not parse.
+    void set_grammar(int32_t seq, const GrammarSpec& spec);
+    bool has_grammar(int32_t seq) const { return seq_at(seq).grammar != nullptr; }
+    void reset();             // every sequence
+    void reset(int32_t seq);  // one: its caches and history
 
     // Stop the running (or next) decode at the next graph node; the call in
     // progress throws Interrupted and the pair is reset. Any thread may call it.
     void interrupt() { interrupt_.store(true); }
+    // Withdraw an interrupt that no decode has consumed yet.
+    void clear_interrupt() { interrupt_.store(false); }
     // Polled (at most every few ms) during decodes; true stops the decode.
     // The binding layer uses it to notice Ctrl-C while the GIL is released.
     void set_interrupt_check(std::function<bool()> fn) { interrupt_check_ = std::move(fn); }
@@ -98,50 +140,77 @@ public:
 
     bool closed() const { return !ctx_tgt_; }
     bool has_drafter() const { return drafter_ != nullptr; }
-    int32_t n_past() const { return n_past_; }
-    int32_t n_cached() const { return n_cached_; }  // prompt tokens the last prefill took from the cache
+    int32_t n_seq() const { return params_.n_seq; }
+    int32_t n_past(int32_t seq) const { return seq_at(seq).n_past; }
+    int32_t n_cached(int32_t seq) const { return seq_at(seq).n_cached; }  // taken from the cache by the last prefill
     int32_t n_ctx() const { return params_.n_ctx; }
+    int32_t n_ctx_seq() const { return params_.n_ctx / params_.n_seq; }  // one sequence's limit
     int32_t block_size() const { return drafter_ ? spec_.block_size : 0; }
     int32_t max_draft() const { return drafter_ ? spec_.max_draft() : 0; }
     int32_t default_draft_max() const { return draft_max_; }
-    bool has_pending() const { return pending_.has_value(); }
-    std::vector<llama_token> tokens() const;  // cached tokens + the pending one
+    bool has_pending(int32_t seq) const { return seq_at(seq).pending.has_value(); }
+    std::vector<llama_token> tokens(int32_t seq) const;  // cached tokens + the pending one
     const DraftSpec& spec() const { return spec_; }
     RollbackKind rollback() const { return rollback_; }
     uint32_t n_rs_seq() const { return n_rs_seq_; }
     const PairParams& params() const { return params_; }
 
 private:
+    // rows [row0, row0 + n) of the last target pass, injected into the drafter for `seq` at pos0..
+    struct Span {
+        int32_t seq;
+        int32_t row0;
+        int32_t n;
+        llama_pos pos0;
+    };
+    // one sequence's share of a batched step
+    struct Work {
+        int32_t seq;
+        Sequence* s;
+        const SeqStep* req;
+        StepResult r;
+        std::vector<llama_token> draft;
+        std::vector<Distribution> q;
+        int32_t k_draft = 0;    // block length asked of the drafter
+        int32_t row_draft = 0;  // first row of its block in the drafter pass
+        int32_t row = 0;        // first row of its batch in the verification pass
+        bool checkpointed = false;
+        int32_t n_keep = 0;
+    };
+
+    const Sequence& seq_at(int32_t seq) const;
+    Sequence& seq_at(int32_t seq);
     void require_open() const;
-    void clear_memory();
-    // Keeps the cached prefix shared with tokens[0..n) in both contexts (all or
-    // nothing for a recurrent target); returns its length (0: caller clears).
-    int32_t keep_common_prefix(const std::vector<llama_token>& tokens, int32_t n);
-    void decode_target(const llama_token* tokens, int32_t n, llama_pos pos0, bool all_logits);
-    void inject(int32_t n_rows, llama_pos pos0);
+    void clear_memory();               // every sequence
+    void clear_sequence(int32_t seq);  // one (both caches)
+    // Keeps the cached prefix of `seq` shared with tokens[0..n) in both contexts
+    // (all or nothing for a recurrent target); returns its length (0: caller clears).
+    int32_t keep_common_prefix(int32_t seq, const std::vector<llama_token>& tokens, int32_t n);
+    // A target pass over the batch already filled in batch_tgt_.
+    void decode_target_batch();
+    void inject(const std::vector<Span>& spans);
     // Picks the rollback for this target, creating the target context.
     void create_target_context();
-    // Leaves [pending, draft[0..n_keep-2]] in the target's memory after a
-    // verification of `batch`; `checkpointed` means the state was saved first.
-    void roll_back_target(const std::vector<llama_token>& batch, int32_t n_keep, bool checkpointed);
-    // Drafts up to n tokens; fills q with the drafter's distributions when the
-    // sampler verifies by rejection.
-    // The tokens to verify this step: `external`, the drafter's block, or none.
-    std::vector<llama_token> choose_draft(const DraftControl& control,
-                                          const std::optional<std::vector<llama_token>>& external, int32_t room,
-                                          std::vector<Distribution>& q, StepResult& r);
-    std::vector<llama_token> draft_block(int32_t n, const DraftControl& control, std::vector<Distribution>& q);
-    // Accept/reject `draft` against the target rows of the last decode.
-    std::vector<llama_token> accept(const std::vector<llama_token>& draft, const std::vector<Distribution>& q,
-                                    bool external, int32_t& n_accepted, std::vector<TokenLogprob>& logprobs);
-    std::vector<llama_token> recent_tokens() const;  // the penalty window before this step
+    void draft_blocks(std::vector<Work>& work);
+    // The block of one sequence from its rows of the drafter pass.
+    std::vector<llama_token> read_block(Sequence& s, int32_t row0, int32_t n, const DraftControl& control,
+                                        std::vector<Distribution>& q);
+    // Accept/reject `draft` against the rows of the last target pass from row0.
+    std::vector<llama_token> accept(Sequence& s, int32_t row0, const std::vector<llama_token>& draft,
+                                    const std::vector<Distribution>& q, bool external, int32_t& n_accepted,
+                                    std::vector<TokenLogprob>& logprobs);
+    // Removes a verified batch's rejected tail from the target (kv-trim, planes), or
+    // restores the checkpoint ahead of a replay (returns true: replay needed).
+    bool roll_back_target(Work& w, int32_t n_batch);
+    std::vector<llama_token> recent_tokens(const Sequence& s) const;  // the penalty window before this step
     // Appends the logprob of `t` taken from the row `raw` (SamplingParams.logprobs).
-    void note_logprob(const float* raw, llama_token t, bool have_dist, std::vector<TokenLogprob>& out) const;
+    void note_logprob(const Sequence& s, const float* raw, llama_token t, bool have_dist,
+                      std::vector<TokenLogprob>& out) const;
     // The row with what the grammar disallows at -inf (a copy); null if it allows nothing.
     // `plain`: no penalties or bias (the chain sees the row in logit order).
-    const float* constrain(const float* raw, Grammar& grammar, bool plain);
+    const float* constrain(const Sequence& s, const float* raw, Grammar& grammar, bool plain);
     // The greedy choice of a plain chain under the grammar (-1: it allows nothing).
-    llama_token grammar_argmax(const float* raw, Grammar& grammar);
+    llama_token grammar_argmax(const Sequence& s, const float* raw, Grammar& grammar);
     [[noreturn]] void fail_decode(const std::string& what, int32_t rc);
     [[noreturn]] void fail_rollback(const std::string& what);
     static bool abort_callback(void* self);
@@ -153,26 +222,18 @@ private:
     int32_t draft_max_ = 0;
     RollbackKind rollback_ = RollbackKind::KvTrim;
     uint32_t n_rs_seq_ = 0;  // rollback depth of the target's state planes
-    StateCheckpoint checkpoint_;
     ContextPtr ctx_tgt_;
     ContextPtr ctx_dft_;
     BatchPtr batch_tgt_;
     BatchPtr batch_dft_;
+    std::vector<Sequence> seqs_;
     std::vector<float> features_;
     Distribution dist_;
-    std::unique_ptr<Sampler> sampler_;
-    std::unique_ptr<Grammar> grammar_;        // null: unconstrained
-    std::unique_ptr<Grammar> draft_grammar_;  // the copy the drafter walks (its state reset each step)
-    std::unique_ptr<Grammar> grammar_start_;  // its state after the spec's prefill: each prefill() returns to it
     // the allowed-token caches of the last few grammars (by GBNF text), least recent first
     static constexpr size_t kGrammarCaches = 4;
     std::vector<std::pair<std::string, std::shared_ptr<MaskCache>>> grammar_caches_;
     std::vector<float> masked_;                         // a grammar-masked logits row
     std::vector<std::pair<float, llama_token>> order_;  // a row's tokens by logit (grammar scans)
-    std::vector<llama_token> history_;                  // tokens in the target cache
-    std::optional<llama_token> pending_;
-    int32_t n_past_ = 0;
-    int32_t n_cached_ = 0;
     mutable std::mutex mu_;
     std::atomic<bool> interrupt_{false};
     std::function<bool()> interrupt_check_;

@@ -28,6 +28,15 @@ void check_v_type(const char* name, const std::string& type, const std::string& 
 
 void PairParams::validate() const {
     at_least("n_ctx", n_ctx, 8);
+    at_least("n_parallel", n_seq, 1);
+    constexpr int32_t kMaxSeq = 256;  // llama.cpp's LLAMA_MAX_SEQ (an internal header)
+    if (n_seq > kMaxSeq) {
+        throw InvalidArgument("n_parallel must be <= " + std::to_string(kMaxSeq) + ", got " + std::to_string(n_seq));
+    }
+    if (n_ctx / n_seq < 8) {
+        throw InvalidArgument("n_ctx " + std::to_string(n_ctx) + " split over n_parallel " + std::to_string(n_seq) +
+                              " sequences leaves fewer than 8 tokens each");
+    }
     at_least("n_batch", n_batch, 1);
     at_least("n_ubatch", n_ubatch, 1);
     at_least("n_threads", n_threads, 0);
@@ -50,7 +59,11 @@ llama_context_params context_params(const PairParams& p, bool drafter) {
     cp.n_ctx = static_cast<uint32_t>(p.n_ctx);
     cp.n_batch = static_cast<uint32_t>(p.n_batch);
     cp.n_ubatch = static_cast<uint32_t>(p.n_ubatch);
-    cp.n_seq_max = 1;
+    cp.n_seq_max = static_cast<uint32_t>(p.n_seq);
+    // one KV stream for all sequences: a batch of several sequences' blocks stays one
+    // ubatch (the drafter's non-causal block must not be split); the per-sequence
+    // limit n_ctx / n_seq is the pair's to keep
+    cp.kv_unified = true;
     cp.n_rs_seq = 0;
     int32_t threads = p.n_threads;
     if (threads <= 0) threads = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));

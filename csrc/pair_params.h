@@ -11,7 +11,8 @@
 namespace pydflash {
 
 struct PairParams {
-    int32_t n_ctx = 4096;
+    int32_t n_ctx = 4096;             // all sequences together; each gets n_ctx / n_seq (llama.cpp's -c, -np)
+    int32_t n_seq = 1;                // sequences decoded together (llama.cpp's -np)
     int32_t n_batch = 512;            // largest single decode (prefill chunk)
     int32_t n_ubatch = 512;           // physical batch; also the drafter's injection chunk
     int32_t n_threads = 0;            // 0 = number of hardware threads
@@ -27,8 +28,8 @@ struct PairParams {
     void validate() const;
 };
 
-// llama.cpp's context parameters of the target or the drafter (n_seq_max 1,
-// no state planes: the caller sets n_rs_seq).
+// llama.cpp's context parameters of the target or the drafter (n_seq sequences
+// in one unified KV cache, no state planes: the caller sets n_rs_seq).
 llama_context_params context_params(const PairParams& p, bool drafter);
 
 // Draft-length controls of one step.

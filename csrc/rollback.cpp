@@ -33,21 +33,21 @@ std::string auto_rollback_for_drafting(const Model& target) {
     return rollback_name(llama_n_rs_seq(ctx.get()) > 0 ? RollbackKind::RecurrentPlanes : RollbackKind::Checkpoint);
 }
 
-void StateCheckpoint::save(llama_context* ctx) {
+void StateCheckpoint::save(llama_context* ctx, llama_seq_id seq) {
     // the recurrent part only: the attention KV cache is trimmed with seq_rm
-    const size_t need = llama_state_seq_get_size_ext(ctx, 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+    const size_t need = llama_state_seq_get_size_ext(ctx, seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
     if (need == 0) throw RollbackError("the target's recurrent state has size 0; cannot checkpoint it");
     if (buf_.size() < need) buf_.resize(need);
-    size_ = llama_state_seq_get_data_ext(ctx, buf_.data(), need, 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+    size_ = llama_state_seq_get_data_ext(ctx, buf_.data(), need, seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
     if (size_ == 0 || size_ > need) {
         size_ = 0;
         throw RollbackError("saving the target's recurrent state failed");
     }
 }
 
-void StateCheckpoint::restore(llama_context* ctx) {
+void StateCheckpoint::restore(llama_context* ctx, llama_seq_id seq) {
     if (size_ == 0) throw RollbackError("no recurrent-state checkpoint to restore");
-    const size_t read = llama_state_seq_set_data_ext(ctx, buf_.data(), size_, 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+    const size_t read = llama_state_seq_set_data_ext(ctx, buf_.data(), size_, seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
     if (read != size_) throw RollbackError("restoring the target's recurrent state failed");
 }
 

@@ -30,12 +30,12 @@ bool has_recurrent_state(const Model& target);
 // llama.cpp by creating a small context (for `pydflash info`).
 std::string auto_rollback_for_drafting(const Model& target);
 
-// The target's recurrent state of sequence 0, saved before a verification pass.
+// One sequence's recurrent state in the target, saved before a verification pass.
 class StateCheckpoint {
 public:
     // Both throw RollbackError when llama.cpp cannot save or restore the state.
-    void save(llama_context* ctx);
-    void restore(llama_context* ctx);
+    void save(llama_context* ctx, llama_seq_id seq);
+    void restore(llama_context* ctx, llama_seq_id seq);
     size_t size_bytes() const { return size_; }
 
 private:

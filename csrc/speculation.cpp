@@ -12,13 +12,13 @@
 
 namespace pydflash {
 
-std::vector<llama_token> ContextPair::recent_tokens() const {
-    const SamplingParams& sp = sampler_->params();
+std::vector<llama_token> ContextPair::recent_tokens(const Sequence& s) const {
+    const SamplingParams& sp = s.sampler->params();
     if (!sp.has_penalties() || sp.penalty_last_n == 0) return {};
     // the last penalty_last_n tokens of history + pending, without copying the whole history
-    const size_t n_hist = std::min(history_.size(), static_cast<size_t>(sp.penalty_last_n) - 1);
-    std::vector<llama_token> out(history_.end() - static_cast<std::ptrdiff_t>(n_hist), history_.end());
-    out.push_back(*pending_);
+    const size_t n_hist = std::min(s.history.size(), static_cast<size_t>(sp.penalty_last_n) - 1);
+    std::vector<llama_token> out(s.history.end() - static_cast<std::ptrdiff_t>(n_hist), s.history.end());
+    out.push_back(*s.pending);
     return out;
 }
 
@@ -32,51 +32,69 @@ void push_recent(std::vector<llama_token>& win, llama_token t, int32_t last_n) {
 
 }  // namespace
 
-std::vector<llama_token> ContextPair::draft_block(int32_t n, const DraftControl& control,
-                                                  std::vector<Distribution>& q) {
+void ContextPair::draft_blocks(std::vector<Work>& work) {
+    if (!drafter_) return;
     llama_batch_ext* b = batch_dft_.get();
     llama_batch_ext_clear(b);
-    // every row outputs: the dflash graph does not select output rows, so a
-    // row without output would shift the logits of the rows after it
-    add_token(b, *pending_, n_past_, true);
-    for (int32_t i = 1; i <= n; ++i) add_token(b, spec_.mask_token, n_past_ + i, true);
+    int32_t row = 0;
+    for (Work& w : work) {
+        if (w.k_draft == 0) continue;
+        // every row outputs: the dflash graph does not select output rows, so a
+        // row without output would shift the logits of the rows after it
+        const llama_pos p0 = w.s->n_past;
+        w.row_draft = row;
+        add_token(b, w.seq, *w.s->pending, p0, true);
+        for (int32_t i = 1; i <= w.k_draft; ++i) add_token(b, w.seq, spec_.mask_token, p0 + i, true);
+        row += 1 + w.k_draft;
+    }
+    if (row == 0) return;
     const int32_t rc =
         fault_.fire(FaultSite::DrafterDecode) ? -1 : llama_process(ctx_dft_.get(), LLAMA_PROCESS_TYPE_DECODE, b);
     if (rc != 0) fail_decode("drafter block decode", rc);
+    for (Work& w : work) {
+        if (w.k_draft == 0) continue;
+        w.draft = read_block(*w.s, w.row_draft, w.k_draft, w.req->control, w.q);
+        // the block's K/V are noise: the drafter cache must hold only injected features
+        llama_memory_seq_rm(llama_get_memory(ctx_dft_.get()), w.seq, w.s->n_past, -1);
+    }
+}
 
-    const SamplingParams& sp = sampler_->params();
+std::vector<llama_token> ContextPair::read_block(Sequence& s, int32_t row0, int32_t n, const DraftControl& control,
+                                                 std::vector<Distribution>& q) {
+    Sampler& sampler = *s.sampler;
+    const SamplingParams& sp = sampler.params();
     const bool rejection = !sp.greedy() && sp.verify == VerifyMode::Rejection;
     const int32_t n_vocab = target_->n_vocab();
     const bool plain = !sp.has_penalties() && sp.logit_bias.empty();
     std::vector<llama_token> out;
-    std::vector<llama_token> win = plain ? std::vector<llama_token>() : recent_tokens();
+    std::vector<llama_token> win = plain ? std::vector<llama_token>() : recent_tokens(s);
     // under a grammar the block follows it too (a copy of its state walks the
     // block), so drafts are not wasted on tokens the target cannot emit
     Grammar* g = nullptr;
-    if (grammar_) {
-        if (!draft_grammar_) draft_grammar_ = grammar_->clone();
-        draft_grammar_->assign_state(*grammar_);
-        g = draft_grammar_.get();
+    if (s.grammar) {
+        if (!s.draft_grammar) s.draft_grammar = s.grammar->clone();
+        s.draft_grammar->assign_state(*s.grammar);
+        g = s.draft_grammar.get();
     }
     for (int32_t i = 1; i <= n; ++i) {
-        const float* logits = llama_get_logits_ith(ctx_dft_.get(), i);
+        const float* logits = llama_get_logits_ith(ctx_dft_.get(), row0 + i);
         if (logits == nullptr) fail_decode("reading drafter logits", -1);
         llama_token t;
         float conf;
         const float* row = logits;
         if (g && !(plain && sp.greedy())) {
-            row = constrain(logits, *g, plain);
+            row = constrain(s, logits, *g, plain);
             if (row == nullptr) break;  // the grammar allows nothing more: the block ends
         }
         if (plain && sp.greedy()) {
-            t = g ? grammar_argmax(logits, *g) : argmax(logits, n_vocab);
+            t = g ? grammar_argmax(s, logits, *g) : argmax(logits, n_vocab);
             if (t < 0) break;  // the grammar allows nothing more: the block ends
             conf = control.draft_p_min > 0.0f ? softmax_prob(logits, n_vocab, t) : 1.0f;
         } else {
             // q: the drafter's row under the target's transform (and the grammar)
-            sampler_->distribution(row, win, dist_);
+            sampler.distribution(row, win, dist_);
             if (rejection) {
-                t = sampler_->sample(dist_);
+                t = sampler.sample(dist_);
                 conf = dist_.prob_of(t);
             } else {
                 t = dist_.ids[0];  // the transformed argmax: greedy drafts
@@ -96,8 +114,6 @@ std::vector<llama_token> ContextPair::draft_block(int32_t n, const DraftControl&
         out.push_back(t);
         push_recent(win, t, sp.penalty_last_n);
     }
-    // the block's K/V are noise: the drafter cache must hold only injected features
-    llama_memory_seq_rm(llama_get_memory(ctx_dft_.get()), 0, n_past_, -1);
     if (static_cast<int32_t>(out.size()) < control.draft_min) {
         out.clear();
         q.clear();
@@ -105,8 +121,9 @@ std::vector<llama_token> ContextPair::draft_block(int32_t n, const DraftControl&
     return out;
 }
 
-void ContextPair::note_logprob(const float* raw, llama_token t, bool have_dist, std::vector<TokenLogprob>& out) const {
-    const SamplingParams& sp = sampler_->params();
+void ContextPair::note_logprob(const Sequence& s, const float* raw, llama_token t, bool have_dist,
+                               std::vector<TokenLogprob>& out) const {
+    const SamplingParams& sp = s.sampler->params();
     if (!sp.logprobs) return;
     if (!sp.post_sampling_probs) {
         out.push_back(raw_logprob(raw, target_->n_vocab(), t, sp.top_logprobs));
@@ -120,7 +137,7 @@ void ContextPair::note_logprob(const float* raw, llama_token t, bool have_dist, 
     }
 }
 
-llama_token ContextPair::grammar_argmax(const float* raw, Grammar& grammar) {
+llama_token ContextPair::grammar_argmax(const Sequence& s, const float* raw, Grammar& grammar) {
     const int32_t n_vocab = target_->n_vocab();
     // a state seen before: the best of its allowed tokens (structural positions of a
     // JSON grammar allow a handful)
@@ -134,13 +151,13 @@ llama_token ContextPair::grammar_argmax(const float* raw, Grammar& grammar) {
     // the model's own choice, when the grammar allows it (free text, strings)
     const llama_token top = argmax(raw, n_vocab);
     if (grammar.allows_one(top)) return top;
-    const float* row = constrain(raw, grammar, true);
+    const float* row = constrain(s, raw, grammar, true);
     return row == nullptr ? -1 : argmax(row, n_vocab);
 }
 
-const float* ContextPair::constrain(const float* raw, Grammar& grammar, bool plain) {
+const float* ContextPair::constrain(const Sequence& s, const float* raw, Grammar& grammar, bool plain) {
     const int32_t n_vocab = target_->n_vocab();
-    const SamplingParams& sp = sampler_->params();
+    const SamplingParams& sp = s.sampler->params();
     // How many of the best allowed tokens the chain can use: greedy takes one, top-k
     // k, unless the chain reorders the row first (penalties, bias) or looks at all of
     // it (top-n-sigma, no top-k). Those are found by trying tokens in logit order one
@@ -179,14 +196,17 @@ const float* ContextPair::constrain(const float* raw, Grammar& grammar, bool pla
     return masked_.data();
 }
 
-std::vector<llama_token> ContextPair::accept(const std::vector<llama_token>& draft, const std::vector<Distribution>& q,
-                                             bool external, int32_t& n_acc, std::vector<TokenLogprob>& logprobs) {
-    const SamplingParams& sp = sampler_->params();
+std::vector<llama_token> ContextPair::accept(Sequence& s, int32_t row0, const std::vector<llama_token>& draft,
+                                             const std::vector<Distribution>& q, bool external, int32_t& n_acc,
+                                             std::vector<TokenLogprob>& logprobs) {
+    Sampler& sampler = *s.sampler;
+    Grammar* grammar = s.grammar.get();
+    const SamplingParams& sp = sampler.params();
     const auto k = static_cast<int32_t>(draft.size());
     const int32_t n_vocab = target_->n_vocab();
     const bool plain = !sp.has_penalties() && sp.logit_bias.empty();
     const bool rejection = !sp.greedy() && sp.verify == VerifyMode::Rejection;
-    std::vector<llama_token> win = plain ? std::vector<llama_token>() : recent_tokens();
+    std::vector<llama_token> win = plain ? std::vector<llama_token>() : recent_tokens(s);
     std::vector<llama_token> out;
     n_acc = 0;
     Distribution one_hot;
@@ -194,34 +214,34 @@ std::vector<llama_token> ContextPair::accept(const std::vector<llama_token>& dra
     // computed), and the grammar moves past it before row i + 1 is masked
     auto emit = [&](llama_token t, const float* raw, bool have_dist) {
         out.push_back(t);
-        note_logprob(raw, t, have_dist, logprobs);
-        if (grammar_) grammar_->accept(t);
+        note_logprob(s, raw, t, have_dist, logprobs);
+        if (grammar) grammar->accept(t);
     };
     for (int32_t i = 0; i <= k; ++i) {
-        const float* raw = llama_get_logits_ith(ctx_tgt_.get(), i);
+        const float* raw = llama_get_logits_ith(ctx_tgt_.get(), row0 + i);
         if (raw == nullptr) fail_decode("reading target logits", -1);
         // under a grammar: the chain on the masked row (llama.cpp's grammar-first order)
         const float* row = raw;
-        if (grammar_ && !(plain && sp.greedy())) {
-            row = constrain(raw, *grammar_, plain);
+        if (grammar && !(plain && sp.greedy())) {
+            row = constrain(s, raw, *grammar, plain);
             if (row == nullptr) throw GrammarError("the grammar allows no token here");
         }
         if (plain && sp.greedy()) {
-            const llama_token t = grammar_ ? grammar_argmax(raw, *grammar_) : argmax(raw, n_vocab);
+            const llama_token t = grammar ? grammar_argmax(s, raw, *grammar) : argmax(raw, n_vocab);
             if (t < 0) throw GrammarError("the grammar allows no token here");
             emit(t, raw, false);
             if (i == k || t != draft[static_cast<size_t>(i)]) break;
             ++n_acc;
             continue;
         }
-        sampler_->distribution(row, win, dist_);  // p_i
-        if (i == k) {                             // every draft accepted: one more token of the target's own
-            emit(sampler_->sample(dist_), raw, true);
+        sampler.distribution(row, win, dist_);  // p_i
+        if (i == k) {                           // every draft accepted: one more token of the target's own
+            emit(sampler.sample(dist_), raw, true);
             break;
         }
         const llama_token x = draft[static_cast<size_t>(i)];
         if (!rejection) {  // match: the target's own sample must equal the draft
-            const llama_token t = sampler_->sample(dist_);
+            const llama_token t = sampler.sample(dist_);
             emit(t, raw, true);
             if (t != x) break;
         } else {
@@ -236,11 +256,11 @@ std::vector<llama_token> ContextPair::accept(const std::vector<llama_token>& dra
             }
             const double px = dist_.prob_of(x);
             const double qx = qi->prob_of(x);
-            if (qx > 0.0 && sampler_->uniform() < std::min(1.0, px / qx)) {
+            if (qx > 0.0 && sampler.uniform() < std::min(1.0, px / qx)) {
                 emit(x, raw, true);
             } else {
                 // the residual's sample follows p overall: its logprob is p's
-                emit(sampler_->sample_residual(dist_, *qi), raw, true);
+                emit(sampler.sample_residual(dist_, *qi), raw, true);
                 break;
             }
         }

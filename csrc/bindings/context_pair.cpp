@@ -32,9 +32,9 @@ std::string repr(const StepResult& r) {
     std::ostringstream os;
     os << "StepResult(tokens=[";
     for (size_t i = 0; i < r.tokens.size(); ++i) os << (i ? ", " : "") << r.tokens[i];
-    os << "], n_drafted=" << r.n_drafted << ", n_accepted=" << r.n_accepted << ", n_past=" << r.n_past
-       << ", t_draft_ms=" << r.t_draft_ms << ", t_verify_ms=" << r.t_verify_ms << ", t_inject_ms=" << r.t_inject_ms
-       << ")";
+    os << "], seq=" << r.seq << ", n_drafted=" << r.n_drafted << ", n_accepted=" << r.n_accepted
+       << ", n_past=" << r.n_past << ", t_draft_ms=" << r.t_draft_ms << ", t_verify_ms=" << r.t_verify_ms
+       << ", t_inject_ms=" << r.t_inject_ms << ")";
     return os.str();
 }
 
@@ -60,6 +60,10 @@ void register_context_pair(py::module_& m) {
         .def_readonly("tokens", &StepResult::tokens, "New tokens: accepted drafts, then the target's own.")
         .def_readonly("drafted", &StepResult::drafted, "The block the drafter proposed.")
         .def_readonly("logprobs", &StepResult::logprobs, "One TokenLogprob per token (SamplingParams.logprobs).")
+        .def_readonly("seq", &StepResult::seq, "The sequence this step advanced.")
+        .def_readonly("n_batch_seqs", &StepResult::n_batch_seqs, "Sequences that shared this step's passes.")
+        .def_readonly("error", &StepResult::error,
+                      "Non-empty: this sequence failed alone (its grammar allows nothing more) and was reset.")
         .def_readonly("n_drafted", &StepResult::n_drafted)
         .def_readonly("n_accepted", &StepResult::n_accepted)
         .def_readonly("n_past", &StepResult::n_past)
@@ -71,6 +75,21 @@ void register_context_pair(py::module_& m) {
                       "Removing rejected tokens from the target (checkpoint: save, restore and replay).")
         .def("__repr__", py::overload_cast<const StepResult&>(&repr));
 
+    py::class_<SeqStep>(m, "SeqStep", "One sequence's part of ContextPair.step_batch.")
+        .def(py::init([](int32_t seq, int32_t draft_max, int32_t draft_min, float draft_p_min,
+                         const std::optional<std::vector<llama_token>>& draft) {
+                 SeqStep st;
+                 st.seq = seq;
+                 st.control.draft_max = draft_max;
+                 st.control.draft_min = draft_min;
+                 st.control.draft_p_min = draft_p_min;
+                 st.external = draft;
+                 return st;
+             }),
+             py::arg("seq"), py::arg("draft_max") = -1, py::arg("draft_min") = 0, py::arg("draft_p_min") = 0.0f,
+             py::arg("draft") = py::none())
+        .def_readonly("seq", &SeqStep::seq);
+
     py::class_<ContextPair>(m, "ContextPair")
         .def(py::init([](std::shared_ptr<Model> target, std::shared_ptr<Model> drafter, const PairParams& params) {
                  auto pair = std::make_unique<ContextPair>(std::move(target), std::move(drafter), params);
@@ -78,19 +97,31 @@ void register_context_pair(py::module_& m) {
                  return pair;
              }),
              py::arg("target"), py::arg("drafter").none(true), py::arg("params") = PairParams{}, release())
-        .def("prefill", &ContextPair::prefill, py::arg("tokens"), py::arg("reuse") = false, release())
+        .def(
+            "prefill",
+            [](ContextPair& self, const std::vector<llama_token>& tokens, bool reuse, int32_t seq) {
+                return self.prefill(seq, tokens, reuse);
+            },
+            py::arg("tokens"), py::arg("reuse") = false, py::arg("seq") = 0, release())
+        .def("prefill_begin", &ContextPair::prefill_begin, py::arg("seq"), py::arg("tokens"), py::arg("reuse"),
+             release(), "Check a prompt for `seq`, keep its cached prefix (returns its length); nothing is decoded.")
+        .def("prefill_some", &ContextPair::prefill_some, py::arg("seqs"), py::arg("budget"), release(),
+             "Evaluate at most `budget` more prompt tokens of these sequences in one target pass (ms).")
+        .def("prefill_remaining", &ContextPair::prefill_remaining, py::arg("seq"))
         .def(
             "step",
             [](ContextPair& self, int32_t draft_max, int32_t draft_min, float draft_p_min,
-               const std::optional<std::vector<llama_token>>& draft) {
+               const std::optional<std::vector<llama_token>>& draft, int32_t seq) {
                 DraftControl control;
                 control.draft_max = draft_max;
                 control.draft_min = draft_min;
                 control.draft_p_min = draft_p_min;
-                return self.step(control, draft);
+                return self.step(seq, control, draft);
             },
             py::arg("draft_max") = -1, py::arg("draft_min") = 0, py::arg("draft_p_min") = 0.0f,
-            py::arg("draft") = py::none(), release())
+            py::arg("draft") = py::none(), py::arg("seq") = 0, release())
+        .def("step_batch", &ContextPair::step_batch, py::arg("steps"), release(),
+             "One step of several sequences in shared passes; a result per SeqStep, in order.")
         .def(
             "score",
             [](ContextPair& self, const std::vector<llama_token>& tokens) {
@@ -106,26 +137,29 @@ void register_context_pair(py::module_& m) {
                 return arr;
             },
             py::arg("tokens"), "Target logits (n, n_vocab) for every position; leaves the pair reset.")
-        .def("set_sampling", &ContextPair::set_sampling, py::arg("params"), release())
+        .def(
+            "set_sampling",
+            [](ContextPair& self, const SamplingParams& params, int32_t seq) { self.set_sampling(seq, params); },
+            py::arg("params"), py::arg("seq") = 0, release())
         .def(
             "set_grammar",
             [](ContextPair& self, const std::string& gbnf, bool lazy, const std::vector<std::string>& trigger_patterns,
-               const std::vector<llama_token>& trigger_tokens, const std::vector<llama_token>& prefill) {
+               const std::vector<llama_token>& trigger_tokens, const std::vector<llama_token>& prefill, int32_t seq) {
                 GrammarSpec spec;
                 spec.gbnf = gbnf;
                 spec.lazy = lazy;
                 spec.trigger_patterns = trigger_patterns;
                 spec.trigger_tokens = trigger_tokens;
                 spec.prefill = prefill;
-                self.set_grammar(spec);
+                self.set_grammar(seq, spec);
             },
             py::arg("gbnf"), py::arg("lazy") = false, py::arg("trigger_patterns") = std::vector<std::string>{},
             py::arg("trigger_tokens") = std::vector<llama_token>{}, py::arg("prefill") = std::vector<llama_token>{},
-            release(),
+            py::arg("seq") = 0, release(),
             "The grammar the next tokens follow, from its start ('' for none); lazy: only after a trigger "
             "(a regex on the output, or a token); prefill: tokens it consumes first. ValueError if it does not "
             "parse.")
-        .def_property_readonly("has_grammar", &ContextPair::has_grammar)
+        .def("has_grammar", &ContextPair::has_grammar, py::arg("seq") = 0)
         .def("check", &ContextPair::check, py::arg("control"),
              "ValueError unless the draft controls suit this pair (draft_max within the block).")
         .def(
@@ -138,25 +172,37 @@ void register_context_pair(py::module_& m) {
                 return out;
             },
             "llama.cpp's memory breakdown: (role, buffer type, model, context, compute) bytes.")
-        .def("reset", &ContextPair::reset, release())
+        .def(
+            "reset",
+            [](ContextPair& self, std::optional<int32_t> seq) {
+                if (seq) {
+                    self.reset(*seq);
+                } else {
+                    self.reset();
+                }
+            },
+            py::arg("seq") = py::none(), release(), "Clear one sequence (or, with none given, all).")
         .def("interrupt", &ContextPair::interrupt,
              "Stop the running (or the next) decode; that call raises GenerationInterrupted.")
+        .def("clear_interrupt", &ContextPair::clear_interrupt, "Withdraw an interrupt no decode has consumed yet.")
         .def("close", &ContextPair::close, release())
         .def("_inject_fault", &ContextPair::inject_fault, py::arg("site"), py::arg("after_calls") = 0,
              "Tests only: the (after_calls + 1)-th later call at site ('target_decode', 'drafter_decode', "
              "'memory_remove'; 'none' disarms) fails as if llama.cpp had failed.")
-        .def("tokens", &ContextPair::tokens)
+        .def("tokens", &ContextPair::tokens, py::arg("seq") = 0)
         .def_property_readonly("closed", &ContextPair::closed)
         .def_property_readonly("has_drafter", &ContextPair::has_drafter)
-        .def_property_readonly("n_past", &ContextPair::n_past)
-        .def_property_readonly("n_cached", &ContextPair::n_cached,
-                               "Prompt tokens the last prefill took from the cache (prefill(reuse=True)).")
+        .def("n_past", &ContextPair::n_past, py::arg("seq") = 0)
+        .def("n_cached", &ContextPair::n_cached, py::arg("seq") = 0,
+             "Prompt tokens the last prefill of `seq` took from the cache (prefill(reuse=True)).")
+        .def_property_readonly("n_seq", &ContextPair::n_seq)
         .def_property_readonly("n_ctx", &ContextPair::n_ctx)
+        .def_property_readonly("n_ctx_seq", &ContextPair::n_ctx_seq, "One sequence's context: n_ctx / n_seq.")
         .def_property_readonly("n_batch", [](const ContextPair& s) { return s.params().n_batch; })
         .def_property_readonly("block_size", &ContextPair::block_size)
         .def_property_readonly("max_draft", &ContextPair::max_draft)
         .def_property_readonly("default_draft_max", &ContextPair::default_draft_max)
-        .def_property_readonly("has_pending", &ContextPair::has_pending)
+        .def("has_pending", &ContextPair::has_pending, py::arg("seq") = 0)
         .def_property_readonly("target_layer_ids", [](const ContextPair& s) { return s.spec().target_layer_ids; })
         .def_property_readonly("mask_token", [](const ContextPair& s) { return s.spec().mask_token; })
         .def_property_readonly(

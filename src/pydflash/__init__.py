@@ -28,6 +28,7 @@ from .errors import (
 from .llama import Llama
 from .pair import ContextPair
 from .results import GenerationResult, GenerationStats, MemoryReport, MemoryRow, StepResult, StreamStep, TokenLogprob
+from .submission import Submission
 
 __version__: str = _core.__version__
 
@@ -50,6 +51,7 @@ __all__ = [
     "RollbackError",
     "StepResult",
     "StreamStep",
+    "Submission",
     "TokenLogprob",
     "__version__",
     "backends",

@@ -1,22 +1,27 @@
-"""The generation loop: one prompt, speculative steps until EOS, a stop
-string, ``max_tokens`` or a full context. ``Llama.generate``/``stream`` and
-the OpenAI-style completions (and through them the server) all run it.
+"""One generation: a prompt, its sampling settings, and what comes of it.
+The engine (``_engine.Engine``) runs it in a sequence slot, speculative step
+after step, until EOS, a stop string, ``max_tokens`` or a full context, and
+hands each step to the consumer (``__iter__``/``__aiter__``). ``Llama.generate``/
+``stream``/``submit`` and the OpenAI-style completions (and through them the
+server) all use it.
 
 It needs only what ``GenerationHost`` names (``Llama`` provides it), so this
 module imports nothing that imports it back."""
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import random
+import threading
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from typing import Protocol
 
-from . import _core, _logging
+from . import _core
 from ._text import TextAssembler
 from .config import ModelConfig, SamplingConfig
-from .errors import GenerationInterrupted
+from .errors import ContextLimitError, GenerationInterrupted
 from .openai_types import CompletionUsage, Timings
 from .pair import ContextPair
 from .results import FinishReason, GenerationResult, GenerationStats, StreamStep, TokenLogprob
@@ -40,26 +45,81 @@ class GenerationHost(Protocol):
 
     def prompt_tokens(self, prompt: Prompt) -> list[int]: ...
 
-    def exclusive(self) -> AbstractContextManager[None]: ...
+    def run_generation(self, gen: Generation) -> None: ...
+
+    def cancel_generation(self, gen: Generation) -> None: ...
+
+
+class _Channel:
+    """Steps from the engine thread to one consumer, blocking or async."""
+
+    def __init__(self) -> None:
+        self._items: collections.deque[StreamStep | BaseException] = collections.deque()
+        self._cv = threading.Condition()
+        self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
+
+    def put(self, item: StreamStep | BaseException) -> None:
+        with self._cv:
+            self._items.append(item)
+            self._cv.notify()
+            waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            loop, fut = waiter
+            loop.call_soon_threadsafe(_wake, fut)
+
+    def get(self) -> StreamStep | BaseException:
+        with self._cv:  # a lock wait: Ctrl-C interrupts it
+            while not self._items:
+                self._cv.wait()
+            return self._items.popleft()
+
+    async def aget(self) -> StreamStep | BaseException:
+        while True:
+            with self._cv:
+                if self._items:
+                    return self._items.popleft()
+                loop = asyncio.get_running_loop()
+                fut: asyncio.Future[None] = loop.create_future()
+                self._waiter = (loop, fut)
+            await fut
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 class Generation:
-    """One generation of ``config`` after ``prompt``; iterate it for one
-    ``StreamStep`` per speculative step (the last carries the finish reason).
+    """One generation of ``config`` after ``prompt``; iterate it (or ``async
+    for``) for one ``StreamStep`` per speculative step (the last carries the
+    finish reason). Iterating submits it to the host's engine; leaving the
+    iteration early cancels it.
 
-    The prompt is tokenized and the draft options checked against the pair
-    here, before anything runs; the model is held (``host.exclusive()``) while
-    the iteration runs. After it: ``tokens``, ``steps`` (the core's step
+    The prompt is tokenized and checked (its length against one sequence's
+    context, the draft options against the pair) here, in the caller's thread,
+    before anything runs. After it: ``tokens``, ``steps`` (the core's step
     results), ``prefill_s``/``decode_s``, ``n_cached``, ``finish`` and
     ``result()``, ``usage()``, ``timings()``."""
 
-    def __init__(self, host: GenerationHost, prompt: Prompt, config: SamplingConfig):
+    def __init__(self, host: GenerationHost, prompt: Prompt, config: SamplingConfig, *, slot: int | None = None):
         self.host = host
         self.config = config
         self.prompt: list[int] = host.prompt_tokens(prompt)
-        model = host.core_model
-        host.pair.check_draft(config)  # before any work: draft_max within the block
-        self.model = model
+        pair = host.pair
+        limit = pair.n_ctx
+        if len(self.prompt) > limit - 1:
+            where = f"a sequence's context holds {limit}" if pair.n_parallel > 1 else f"the context holds {limit}"
+            raise ContextLimitError(
+                f"prompt has {len(self.prompt)} tokens but {where} (at most {limit - 1} prompt tokens leave room "
+                "to generate)"
+            )
+        if slot is not None and (
+            isinstance(slot, bool) or not isinstance(slot, int) or not -1 <= slot < pair.n_parallel
+        ):
+            raise ValueError(f"slot must be -1 or an int in [0, {pair.n_parallel}), got {slot!r}")
+        self.slot = None if slot is None or slot < 0 else slot  # None: the engine picks
+        pair.check_draft(config)  # before any work: draft_max within the block
+        self.model = model = host.core_model
         self.text = TextAssembler(lambda t: model.token_to_piece(t, False), config.stop)
         self.tokens: list[int] = []
         # one per token, in step with self.tokens, with logprobs=True
@@ -70,57 +130,120 @@ class Generation:
         self.prefill_s = 0.0
         self.decode_s = 0.0
         self.n_cached = 0  # prompt tokens taken from the prompt cache
+        seed = config.seed if config.seed is not None else host.config.seed
+        self.seed = seed if seed >= 0 else random.getrandbits(63)
+        self.channel = _Channel()
+        self.cancelled = False  # the consumer left: the engine drops it
+        self.submitted = False
+        self.done = False  # finished, failed or cancelled (set by the engine)
+        self.t_submit = 0.0
+        self.t_start = 0.0
+        self.t_decode = 0.0
+        self.queue_s = 0.0  # waiting for a free slot
+
+    # -- the consumer's side ---------------------------------------------------
 
     def __iter__(self) -> Iterator[StreamStep]:
-        return self._loop()
+        return self._consume()
 
     def run(self, cancel: Callable[[], bool] | None = None) -> Generator[StreamStep, None, None]:
         """The steps; ``cancel()`` (when given) is asked after each unfinished
         one, and True stops the generation with ``GenerationInterrupted``."""
-        it = self._loop()
+        it = self._consume()
         try:
             for step in it:
                 yield step
                 if cancel is not None and step.finish_reason is None and cancel():
                     raise GenerationInterrupted("the generation was cancelled")
         finally:
-            it.close()  # a consumer that stops early ends the generation (and frees the model) now
+            it.close()  # a consumer that stops early ends the generation now
 
-    def _loop(self) -> Generator[StreamStep, None, None]:
-        with self.host.exclusive():
-            try:
-                yield from self._decode()
-            finally:
-                _logging.flush()
+    def submit(self) -> None:
+        """Hand it to the engine (once); its steps then queue for the consumer."""
+        if not self.submitted:
+            self.submitted = True
+            self.t_submit = time.perf_counter()
+            self.host.run_generation(self)
 
-    def _decode(self) -> Generator[StreamStep, None, None]:
-        host, cfg = self.host, self.config
-        pair = host.pair
-        seed = cfg.seed if cfg.seed is not None else host.config.seed
-        if seed < 0:
-            seed = random.getrandbits(63)
-        pair.set_sampling_config(cfg, seed)
-        t0 = time.perf_counter()
-        pair.prefill(self.prompt, reuse=cfg.cache_prompt)
-        self.prefill_s = time.perf_counter() - t0
-        self.n_cached = pair.n_cached
-        draft_max = cfg.draft_max
-        t0 = time.perf_counter()
-        while self.finish is None:
-            remaining = cfg.max_tokens - len(self.tokens)
-            if remaining <= 0 or pair.n_past >= pair.n_ctx:
-                self.finish = "length"
-                self._cut_at_stop()
-                yield self._event(None)
-                break
-            dm = remaining - 1 if draft_max is None else min(draft_max, remaining - 1)
-            if draft_max is None:
-                dm = min(dm, pair.default_draft_max)
-            step = host.pair.step(dm, draft_min=cfg.draft_min, draft_p_min=cfg.draft_p_min)
-            self.steps.append(step)
-            self._take(step.tokens, step.logprobs)
-            yield self._event(step)
-        self.decode_s = time.perf_counter() - t0
+    def cancel(self) -> None:
+        """Stop it between steps (or abort its decode when it runs alone); its
+        sequence's cache stays valid and a reader gets GenerationInterrupted. No
+        effect once done."""
+        if self.submitted and not self.done and not self.cancelled:
+            self.host.cancel_generation(self)
+            self.channel.put(GenerationInterrupted("the generation was cancelled"))
+
+    def _consume(self) -> Generator[StreamStep, None, None]:
+        self.submit()
+        try:
+            while True:
+                item = self.channel.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finish_reason is not None:
+                    return
+        finally:
+            self.cancel()
+
+    async def _aconsume(self) -> AsyncIterator[StreamStep]:
+        self.submit()
+        try:
+            while True:
+                item = await self.channel.aget()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finish_reason is not None:
+                    return
+        finally:
+            self.cancel()
+
+    def __aiter__(self) -> AsyncIterator[StreamStep]:
+        return self._aconsume()
+
+    # -- the engine's side (its thread) ------------------------------------------
+
+    def started(self, n_cached: int) -> None:
+        """Admitted to a slot; ``n_cached`` prompt tokens came from its cache."""
+        self.n_cached = n_cached
+        self.t_start = time.perf_counter()
+        self.queue_s = self.t_start - self.t_submit
+
+    def prefilled(self) -> None:
+        """Its prompt is evaluated (in chunks, between other sequences' steps)."""
+        now = time.perf_counter()
+        self.prefill_s = now - self.t_start
+        self.t_decode = now
+
+    def next_draft_max(self, n_past: int, n_ctx: int, default_draft_max: int) -> int | None:
+        """This step's draft_max, or None when the generation ends here ("length")."""
+        remaining = self.config.max_tokens - len(self.tokens)
+        if remaining <= 0 or n_past >= n_ctx:
+            self.finish = "length"
+            self._cut_at_stop()
+            self._deliver(self._event(None))
+            return None
+        draft_max = self.config.draft_max
+        if draft_max is None:
+            return min(remaining - 1, default_draft_max)
+        return min(draft_max, remaining - 1)
+
+    def take_step(self, step: _core.StepResult) -> None:
+        """One step's tokens: EOS, max_tokens, stop strings; delivered as a StreamStep."""
+        self.steps.append(step)
+        self._take(step.tokens, step.logprobs)
+        self._deliver(self._event(step))
+
+    def fail(self, exc: BaseException) -> None:
+        self.done = True
+        self.channel.put(exc)
+
+    def _deliver(self, event: StreamStep) -> None:
+        if self.finish is not None:
+            self.decode_s = time.perf_counter() - self.t_decode
+            self.done = True
+        self.channel.put(event)
 
     def _take(self, new: list[int], logprobs: Sequence[_core.TokenLogprob]) -> None:
         """Apply EOS, max_tokens and stop strings to one step's tokens."""

@@ -65,7 +65,8 @@ class ModelConfig:
     sized. Device options apply where a GPU or RPC backend exists; on a CPU-only
     build the layers stay on the CPU. Defaults are the core's."""
 
-    n_ctx: int = _PAIR.n_ctx
+    n_ctx: int = _PAIR.n_ctx  # all sequences together: each gets n_ctx // n_parallel (llama.cpp's -c)
+    n_parallel: int = _PAIR.n_seq  # sequences decoded together (llama.cpp's -np)
     n_batch: int = _PAIR.n_batch
     n_gpu_layers: int = _MODEL.n_gpu_layers  # target layers to offload; -1: all
     draft_n_gpu_layers: int | None = None  # the drafter's; None: as n_gpu_layers
@@ -84,7 +85,7 @@ class ModelConfig:
     rollback: str = _PAIR.rollback
 
     def __post_init__(self) -> None:
-        for name in ("n_ctx", "n_batch", "n_gpu_layers", "main_gpu"):
+        for name in ("n_ctx", "n_parallel", "n_batch", "n_gpu_layers", "main_gpu"):
             int_option(name, getattr(self, name))
         for name in ("draft_n_gpu_layers", "n_threads"):
             if getattr(self, name) is not None:
@@ -129,6 +130,7 @@ class ModelConfig:
         """The core ContextPair's options."""
         return _core.PairParams(
             n_ctx=self.n_ctx,
+            n_seq=self.n_parallel,
             n_batch=self.n_batch,
             n_ubatch=min(self.n_batch, _PAIR.n_ubatch),
             n_threads=self.n_threads or 0,

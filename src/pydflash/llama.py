@@ -3,13 +3,12 @@ process."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import _core, _logging
+from ._engine import Engine
 from ._generation import Generation, Prompt
 from .chat import ChatTemplate
 from .completions import create_chat_completion, create_completion
@@ -17,6 +16,7 @@ from .config import GenerateOptions, ModelConfig, SamplingConfig, Unpack
 from .errors import PyDFlashError
 from .pair import ContextPair
 from .results import GenerationResult, MemoryReport, MemoryRow, StreamStep
+from .submission import Submission
 
 if TYPE_CHECKING:
     from .chat import ChatPrompt
@@ -46,6 +46,13 @@ class Llama:
     for the other recurrent/hybrid targets (e.g. qwen3next). "checkpoint" can
     also be forced on a qwen35 target to save the planes' memory, at the cost
     of a replay pass after each partial acceptance.
+
+    ``n_parallel`` sequences decode together (llama.cpp's ``-np``): calls from
+    several threads (``generate``, ``stream``, the completions, the server) and
+    ``submit``/``generate_batch`` run at once, each in its own sequence slot,
+    one batched speculative step for all of them; ``n_ctx`` is shared, each
+    sequence getting ``n_ctx // n_parallel`` tokens. With fewer slots than
+    generations, the rest wait their turn.
     """
 
     def __init__(
@@ -54,6 +61,7 @@ class Llama:
         *,
         draft: str | os.PathLike[str] | None = None,
         n_ctx: int = _DEFAULTS.n_ctx,
+        n_parallel: int = _DEFAULTS.n_parallel,
         n_gpu_layers: int = _DEFAULTS.n_gpu_layers,
         draft_n_gpu_layers: int | None = None,
         main_gpu: int = _DEFAULTS.main_gpu,
@@ -85,6 +93,7 @@ class Llama:
         # tuple and a bool flash_attn into "on"/"off" (and checks them, with typed errors)
         self.config = ModelConfig(
             n_ctx=n_ctx,
+            n_parallel=n_parallel,
             n_batch=n_batch,
             n_gpu_layers=n_gpu_layers,
             draft_n_gpu_layers=draft_n_gpu_layers,
@@ -103,8 +112,7 @@ class Llama:
             rollback=rollback,
         )
         _logging.set_verbose(verbose)
-        self._lock = threading.Lock()
-        self._owner: int | None = None
+        self._engine: Engine | None = None
         self._chat_template_source = chat_template  # None: the GGUF's own (ChatML if none)
         self._chat_template: ChatTemplate | None = None
         cfg = self.config
@@ -117,11 +125,15 @@ class Llama:
         finally:
             _logging.flush()
         self._pair = ContextPair(self._pair_core)
+        self._engine = Engine(self._pair_core, self._pair, self._pair_core.n_batch)
 
     # -- lifecycle -----------------------------------------------------------
 
     def close(self) -> None:
-        """Free both contexts and models now. Idempotent."""
+        """Free both contexts and models now; generations still waiting or running
+        fail with PyDFlashError. Idempotent."""
+        if self._engine is not None:
+            self._engine.close()
         if self._pair_core is not None:
             self._pair_core.close()
         self._pair_core = None
@@ -129,8 +141,10 @@ class Llama:
         self._draft = None
 
     def interrupt(self) -> None:
-        """Stop a generation running in another thread: its generate()/stream()
-        raises GenerationInterrupted within one graph node. The object stays usable."""
+        """Stop the running decode: every generation in it (all running sequences)
+        raises GenerationInterrupted within one graph node, and the caches are
+        reset. The object stays usable. To stop one generation, cancel it
+        (``Submission.cancel()``, or leave its stream)."""
         if self._pair_core is not None:
             self._pair_core.interrupt()
 
@@ -181,7 +195,13 @@ class Llama:
 
     @property
     def n_ctx(self) -> int:
+        """The context of all sequences together (each gets ``n_ctx // n_parallel``)."""
         return self.config.n_ctx
+
+    @property
+    def n_parallel(self) -> int:
+        """Sequences that decode together."""
+        return self.config.n_parallel
 
     @property
     def n_vocab(self) -> int:
@@ -321,6 +341,74 @@ class Llama:
         )
         return iter(Generation(self, prompt, cfg))
 
+    def submit(
+        self,
+        prompt: Prompt,
+        max_tokens: int = _SAMPLING.max_tokens,
+        temperature: float = _SAMPLING.temperature,
+        top_k: int = _SAMPLING.top_k,
+        top_p: float = _SAMPLING.top_p,
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = (),
+        ignore_eos: bool = False,
+        slot: int | None = None,
+        **options: Unpack[GenerateOptions],
+    ) -> Submission:
+        """Start a generation (options as ``generate``) and return at once: it
+        runs beside the others in a free sequence slot (``slot``: that one, as
+        llama-server's ``id_slot``; -1 or None: the engine's choice), or waits for
+        one. Read its steps by iterating the ``Submission`` (also ``async for``),
+        or wait for ``result()`` / ``await aresult()``. Thread-safe.
+
+        >>> subs = [llm.submit(p, max_tokens=64) for p in prompts]
+        >>> texts = [s.result().text for s in subs]"""
+        cfg = SamplingConfig.build(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            stop=stop,
+            ignore_eos=ignore_eos,
+            **options,
+        )
+        return Submission(Generation(self, prompt, cfg, slot=slot))
+
+    def generate_batch(
+        self,
+        prompts: Sequence[Prompt],
+        max_tokens: int = _SAMPLING.max_tokens,
+        temperature: float = _SAMPLING.temperature,
+        top_k: int = _SAMPLING.top_k,
+        top_p: float = _SAMPLING.top_p,
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = (),
+        ignore_eos: bool = False,
+        **options: Unpack[GenerateOptions],
+    ) -> list[GenerationResult]:
+        """``generate`` for each prompt, all submitted at once (``n_parallel`` run
+        together, the rest as slots free up); results in the order of ``prompts``.
+        Every prompt is checked before any runs; an error cancels the rest."""
+        if isinstance(prompts, (str, bytes)):
+            raise TypeError("prompts must be a sequence of prompts (for one prompt, use generate())")
+        cfg = SamplingConfig.build(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            stop=stop,
+            ignore_eos=ignore_eos,
+            **options,
+        )
+        gens = [Generation(self, p, cfg) for p in prompts]
+        subs = [Submission(g) for g in gens]
+        try:
+            return [s.result() for s in subs]
+        finally:
+            for s in subs:
+                s.cancel()
+
     def __repr__(self) -> str:
         if self.closed:
             return "<pydflash.Llama closed>"
@@ -409,22 +497,15 @@ class Llama:
 
     # -- what a Generation needs (pydflash._generation.GenerationHost) ----------
 
-    @contextlib.contextmanager
-    def exclusive(self) -> Iterator[None]:
-        """Hold this object for one generation: other threads wait; the same
-        thread generating twice at once (an open stream) is a PyDFlashError."""
-        me = threading.get_ident()
-        if self._owner == me:
-            raise PyDFlashError(
-                "this thread is already generating with this Llama object (finish or close the open stream first)"
-            )
-        self._lock.acquire()
-        self._owner = me
-        try:
-            yield
-        finally:
-            self._owner = None
-            self._lock.release()
+    def run_generation(self, gen: Generation) -> None:
+        """Queue ``gen`` for the engine (a free slot, else its turn)."""
+        self._model()
+        assert self._engine is not None
+        self._engine.submit(gen)
+
+    def cancel_generation(self, gen: Generation) -> None:
+        if self._engine is not None:
+            self._engine.cancel(gen)
 
     def prompt_tokens(self, prompt: Prompt) -> list[int]:
         """The token ids a generation starts from: text is tokenized (an empty

@@ -24,17 +24,31 @@ __all__ = ["ContextPair", "StepResult"]
 
 
 class ContextPair:
-    """Target + drafter contexts sharing one token history.
+    """Target + drafter contexts, seen through one sequence's token history
+    (``llm.pair`` is sequence 0; ``sequence(i)`` another of ``n_parallel``).
 
-    ``prefill`` clears both caches and evaluates a prompt (its last token is
-    kept pending); each ``step`` drafts a block, verifies it in one target
-    pass, keeps the agreeing prefix plus the target's own next token, rolls
-    both caches back past it and injects the target features of the kept
-    positions into the drafter. Sampling is set with ``set_sampling``
-    (greedy by default)."""
+    ``prefill`` clears the sequence's caches and evaluates a prompt (its last
+    token is kept pending); each ``step`` drafts a block, verifies it in one
+    target pass, keeps the agreeing prefix plus the target's own next token,
+    rolls both caches back past it and injects the target features of the
+    kept positions into the drafter. Sampling is set with ``set_sampling``
+    (greedy by default). Do not step a sequence that a running generation
+    (``generate``/``stream``/``submit``) is using."""
 
-    def __init__(self, core: _core.ContextPair):
+    def __init__(self, core: _core.ContextPair, seq: int = 0):
         self._core = core
+        self._seq = seq
+
+    def sequence(self, seq: int) -> ContextPair:
+        """The same contexts seen through sequence ``seq`` (0 <= seq < n_parallel)."""
+        if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < self._core.n_seq:
+            raise ValueError(f"seq must be an int in [0, {self._core.n_seq}), got {seq!r}")
+        return ContextPair(self._core, seq)
+
+    @property
+    def seq(self) -> int:
+        """The sequence this view steps."""
+        return self._seq
 
     def prefill(self, tokens: Sequence[int], *, reuse: bool = False) -> float:
         """Evaluate ``tokens`` from empty caches; returns the time spent in ms.
@@ -43,7 +57,7 @@ class ContextPair:
         how many were kept; a recurrent target keeps its state only when the
         prompt extends the whole history)."""
         try:
-            return self._core.prefill(list(tokens), bool(reuse))
+            return self._core.prefill(list(tokens), bool(reuse), self._seq)
         finally:
             _logging.flush()
 
@@ -67,6 +81,7 @@ class ContextPair:
                 int_option("draft_min", draft_min),
                 float_option("draft_p_min", draft_p_min),
                 None if draft is None else list(draft),
+                self._seq,
             )
         finally:
             _logging.flush()
@@ -87,14 +102,14 @@ class ContextPair:
     def set_sampling_config(self, config: SamplingConfig, seed: int) -> None:
         """Set sampling from an already validated ``SamplingConfig`` (the
         generation loop's way), with the seed this run uses, and its grammar."""
-        self._core.set_sampling(config.core_params(seed))
+        self._core.set_sampling(config.core_params(seed), self._seq)
         self.set_grammar(config.grammar)
 
     def set_grammar(self, grammar: Grammar | None) -> None:
         """The grammar the next tokens follow, from its start (None: none). Drafted
         tokens it rejects are rejected at verification; only emitted tokens advance it."""
         if grammar is None:
-            self._core.set_grammar("")
+            self._core.set_grammar("", seq=self._seq)
             return
         self._core.set_grammar(
             grammar.gbnf,
@@ -102,6 +117,7 @@ class ContextPair:
             trigger_patterns=list(grammar.trigger_patterns),
             trigger_tokens=list(grammar.trigger_tokens),
             prefill=list(grammar.prefill),
+            seq=self._seq,
         )
 
     def set_sampling(
@@ -140,8 +156,8 @@ class ContextPair:
             logit_bias=logit_bias,
             verify=verify,
         )
-        self._core.set_sampling(cfg.core_params(seed))
-        self._core.set_grammar("")
+        self._core.set_sampling(cfg.core_params(seed), self._seq)
+        self._core.set_grammar("", seq=self._seq)
 
     def interrupt(self) -> None:
         """Stop the running (or the next) decode from any thread; that call
@@ -149,27 +165,33 @@ class ContextPair:
         self._core.interrupt()
 
     def reset(self) -> None:
-        """Clear both caches and the token history."""
-        self._core.reset()
+        """Clear this sequence's caches and token history."""
+        self._core.reset(self._seq)
 
     @property
     def n_past(self) -> int:
         """Tokens in the target cache (the pending token is not counted)."""
-        return self._core.n_past
+        return self._core.n_past(self._seq)
 
     @property
     def n_cached(self) -> int:
         """Prompt tokens the last prefill took from the cache."""
-        return self._core.n_cached
+        return self._core.n_cached(self._seq)
 
     @property
     def n_ctx(self) -> int:
-        return self._core.n_ctx
+        """One sequence's context: the model's n_ctx / n_parallel."""
+        return self._core.n_ctx_seq
+
+    @property
+    def n_parallel(self) -> int:
+        """Sequences the contexts hold."""
+        return self._core.n_seq
 
     @property
     def tokens(self) -> list[int]:
         """The token history: cached tokens plus the pending one."""
-        return self._core.tokens()
+        return self._core.tokens(self._seq)
 
     @property
     def has_drafter(self) -> bool:
@@ -210,6 +232,6 @@ class ContextPair:
 
     def __repr__(self) -> str:
         return (
-            f"<pydflash.ContextPair n_past={self.n_past} n_ctx={self.n_ctx} "
+            f"<pydflash.ContextPair seq={self._seq} n_past={self.n_past} n_ctx={self.n_ctx} "
             f"block_size={self.block_size} drafter={self.has_drafter} rollback={self.rollback}>"
         )

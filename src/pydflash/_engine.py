@@ -1,0 +1,267 @@
+"""The engine: continuous batching of a ``Llama``'s generations.
+
+One scheduler thread owns the core pair's ``n_parallel`` sequence slots. Each
+iteration it admits waiting generations into free slots (the slot whose cached
+tokens share the longest prefix with the prompt, else the least recently used
+one: llama-server's choice), evaluates at most ``n_batch`` prompt tokens of the
+slots still prefilling (one target pass, so a long prompt holds the running
+streams up for one chunk at most), then advances every running slot by one
+batched speculative step (one drafter pass, one target pass for all of them).
+Generations join and leave between iterations; a consumer that leaves
+cancels its own generation only.
+
+The thread starts with the first submission and ends after a second with
+nothing to do, so an idle ``Llama`` holds no thread."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+
+from . import _core
+from ._generation import Generation
+from .errors import GrammarError, PyDFlashError
+from .pair import ContextPair
+
+__all__ = ["Engine"]
+
+IDLE_EXIT_S = 1.0  # an idle thread ends after this long; the next submission starts another
+
+
+@dataclasses.dataclass
+class _Slot:
+    seq: int
+    gen: Generation | None = None
+    prefilling: bool = False
+    last_used: int = 0
+
+
+class Engine:
+    """Runs every generation of one core pair (see the module docstring).
+    ``submit``/``cancel``/``close`` may be called from any thread."""
+
+    def __init__(self, core: _core.ContextPair, pair: ContextPair, chunk: int):
+        self._core = core
+        self._pair = pair
+        self._chunk = chunk  # prompt tokens evaluated per iteration
+        self._slots = [_Slot(i) for i in range(core.n_seq)]
+        self._queue: collections.deque[Generation] = collections.deque()
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._tick = 0  # iteration count: slots' last use, for LRU
+        self._abort_for: Generation | None = None  # a cancel that interrupted its lone decode
+
+    # -- any thread --------------------------------------------------------------
+
+    def submit(self, gen: Generation) -> None:
+        with self._cv:
+            if self._closed:
+                raise PyDFlashError("this Llama object is closed")
+            self._queue.append(gen)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="pydflash-engine", daemon=True)
+                self._thread.start()
+            self._cv.notify()
+
+    def cancel(self, gen: Generation) -> None:
+        with self._cv:
+            gen.cancelled = True
+            active = [s.gen for s in self._slots if s.gen is not None]
+            if active == [gen]:
+                # alone in the pair: abort its decode now (a long prefill) rather than
+                # after it; aborting resets the caches, which no other sequence is using
+                self._abort_for = gen
+                self._core.interrupt()
+            self._cv.notify()
+
+    def close(self) -> None:
+        """Stop the thread; waiting and running generations fail with PyDFlashError."""
+        with self._cv:
+            if self._closed:
+                return
+            self._closed = True
+            thread = self._thread
+            busy = any(s.gen is not None for s in self._slots)
+            self._cv.notify()
+        if thread is not None and thread is not threading.current_thread():
+            if busy:
+                self._core.interrupt()
+            thread.join()
+        self._core.clear_interrupt()
+        with self._cv:
+            self._fail_all_locked(PyDFlashError("this Llama object was closed"))
+
+    @property
+    def n_active(self) -> int:
+        return sum(s.gen is not None for s in self._slots)
+
+    @property
+    def n_waiting(self) -> int:
+        return len(self._queue)
+
+    # -- the engine thread --------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while self._iteration():
+                pass
+        except BaseException as e:  # a bug here must not leave consumers waiting forever
+            with self._cv:
+                self._thread = None
+                self._fail_all_locked(PyDFlashError(f"the generation engine failed: {e!r}"))
+            raise
+
+    def _iteration(self) -> bool:
+        with self._cv:
+            while True:
+                if self._closed:
+                    self._thread = None
+                    self._fail_all_locked(PyDFlashError("this Llama object was closed"))
+                    return False
+                self._release_cancelled_locked()
+                starts = self._admit_locked()
+                if any(s.gen is not None for s in self._slots):
+                    break
+                if not self._cv.wait(timeout=IDLE_EXIT_S) and not self._queue:
+                    self._thread = None
+                    return False
+            if self._abort_for is not None:
+                # its generation is gone; an interrupt no decode consumed must not hit the next
+                self._core.clear_interrupt()
+                self._abort_for = None
+            self._tick += 1
+        for slot in starts:
+            self._start(slot)
+        try:
+            prefilling = [s for s in self._slots if s.gen is not None and s.prefilling]
+            if prefilling:
+                self._prefill(prefilling)
+            running = [s for s in self._slots if s.gen is not None and not s.prefilling and not s.gen.cancelled]
+            if running:
+                self._step(running)
+        except Exception as e:
+            # a failed decode or rollback resets the whole pair: every sequence in it fails
+            with self._cv:
+                for s in self._slots:
+                    if s.gen is not None:
+                        s.gen.fail(_copy(e))
+                        self._release(s)
+        return True
+
+    def _release(self, slot: _Slot) -> None:
+        slot.gen = None
+        slot.prefilling = False
+        slot.last_used = self._tick
+
+    def _release_cancelled_locked(self) -> None:
+        for s in self._slots:
+            if s.gen is not None and (s.gen.cancelled or s.gen.done):
+                s.gen.done = True
+                self._release(s)
+        if any(g.cancelled for g in self._queue):
+            self._queue = collections.deque(g for g in self._queue if not g.cancelled)
+
+    def _fail_all_locked(self, exc: PyDFlashError) -> None:
+        for s in self._slots:
+            if s.gen is not None:
+                s.gen.fail(_copy(exc))
+                self._release(s)
+        while self._queue:
+            self._queue.popleft().fail(_copy(exc))
+
+    def _admit_locked(self) -> list[_Slot]:
+        """Waiting generations into free slots, in order (one pinned to a busy slot waits)."""
+        starts: list[_Slot] = []
+        waiting: collections.deque[Generation] = collections.deque()
+        while self._queue:
+            gen = self._queue.popleft()
+            free = [s for s in self._slots if s.gen is None]
+            if gen.slot is not None:
+                free = [s for s in free if s.seq == gen.slot]
+            if not free:
+                waiting.append(gen)
+                continue
+            slot = self._choose(free, gen)
+            slot.gen = gen
+            starts.append(slot)
+        self._queue = waiting
+        return starts
+
+    def _choose(self, free: list[_Slot], gen: Generation) -> _Slot:
+        """The free slot whose cached tokens share the longest prefix with the
+        prompt (least recently used among equals)."""
+        if not gen.config.cache_prompt:
+            return min(free, key=lambda s: s.last_used)
+
+        def common(s: _Slot) -> int:
+            held = self._core.tokens(s.seq)
+            n = 0
+            for a, b in zip(held, gen.prompt, strict=False):
+                if a != b:
+                    break
+                n += 1
+            return n
+
+        return max(free, key=lambda s: (common(s), -s.last_used))
+
+    def _start(self, slot: _Slot) -> None:
+        gen = slot.gen
+        assert gen is not None
+        try:
+            self._pair.sequence(slot.seq).set_sampling_config(gen.config, gen.seed)
+            gen.started(self._core.prefill_begin(slot.seq, gen.prompt, gen.config.cache_prompt))
+            slot.prefilling = self._core.prefill_remaining(slot.seq) > 0
+            if not slot.prefilling:
+                gen.prefilled()
+        except Exception as e:  # this prompt's own problem: the other sequences go on
+            gen.fail(e)
+            with self._cv:
+                self._release(slot)
+
+    def _prefill(self, slots: list[_Slot]) -> None:
+        self._core.prefill_some([s.seq for s in slots], self._chunk)
+        for s in slots:
+            if self._core.prefill_remaining(s.seq) == 0:
+                s.prefilling = False
+                assert s.gen is not None
+                s.gen.prefilled()
+
+    def _step(self, slots: list[_Slot]) -> None:
+        core = self._core
+        n_ctx, default_dm = core.n_ctx_seq, core.default_draft_max
+        steps: list[_core.SeqStep] = []
+        stepping: list[_Slot] = []
+        for s in slots:
+            gen = s.gen
+            assert gen is not None
+            dm = gen.next_draft_max(core.n_past(s.seq), n_ctx, default_dm)
+            if dm is None:  # finished ("length")
+                with self._cv:
+                    self._release(s)
+                continue
+            cfg = gen.config
+            steps.append(_core.SeqStep(s.seq, dm, cfg.draft_min, cfg.draft_p_min))
+            stepping.append(s)
+        if not steps:
+            return
+        for s, r in zip(stepping, core.step_batch(steps), strict=True):
+            gen = s.gen
+            assert gen is not None
+            if r.error:
+                gen.fail(GrammarError(r.error))
+            else:
+                gen.take_step(r)
+            if gen.done:
+                with self._cv:
+                    self._release(s)
+
+
+def _copy(exc: BaseException) -> BaseException:
+    """The same error for another consumer (one exception object raised in several
+    threads would share its traceback)."""
+    try:
+        return type(exc)(*exc.args)
+    except Exception:
+        return PyDFlashError(str(exc))

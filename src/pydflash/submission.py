@@ -5,7 +5,6 @@ loop) for its steps, or wait for its ``result()``."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import AsyncIterator, Iterator
 
@@ -18,45 +17,70 @@ __all__ = ["Submission"]
 
 class Submission:
     """One submitted generation. Its steps queue up as the engine produces
-    them; read them once, by iterating (``StreamStep``s, the last with the
-    finish reason) or with ``result()`` / ``await aresult()``. ``cancel()``
-    stops it between steps; leaving an iteration early does the same."""
+    them; read them by iterating (``StreamStep``s, the last with the finish
+    reason; a later iteration goes on where an earlier one stopped) and/or wait
+    for ``result()`` / ``await aresult()``, which reads what is left.
+    ``cancel()`` stops it between steps."""
 
     def __init__(self, gen: Generation):
         self._gen = gen
-        self._taken = False
         self._lock = threading.Lock()
+        self._error: BaseException | None = None
+        self._it: Iterator[StreamStep] | None = None
+        self._ait: AsyncIterator[StreamStep] | None = None
         gen.submit()
 
-    def _take(self) -> None:
-        with self._lock:
-            if self._taken:
-                raise PyDFlashError("this submission's steps were already read (iterate it or ask result() once)")
-            self._taken = True
-
     def __iter__(self) -> Iterator[StreamStep]:
-        self._take()
-        return iter(self._gen)
+        with self._lock:
+            if self._it is None:
+                self._it = self._steps()
+            return self._it
 
     def __aiter__(self) -> AsyncIterator[StreamStep]:
-        self._take()
-        return aiter(self._gen)
+        with self._lock:
+            if self._ait is None:
+                self._ait = self._asteps()
+            return self._ait
+
+    def _steps(self) -> Iterator[StreamStep]:
+        try:
+            yield from self._gen
+        except BaseException as e:
+            self._error = e
+            raise
+
+    async def _asteps(self) -> AsyncIterator[StreamStep]:
+        try:
+            async for step in self._gen:
+                yield step
+        except BaseException as e:
+            self._error = e
+            raise
+
+    def _finished(self) -> GenerationResult:
+        if self._error is not None:
+            raise self._error
+        if self._gen.finish is None:
+            raise PyDFlashError("this submission's steps are being read elsewhere (by an async iteration)")
+        return self._gen.result()
 
     def result(self) -> GenerationResult:
         """Wait for the end; its text, tokens, finish reason and stats. Raises the
         generation's error (GenerationInterrupted when cancelled)."""
-        for _ in self:
-            pass
-        return self._gen.result()
+        if self._error is None and self._gen.finish is None:
+            for _ in self:
+                pass
+        return self._finished()
 
     async def aresult(self) -> GenerationResult:
         """``result()`` for asyncio: waits without blocking the event loop."""
-        async for _ in self:
-            await asyncio.sleep(0)
-        return self._gen.result()
+        if self._error is None and self._gen.finish is None:
+            async for _ in self:
+                pass
+        return self._finished()
 
     def cancel(self) -> None:
-        """Stop it between steps (a lone long prefill is aborted at once); the
+        """Stop it between steps (a lone long prefill is aborted at once); its
         reader gets GenerationInterrupted. Other generations are not touched."""
         self._gen.cancel()
 

@@ -1,0 +1,318 @@
+"""Several sequences in one pair (``n_parallel``), run by the engine with
+continuous batching: each sequence's output, and how many drafted tokens each
+of its steps accepted, equal that sequence decoded alone, whatever else runs
+beside it, joins or leaves (property tests over random schedules), on the
+qwen3 target and on every hybrid rollback path. Bad input fails alone.
+
+The tiny random models have logits of ~100, and llama.cpp's CPU kernels sum in
+an order that depends on the batch and on how many KV cells the (unified) cache
+spans: between a sequence alone and the same sequence beside seven others, a
+logit moves by up to ~0.35 (measured: 0.05 between two batchings of one
+sequence alone). So a greedy choice between two tokens closer than TIE_BOUND
+can flip; a divergence is accepted only at such a measured near-tie, and the
+comparison of that sequence stops there (test_near_tie_greedy.py explains the
+same for one sequence). Sampling is compared exactly on the embedded pair,
+whose logits are of ordinary size."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from conftest import HYBRID_TARGETS
+from pydflash import ContextLimitError, GenerationInterrupted, Llama, PyDFlashError, embedded_pair
+from test_hybrid import PAIRS, THREADS
+
+N_CTX_SLOT = 256  # every slot's context, whatever n_parallel
+TIE_BOUND = 1.0  # logits apart: at most 1% of their size here, ~3x the largest batching difference seen
+
+
+def open_llm(target: Path, draft: Path | None, n_parallel: int, **kw) -> Llama:
+    return Llama(target, draft=draft, n_ctx=N_CTX_SLOT * n_parallel, n_parallel=n_parallel, n_threads=THREADS, **kw)
+
+
+def random_jobs(rng: random.Random, n: int, n_vocab: int) -> list[dict]:
+    """Prompts of different lengths (some sharing a prefix: slots' caches come into
+    play), output lengths, draft lengths."""
+    base = [rng.randrange(n_vocab) for _ in range(40)]
+    jobs = []
+    for _ in range(n):
+        if rng.random() < 0.3:
+            prompt = base[: rng.randint(1, 40)] + [rng.randrange(n_vocab) for _ in range(rng.randint(0, 8))]
+        else:
+            prompt = [rng.randrange(n_vocab) for _ in range(rng.randint(1, 90))]
+        opts = {"max_tokens": rng.randint(1, 40), "ignore_eos": True}
+        if rng.random() < 0.2:
+            opts["draft_max"] = rng.randint(0, 7)
+        jobs.append({"prompt": prompt, **opts})
+    return jobs
+
+
+Run = tuple[list[int], list[int]]  # tokens, accepted drafts per step
+
+
+def solo(llm: Llama, jobs: list[dict]) -> list[tuple[list[int], list[int], list[float]]]:
+    """Each job decoded alone, from an empty cache: tokens, accepted counts per step
+    and the margin between the top two logits at each token."""
+    out = []
+    for j in jobs:
+        res = llm.generate(cache_prompt=False, logprobs=True, top_logprobs=2, **j)
+        assert res.logprobs is not None
+        margins = [lp.top[0][1] - lp.top[1][1] for lp in res.logprobs]
+        out.append((res.tokens, [s.n_accepted for s in res.stats.steps], margins))
+    return out
+
+
+def assert_same(got: list[Run], want: list[tuple[list[int], list[int], list[float]]]) -> int:
+    """Equal outputs and accepted counts, unless a sequence first differs at a
+    near-tie of its reference (then its earlier tokens and steps must be equal).
+    Returns how many sequences stopped at a near-tie."""
+    assert len(got) == len(want)
+    ties = 0
+    for k, ((toks, acc), (ref, ref_acc, margins)) in enumerate(zip(got, want, strict=True)):
+        if toks == ref:
+            assert acc == ref_acc, f"sequence {k}: same tokens, different accepted counts"
+            continue
+        i = next((i for i, (a, b) in enumerate(zip(toks, ref, strict=False)) if a != b), min(len(toks), len(ref)))
+        assert i < min(len(toks), len(ref)), f"sequence {k}: {len(toks)} tokens, alone {len(ref)}"
+        assert margins[i] < TIE_BOUND, f"sequence {k} differs at token {i}, where the top two are {margins[i]:.3f} apart"
+        # steps that ended before token i were the same steps
+        n = 0
+        for a, b in zip(acc, ref_acc, strict=False):
+            if n + b + 1 > i:
+                break
+            assert a == b, f"sequence {k}: a step before the near-tie accepted {a}, alone {b}"
+            n += b + 1
+        ties += 1
+    return ties
+
+
+def run_schedule(llm: Llama, jobs: list[dict], rng: random.Random) -> list[Run]:
+    """Submit the jobs in waves: later ones join while earlier ones run (and
+    some readers take a few steps first), all read to the end."""
+    subs: list = []
+    i = 0
+    while i < len(jobs):
+        wave = rng.randint(1, 3)
+        for j in jobs[i : i + wave]:
+            subs.append(llm.submit(**j))
+        i += wave
+        time.sleep(rng.choice([0.0, 0.001, 0.01]))
+    results = [s.result() for s in subs]
+    return [(r.tokens, [s.n_accepted for s in r.stats.steps]) for r in results]
+
+
+@pytest.fixture(scope="module")
+def alone(target_path: Path, model_dir: Path):
+    with open_llm(target_path, model_dir / "drafter-b8.gguf", 1) as llm:
+        yield llm
+
+
+@pytest.mark.parametrize("n_parallel", [1, 2, 3, 8])
+def test_each_sequence_equals_itself_decoded_alone(alone, target_path, model_dir, n_parallel):
+    with open_llm(target_path, model_dir / "drafter-b8.gguf", n_parallel) as llm:
+        ties = 0
+        for seed in range(3):
+            rng = random.Random(1000 * n_parallel + seed)
+            jobs = random_jobs(rng, n_parallel + 3, llm.n_vocab)
+            ties += assert_same(run_schedule(llm, jobs, rng), solo(alone, jobs))
+        print(f"n_parallel {n_parallel}: {ties} of {3 * (n_parallel + 3)} sequences stopped at a near-tie")
+
+
+def test_the_target_alone_batches_too(target_path):
+    with open_llm(target_path, None, 1) as one, open_llm(target_path, None, 4) as four:
+        rng = random.Random(7)
+        jobs = random_jobs(rng, 7, one.n_vocab)
+        assert_same(run_schedule(four, jobs, rng), solo(one, jobs))
+
+
+@pytest.mark.parametrize("name", sorted(PAIRS))
+def test_hybrid_targets_each_rollback_per_sequence(hybrid_models, name):
+    arch, drafter, rollback, kind = PAIRS[name]
+    target = hybrid_models / f"{arch}-target.gguf"
+    draft = hybrid_models / f"{arch}-drafter-{drafter}.gguf"
+    with open_llm(target, draft, 1, rollback=rollback) as one, open_llm(target, draft, 3, rollback=rollback) as three:
+        assert three.rollback == kind
+        rng = random.Random(hash(name) % 1000)
+        jobs = random_jobs(rng, 5, one.n_vocab)
+        assert_same(run_schedule(three, jobs, rng), solo(one, jobs))
+
+
+def test_sampled_sequences_equal_themselves_alone(embedded_dflash):
+    # each sequence draws from its own generator, seeded per request: batching changes nothing
+    target, draft = embedded_pair()
+    prompts = ["def parse(text):", "import os\n", "class Node:", "for key, value in", "while True:"]
+    opts = {"max_tokens": 24, "ignore_eos": True, "temperature": 0.9, "top_k": 40}
+    want = [embedded_dflash.generate(p, seed=100 + i, cache_prompt=False, **opts).tokens for i, p in enumerate(prompts)]
+    with Llama(target, draft=draft, n_ctx=512 * 3, n_parallel=3) as llm:
+        subs = [llm.submit(p, seed=100 + i, **opts) for i, p in enumerate(prompts)]
+        assert [s.result().tokens for s in subs] == want
+
+
+def test_hybrid_targets_were_all_covered():
+    assert {p[0] for p in PAIRS.values()} == set(HYBRID_TARGETS)
+
+
+def test_threads_and_asyncio_share_one_engine(alone, target_path, model_dir):
+    prompts = [[5 + i, 9, 14 + 2 * i, 3] for i in range(6)]
+    want = [alone.generate(p, max_tokens=24, ignore_eos=True).tokens for p in prompts]
+    with open_llm(target_path, model_dir / "drafter-b8.gguf", 4) as llm:
+        got: dict[int, list[int]] = {}
+
+        def work(i: int) -> None:
+            got[i] = llm.generate(prompts[i], max_tokens=24, ignore_eos=True).tokens
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+
+        async def main() -> tuple[list[list[int]], int]:
+            ticks = 0
+            done = False
+
+            async def ticker() -> None:  # the event loop keeps running while they generate
+                nonlocal ticks
+                while not done:
+                    ticks += 1
+                    await asyncio.sleep(0.001)
+
+            tick = asyncio.create_task(ticker())
+
+            async def one(i: int) -> list[int]:
+                toks: list[int] = []
+                async for step in llm.submit(prompts[i], max_tokens=24, ignore_eos=True):
+                    toks += step.tokens
+                return toks
+
+            outs = await asyncio.gather(*(one(i) for i in range(3, 6)))
+            done = True
+            await tick
+            return list(outs), ticks
+
+        outs, ticks = asyncio.run(main())
+        for t in threads:
+            t.join(timeout=120)
+        assert [got[i] for i in range(3)] + outs == want
+        assert ticks > 5
+
+
+def test_generate_batch_more_prompts_than_slots(alone, target_path, model_dir):
+    prompts = ["def f(x):", "for i in", "class A:", [7, 8, 9], "import os", "x = "]
+    want = [alone.generate(p, max_tokens=16, ignore_eos=True).tokens for p in prompts]
+    with open_llm(target_path, model_dir / "drafter-b8.gguf", 2) as llm:
+        res = llm.generate_batch(prompts, max_tokens=16, ignore_eos=True)
+        assert [r.tokens for r in res] == want
+        assert all(r.stats.steps[0].n_batch_seqs >= 1 for r in res)
+        assert max(s.n_batch_seqs for r in res for s in r.stats.steps) == 2  # they did share passes
+
+
+def test_a_conversation_returns_to_its_slot(target_path, model_dir):
+    with open_llm(target_path, model_dir / "drafter-b8.gguf", 3) as llm:
+        turn1 = [3, 1, 4, 1, 5, 9, 2, 6] * 6
+        first = llm.generate(turn1, max_tokens=20, ignore_eos=True)
+        others = [llm.submit([20 + i] * 30, max_tokens=10, ignore_eos=True) for i in range(2)]
+        turn2 = turn1 + first.tokens + [7, 7, 7]
+        second = llm.generate(turn2, max_tokens=10, ignore_eos=True)
+        for s in others:
+            s.result()
+        assert second.stats.cached_tokens == len(turn1) + len(first.tokens) - 1
+        fresh = llm.generate(turn2, max_tokens=10, ignore_eos=True, cache_prompt=False)
+        assert second.tokens == fresh.tokens
+        assert [s.n_accepted for s in second.stats.steps] == [s.n_accepted for s in fresh.stats.steps]
+
+
+def test_a_pinned_slot(target_path, model_dir):
+    with open_llm(target_path, model_dir / "drafter-b8.gguf", 2) as llm:
+        llm.generate([4, 4, 4, 4, 4, 4], max_tokens=8, ignore_eos=True, cache_prompt=False)
+        a = llm.submit([4, 4, 4, 4, 4, 4, 1], max_tokens=4, ignore_eos=True, slot=1).result()
+        assert a.stats.cached_tokens == 0  # slot 1 never held it
+        with pytest.raises(ValueError, match="slot"):
+            llm.submit([1, 2], slot=2)
+
+
+# -- bad input fails alone ----------------------------------------------------------
+
+
+def test_n_parallel_below_one_is_refused(target_path):
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="n_parallel"):
+            Llama(target_path, n_parallel=bad)
+    with pytest.raises(ValueError, match="n_parallel"):
+        Llama(target_path, n_ctx=64, n_parallel=16)  # 4 tokens each
+
+
+def _running(llm: Llama, prompt: list[int], n: int):
+    return llm.submit(prompt, max_tokens=n, ignore_eos=True)
+
+
+def check_others_unaffected(alone: Llama, llm: Llama, disturb: Callable[[], None]) -> None:
+    prompts = [[11, 12, 13], [21, 22, 23, 24], [31]]
+    want = [alone.generate(p, max_tokens=30, ignore_eos=True).tokens for p in prompts]
+    subs = [_running(llm, p, 30) for p in prompts]
+    disturb()
+    assert [s.result().tokens for s in subs] == want
+
+
+def test_a_prompt_too_long_for_its_slot(alone, target_path, model_dir):
+    with open_llm(target_path, model_dir / "drafter-b8.gguf", 4) as llm:
+
+        def disturb() -> None:
+            with pytest.raises(ContextLimitError, match="a sequence's context holds 256"):
+                llm.submit([5] * 300)
+
+        check_others_unaffected(alone, llm, disturb)
+
+
+def test_an_abandoned_stream_and_a_cancelled_submission(alone, target_path, model_dir):
+    with open_llm(target_path, model_dir / "drafter-b8.gguf", 4) as llm:
+
+        def disturb() -> None:
+            it = llm.stream([40, 41, 42], max_tokens=60, ignore_eos=True)
+            next(it)
+            it.close()  # left mid-way
+            sub = _running(llm, [50, 51], 60)
+            next(iter(sub))
+            sub.cancel()
+            with pytest.raises(GenerationInterrupted):
+                sub.result()
+
+        check_others_unaffected(alone, llm, disturb)
+
+
+def test_submitting_after_close(target_path, model_dir):
+    llm = open_llm(target_path, model_dir / "drafter-b8.gguf", 2)
+    waiting = [_running(llm, [1, 2, 3], 200) for _ in range(4)]
+    llm.close()
+    for s in waiting:  # waiting or running: they end with an error, none hangs
+        with pytest.raises(PyDFlashError):
+            s.result()
+    with pytest.raises(PyDFlashError, match="closed"):
+        llm.submit([1, 2, 3])
+
+
+def test_a_submission_read_in_parts(target_path, model_dir):
+    with open_llm(target_path, model_dir / "drafter-b8.gguf", 2) as llm:
+        sub = _running(llm, [1, 2, 3], 20)
+        first = next(iter(sub))
+        rest = list(sub)  # goes on where the first read stopped
+        res = sub.result()
+        assert first.tokens + sum((s.tokens for s in rest), []) == res.tokens and len(res.tokens) == 20
+        assert sub.result() is not None and sub.done
+
+
+def test_interrupt_stops_every_running_sequence_and_the_object_stays_usable(alone, target_path, model_dir):
+    with open_llm(target_path, model_dir / "drafter-b8.gguf", 2) as llm:
+        subs = [_running(llm, [1, 2, 3], 200), _running(llm, [4, 5], 200)]
+        next(iter(subs[0]))
+        llm.interrupt()
+        for s in subs:
+            with pytest.raises(GenerationInterrupted):
+                s.result()
+        want = alone.generate([9, 8, 7], max_tokens=12, ignore_eos=True).tokens
+        assert llm.generate([9, 8, 7], max_tokens=12, ignore_eos=True).tokens == want

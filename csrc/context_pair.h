@@ -178,6 +178,22 @@ private:
         int32_t n_keep = 0;
     };
 
+    // the shared passes' times of one step (ms)
+    struct StepTimes {
+        double draft = 0.0;
+        double save = 0.0;  // checkpoints
+        double verify = 0.0;
+        double rollback = 0.0;
+        double inject = 0.0;
+    };
+
+    // the phases of step_batch
+    std::vector<Work> plan(const std::vector<SeqStep>& steps);  // checks every request first
+    void save_checkpoints(std::vector<Work>& work);
+    void verify(std::vector<Work>& work);
+    void roll_back_and_inject(std::vector<Work>& work, StepTimes& t);
+    std::vector<StepResult> commit(std::vector<Work>& work, const StepTimes& t);
+
     const Sequence& seq_at(int32_t seq) const;
     Sequence& seq_at(int32_t seq);
     void require_open() const;

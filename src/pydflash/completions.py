@@ -128,6 +128,7 @@ def create_completion(
     response_format: Mapping[str, Any] | None = None,
     json_schema: Mapping[str, Any] | None = None,
     grammar: str | None = None,
+    id_slot: int | None = None,
     cancel: Callable[[], bool] | None = None,
 ) -> Completion | Iterator[CompletionChunk]:
     """An OpenAI-style text completion of ``prompt`` (text or token ids).
@@ -138,7 +139,7 @@ def create_completion(
     ``post_sampling_probs``), as ``choices[0]["logprobs"]``.
     ``response_format`` (``{"type": "json_object"}``, ``{"type": "json_schema",
     "json_schema": {"schema": ...}}``), ``json_schema`` or ``grammar`` (GBNF): the
-    text follows it.
+    text follows it. ``id_slot``: that sequence slot (llama-server's; -1/None: any).
     ``cancel``: asked after every step; True stops with ``GenerationInterrupted``."""
     _unsupported(suffix=suffix)
     if logprobs is not None and echo:
@@ -146,7 +147,7 @@ def create_completion(
     schema, gbnf = constraint(response_format, json_schema, grammar)
     tokens = llm.prompt_tokens(prompt)
     cfg = SamplingConfig.build(
-        max_tokens=_fill(max_tokens, llm.n_ctx, len(tokens)),
+        max_tokens=_fill(max_tokens, llm.n_ctx_slot, len(tokens)),
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,
@@ -170,7 +171,7 @@ def create_completion(
         grammar=gbnf,
         json_schema=schema,
     )
-    gen = Generation(llm, tokens, cfg)
+    gen = Generation(llm, tokens, cfg, slot=id_slot)
     meta: _Meta = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or llm.model_name}
     head = (prompt if isinstance(prompt, str) else llm.detokenize(tokens)) if echo else ""
     if stream:
@@ -265,6 +266,7 @@ def create_chat_completion(
     response_format: Mapping[str, Any] | None = None,
     json_schema: Mapping[str, Any] | None = None,
     grammar: str | None = None,
+    id_slot: int | None = None,
     cancel: Callable[[], bool] | None = None,
 ) -> ChatCompletion | Iterator[ChatCompletionChunk]:
     """An OpenAI-style chat completion: ``messages`` go through the model's chat
@@ -282,7 +284,7 @@ def create_chat_completion(
     cp = _chat_prompt(llm, messages, tools, enable_thinking, chat_template_kwargs, schema, gbnf)
     tokens = llm.prompt_tokens(cp.prompt)
     cfg = SamplingConfig.build(
-        max_tokens=_fill(max_tokens, llm.n_ctx, len(tokens)),
+        max_tokens=_fill(max_tokens, llm.n_ctx_slot, len(tokens)),
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,
@@ -305,7 +307,7 @@ def create_chat_completion(
         post_sampling_probs=post_sampling_probs,
         grammar=chat_grammar(cp, (schema, gbnf), lambda text: _generation_prompt_tokens(llm, text)),
     )
-    gen = Generation(llm, tokens, cfg)
+    gen = Generation(llm, tokens, cfg, slot=id_slot)
     meta: _Meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or llm.model_name}
     if stream:
         return _chat_chunks(gen, cancel, cp, meta)

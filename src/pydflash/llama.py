@@ -204,6 +204,11 @@ class Llama:
         return self.config.n_parallel
 
     @property
+    def n_ctx_slot(self) -> int:
+        """One sequence's context: ``n_ctx // n_parallel`` (llama-server's n_ctx_slot)."""
+        return self.pair.n_ctx
+
+    @property
     def n_vocab(self) -> int:
         return self._model().n_vocab
 
@@ -230,7 +235,7 @@ class Llama:
         cache) and compute bytes per device, for the target and the drafter."""
         self._model()
         assert self._pair_core is not None
-        return MemoryReport(tuple(MemoryRow(*row) for row in self._pair_core.memory()))
+        return MemoryReport(tuple(MemoryRow(*row) for row in self._pair_core.memory()), self.n_parallel)
 
     # -- vocabulary ----------------------------------------------------------
 
@@ -413,7 +418,8 @@ class Llama:
         if self.closed:
             return "<pydflash.Llama closed>"
         d = f" draft='{self._draft.path}'" if self._draft is not None else ""
-        return f"<pydflash.Llama '{self._model().path}'{d} n_ctx={self.n_ctx}>"
+        np = f" n_parallel={self.n_parallel}" if self.n_parallel > 1 else ""
+        return f"<pydflash.Llama '{self._model().path}'{d} n_ctx={self.n_ctx}{np}>"
 
     # -- OpenAI-style API (pydflash.completions) --------------------------------
 

@@ -131,9 +131,17 @@ class MemoryRow:
 class MemoryReport:
     """``Llama.memory()``: what the target and the drafter hold, per device.
     ``drafter_bytes`` is the drafter's overhead over running the target alone
-    (its weights, KV cache, and compute buffers)."""
+    (its weights, KV cache, and compute buffers). The context bytes (KV caches,
+    recurrent states) are shared by ``n_parallel`` sequences of
+    ``n_ctx // n_parallel`` tokens each: ``per_sequence_bytes`` is one
+    sequence's share, what one more sequence of that size adds."""
 
     rows: tuple[MemoryRow, ...]
+    n_parallel: int = 1
+
+    @property
+    def per_sequence_bytes(self) -> int:
+        return sum(r.context for r in self.rows) // max(1, self.n_parallel)
 
     def total(self, role: str | None = None) -> int:
         return sum(r.total for r in self.rows if role is None or r.role == role)
@@ -152,4 +160,6 @@ class MemoryReport:
             lines.append(
                 f"{r.role:8} {r.buffer:10} {r.model / 2**20:10.2f} {r.context / 2**20:12.2f} {r.compute / 2**20:12.2f}"
             )
+        if self.n_parallel > 1:
+            lines.append(f"{self.n_parallel} sequences: {self.per_sequence_bytes / 2**20:.2f} MiB of context each")
         return "\n".join(lines)

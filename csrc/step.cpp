@@ -1,0 +1,244 @@
+// One speculative step of several sequences in shared passes: one drafter
+// pass drafts every block, one target pass verifies them all, then each
+// sequence is accepted, rolled back and injected on its own.
+#include <algorithm>
+#include <chrono>
+#include <string>
+
+#include "batch.h"
+#include "context_pair.h"
+#include "errors.h"
+
+namespace pydflash {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+}  // namespace
+
+bool ContextPair::roll_back_target(Work& w, int32_t n_batch) {
+    if (w.n_keep >= n_batch) return false;  // everything accepted: nothing to remove
+    llama_memory_t mem = llama_get_memory(ctx_tgt_.get());
+    const llama_pos n_past = w.s->n_past;
+    if (!w.checkpointed) {
+        // KV trim; with state planes llama.cpp also selects the plane n_batch - n_keep
+        // tokens back, and refuses (false) when that is beyond n_rs_seq
+        if (fault_.fire(FaultSite::MemoryRemove) || !llama_memory_seq_rm(mem, w.seq, n_past + w.n_keep, -1)) {
+            fail_rollback("llama.cpp refused to remove " + std::to_string(n_batch - w.n_keep) +
+                          " rejected tokens from the target's memory (" + rollback_name(rollback_) + ", n_rs_seq " +
+                          std::to_string(n_rs_seq_) + ")");
+        }
+        return false;
+    }
+    try {
+        w.s->checkpoint.restore(ctx_tgt_.get(), w.seq);
+    } catch (const RollbackError& e) {
+        fail_rollback(e.what());
+    }
+    // the state is back before the verified batch; drop its K/V: the kept
+    // tokens are replayed (their features come from that pass too)
+    if (fault_.fire(FaultSite::MemoryRemove) || !llama_memory_seq_rm(mem, w.seq, n_past, -1)) {
+        fail_rollback("llama.cpp refused to remove the verified tokens after restoring the checkpoint");
+    }
+    return true;
+}
+
+StepResult ContextPair::step(int32_t seq, const DraftControl& control,
+                             const std::optional<std::vector<llama_token>>& external) {
+    std::vector<StepResult> rs = step_batch({SeqStep{seq, control, external}});
+    if (!rs[0].error.empty()) throw GrammarError(rs[0].error);
+    return std::move(rs[0]);
+}
+
+std::vector<StepResult> ContextPair::step_batch(const std::vector<SeqStep>& steps) {
+    std::lock_guard<std::mutex> lock(mu_);
+    require_open();
+    if (steps.empty()) return {};
+    std::vector<Work> work = plan(steps);
+    StepTimes t;
+
+    auto t0 = Clock::now();
+    draft_blocks(work);  // one drafter pass over every sequence's block
+    t.draft = ms_since(t0);
+
+    t0 = Clock::now();
+    save_checkpoints(work);
+    t.save = ms_since(t0);
+
+    t0 = Clock::now();
+    verify(work);  // [pending, d1..dk] of every sequence in one target pass
+    t.verify = ms_since(t0);
+
+    // accept per sequence; one whose grammar allows nothing more fails alone
+    for (Work& w : work) {
+        t0 = Clock::now();
+        int32_t n_acc = 0;
+        try {
+            w.r.tokens = accept(*w.s, w.row, w.draft, w.q, w.req->external.has_value(), n_acc, w.r.logprobs);
+            w.n_keep = 1 + n_acc;
+            w.r.n_accepted = n_acc;
+        } catch (const GrammarError& e) {
+            // its verified rows are in the caches but not committed: it starts clean
+            w.r.error = std::string(e.what()) + "; the context was reset";
+            w.n_keep = 0;
+        }
+        w.r.t_sample_ms = ms_since(t0);
+    }
+    roll_back_and_inject(work, t);
+    return commit(work, t);
+}
+
+std::vector<ContextPair::Work> ContextPair::plan(const std::vector<SeqStep>& steps) {
+    // every request is checked before any work: a bad one changes nothing
+    std::vector<Work> work;
+    work.reserve(steps.size());
+    std::vector<bool> seen(seqs_.size(), false);
+    int32_t n_rows = 0;
+    for (const SeqStep& st : steps) {
+        Sequence& s = seq_at(st.seq);
+        if (seen[static_cast<size_t>(st.seq)]) {
+            throw InvalidArgument("sequence " + std::to_string(st.seq) + " appears twice in one step");
+        }
+        seen[static_cast<size_t>(st.seq)] = true;
+        if (!s.pending) {
+            throw InvalidArgument("sequence " + std::to_string(st.seq) +
+                                  " has nothing to continue from: call prefill() first");
+        }
+        const int32_t room = n_ctx_seq() - s.n_past - 1;
+        if (room < 0) {
+            throw ContextLimitError("the context is full (" + std::to_string(n_ctx_seq()) + " tokens)");
+        }
+        Work w{st.seq, &s, &st, {}, {}, {}};
+        if (st.external) {
+            st.control.validate();  // an external draft is not bounded by the block
+            for (llama_token t : *st.external) target_->check_token(t);
+            if (st.external->size() + 1 > static_cast<size_t>(params_.n_batch)) {
+                throw InvalidArgument("external draft of " + std::to_string(st.external->size()) +
+                                      " tokens exceeds n_batch - 1 = " + std::to_string(params_.n_batch - 1));
+            }
+            const auto n = std::min<size_t>(st.external->size(), static_cast<size_t>(room));
+            w.draft.assign(st.external->begin(), st.external->begin() + static_cast<std::ptrdiff_t>(n));
+        } else {
+            check(st.control);
+            int32_t k = st.control.draft_max < 0 ? draft_max_ : st.control.draft_max;
+            k = std::min({k, max_draft(), room});
+            if (drafter_ && k > 0 && k >= st.control.draft_min) w.k_draft = k;
+        }
+        n_rows += 1 + std::max(w.k_draft, static_cast<int32_t>(w.draft.size()));
+        work.push_back(std::move(w));
+    }
+    if (n_rows > params_.n_batch) {
+        throw InvalidArgument("the step's " + std::to_string(n_rows) + " tokens exceed n_batch " +
+                              std::to_string(params_.n_batch));
+    }
+    return work;
+}
+
+void ContextPair::save_checkpoints(std::vector<Work>& work) {
+    // a recurrent state rolls back at most n_rs_seq tokens through its planes;
+    // a longer draft (or no planes at all) needs a saved state
+    for (Work& w : work) {
+        w.checkpointed =
+            rollback_ != RollbackKind::KvTrim && static_cast<int32_t>(w.draft.size()) > static_cast<int32_t>(n_rs_seq_);
+        if (!w.checkpointed) continue;
+        try {
+            w.s->checkpoint.save(ctx_tgt_.get(), w.seq);
+        } catch (const RollbackError& e) {
+            fail_rollback(e.what());
+        }
+    }
+}
+
+void ContextPair::verify(std::vector<Work>& work) {
+    llama_batch_ext* b = batch_tgt_.get();
+    llama_batch_ext_clear(b);
+    int32_t row = 0;
+    for (Work& w : work) {
+        w.row = row;
+        add_token(b, w.seq, *w.s->pending, w.s->n_past, true);
+        for (size_t i = 0; i < w.draft.size(); ++i) {
+            add_token(b, w.seq, w.draft[i], w.s->n_past + 1 + static_cast<llama_pos>(i), true);
+        }
+        row += 1 + static_cast<int32_t>(w.draft.size());
+    }
+    decode_target_batch();
+}
+
+void ContextPair::roll_back_and_inject(std::vector<Work>& work, StepTimes& t) {
+    // roll back the rejected tails, inject the kept rows (features are per
+    // position, so this equals injecting all rows and trimming); checkpointed
+    // sequences replay their kept tokens in one more target pass, injected after it
+    auto t0 = Clock::now();
+    std::vector<Span> spans;
+    std::vector<Work*> replay;
+    for (Work& w : work) {
+        if (!w.r.error.empty()) continue;
+        const auto n_batch = 1 + static_cast<int32_t>(w.draft.size());
+        if (roll_back_target(w, n_batch)) {
+            replay.push_back(&w);
+        } else {
+            spans.push_back({w.seq, w.row, w.n_keep, w.s->n_past});
+        }
+    }
+    t.rollback = ms_since(t0);
+    if (drafter_ && !spans.empty()) {
+        t0 = Clock::now();
+        inject(spans);
+        t.inject += ms_since(t0);
+    }
+    if (replay.empty()) return;
+    t0 = Clock::now();
+    llama_batch_ext* b = batch_tgt_.get();
+    llama_batch_ext_clear(b);
+    spans.clear();
+    int32_t row = 0;
+    for (Work* w : replay) {
+        add_token(b, w->seq, *w->s->pending, w->s->n_past, false);
+        for (int32_t i = 0; i + 1 < w->n_keep; ++i) {
+            add_token(b, w->seq, w->draft[static_cast<size_t>(i)], w->s->n_past + 1 + i, false);
+        }
+        spans.push_back({w->seq, row, w->n_keep, w->s->n_past});
+        row += w->n_keep;
+    }
+    decode_target_batch();
+    t.rollback += ms_since(t0);
+    if (drafter_) {
+        t0 = Clock::now();
+        inject(spans);
+        t.inject += ms_since(t0);
+    }
+}
+
+std::vector<StepResult> ContextPair::commit(std::vector<Work>& work, const StepTimes& t) {
+    std::vector<StepResult> out;
+    out.reserve(work.size());
+    for (Work& w : work) {
+        StepResult& r = w.r;
+        r.seq = w.seq;
+        r.n_batch_seqs = static_cast<int32_t>(work.size());
+        r.t_draft_ms = w.k_draft > 0 ? t.draft : 0.0;
+        r.t_verify_ms = t.verify;
+        r.t_inject_ms = t.inject;
+        r.t_rollback_ms = (w.checkpointed ? t.save : 0.0) + t.rollback;
+        r.n_drafted = static_cast<int32_t>(w.draft.size());
+        if (!r.error.empty()) {
+            clear_sequence(w.seq);
+        } else {
+            Sequence& s = *w.s;
+            const int32_t new_past = s.n_past + w.n_keep;
+            if (ctx_dft_) llama_memory_seq_rm(llama_get_memory(ctx_dft_.get()), w.seq, new_past, -1);
+            s.history.push_back(*s.pending);
+            s.history.insert(s.history.end(), w.draft.begin(), w.draft.begin() + (w.n_keep - 1));
+            s.n_past = new_past;
+            s.pending = r.tokens.back();
+            r.n_past = s.n_past;
+        }
+        r.drafted = std::move(w.draft);
+        out.push_back(std::move(r));
+    }
+    return out;
+}
+
+}  // namespace pydflash

@@ -87,8 +87,8 @@ class _Request(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="ignore")
 
-    stream: bool = False
-    n: int = 1
+    stream: bool | None = None  # null: a field's default, as OpenAI's API reads it
+    n: int | None = None
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -105,7 +105,7 @@ class _Request(BaseModel):
     draft_min: int | None = None
     draft_p_min: float | None = None
     cache_prompt: bool | None = None  # llama-server's: reuse the prompt prefix the caches hold
-    id_slot: int = -1  # llama-server's slot pin (-1: any)
+    id_slot: int | None = None  # llama-server's slot pin (-1: any)
     post_sampling_probs: bool | None = None
     response_format: dict[str, Any] | None = None
     json_schema: dict[str, Any] | None = None
@@ -119,13 +119,13 @@ class _Request(BaseModel):
     adaptive_target: float | None = None
 
     @property
-    def echo_head(self) -> bool:
-        """Whether the stream's first chunk comes before any decoding (completions' echo)."""
-        return False
+    def lead(self) -> int:
+        """The chunks a stream's response waits for before it starts: the first step's."""
+        return 1
 
     def check(self, n_vocab: int, parallel: int) -> None:
         """What the library does not check, before any work: BadRequest."""
-        if self.n != 1:
+        if self.n not in (None, 1):
             raise BadRequest("only n=1 is supported", "n")
         for name, on in _REFUSED_SAMPLERS:
             v = getattr(self, name)
@@ -136,7 +136,7 @@ class _Request(BaseModel):
                     name,
                 )
         # the engine picks the slot (and with it the prompt cache); a pin is checked, not used
-        if self.id_slot != -1 and not 0 <= self.id_slot < parallel:
+        if self.id_slot not in (None, -1) and not 0 <= self.id_slot < parallel:
             raise BadRequest(f"'id_slot' must be -1 (any) or a slot in [0, {parallel})", "id_slot")
         for key in self.logit_bias or {}:  # here, so that a stream fails before it starts
             if not (key.lstrip("-").isdigit() and 0 <= int(key) < n_vocab):
@@ -152,13 +152,13 @@ class CompletionRequest(_Request):
 
     prompt: Prompt
     suffix: str | None = None
-    echo: bool = False
+    echo: bool | None = None
     logprobs: int | None = None
     n_probs: int | None = None  # llama-server's name for logprobs
 
     @property
-    def echo_head(self) -> bool:
-        return self.echo
+    def lead(self) -> int:
+        return 2 if self.echo else 1  # echo's prompt chunk comes before any decoding
 
     def check(self, n_vocab: int, parallel: int) -> None:
         super().check(n_vocab, parallel)
@@ -175,7 +175,7 @@ class CompletionRequest(_Request):
         """(prompt, keyword arguments) of ``create_completion``."""
         prompt: Any = self.prompt[0] if self._batch() else self.prompt  # a batch of one
         kw = self.options()
-        kw["echo"] = self.echo
+        kw["echo"] = bool(self.echo)
         n = self.logprobs if self.logprobs is not None else self.n_probs
         if n is not None:
             kw["logprobs"] = n
@@ -196,7 +196,7 @@ class ChatRequest(_Request):
     tool_choice: str | dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     enable_thinking: bool | None = None
-    logprobs: bool = False
+    logprobs: bool | None = None
     top_logprobs: int | None = None
 
     def check(self, n_vocab: int, parallel: int) -> None:
@@ -220,7 +220,7 @@ class ChatRequest(_Request):
         kw["chat_template_kwargs"] = self.chat_template_kwargs
         if self.enable_thinking is not None:
             kw["enable_thinking"] = self.enable_thinking
-        kw["logprobs"] = self.logprobs
+        kw["logprobs"] = bool(self.logprobs)
         kw["top_logprobs"] = self.top_logprobs
         return self.messages, kw
 
@@ -244,6 +244,8 @@ def describe(err: ValidationError) -> BadRequest:
         if e["type"] == "json_invalid":
             detail = e["msg"].removeprefix("Invalid JSON: ")
             what = "nested too deeply" if "recursion limit" in detail else "not valid JSON"
+            if "hex escape" in detail:  # a lone surrogate, which jiter's words do not name
+                detail += " (a \\uD800-\\uDFFF escape must be one half of a surrogate pair)"
             return BadRequest(f"request body is {what}: {detail}")
         if not where:
             return BadRequest("request body must be a JSON object")

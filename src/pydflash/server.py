@@ -389,16 +389,16 @@ class _Exchange:
             srv.llm.create_completion if isinstance(req, CompletionRequest) else srv.llm.create_chat_completion
         )
         # the prompt is tokenized (and a chat template applied) here, in this thread
-        out = create(first, stream=req.stream, model=srv.alias, cancel=self._cancelled, **kw)
+        out = create(first, stream=bool(req.stream), model=srv.alias, cancel=self._cancelled, **kw)
         if not req.stream:
             srv.metrics.generation(out["timings"])
             emit(("result", out))
             return
         chunks = self._counted(out)
         try:
-            # the response starts after the first step (after echo's prompt chunk, the
-            # step after it): what fails at the start is an HTTP error, not an event
-            emit(("head", list(itertools.islice(chunks, 2 if req.echo_head else 1))))
+            # the response starts after the first step: what fails at the start (a prompt
+            # over n_ctx, a token id out of range) is an HTTP error, not an event
+            emit(("head", list(itertools.islice(chunks, req.lead))))
             for chunk in chunks:
                 emit(("chunk", chunk))
         finally:

@@ -1,7 +1,7 @@
 """Start ``pydflash serve`` and talk to it with the official ``openai`` client:
 a chat completion, a streamed completion, then the server's speculative metrics.
 
-    pip install openai
+    pip install openai "pydflash[server]"
     python examples/server_openai.py                          # the embedded pair
     python examples/server_openai.py --url http://127.0.0.1:8080   # a server you started yourself:
                                                               #   pydflash serve -m T.gguf -d D.gguf

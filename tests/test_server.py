@@ -138,6 +138,20 @@ def test_cache_prompt_and_id_slot(client):
         timings(cache_prompt="yes")
 
 
+def test_metrics_count_prompt_cache_hits_and_the_queue(server, client):
+    before = metrics(server)
+    t = [client.completions.create(model="tiny-pair", prompt="import os\nimport sys\n", max_tokens=3, temperature=0)
+         .to_dict()["timings"] for _ in range(2)]
+    after = metrics(server)
+    assert t[1]["cache_n"] > 0  # the second prompt comes from the cache
+    assert (after["pydflash_prompt_tokens_cached_total"] - before["pydflash_prompt_tokens_cached_total"]
+            == t[0]["cache_n"] + t[1]["cache_n"])
+    assert (after["pydflash_prompt_cache_hits_total"] - before["pydflash_prompt_cache_hits_total"]
+            == (t[0]["cache_n"] > 0) + (t[1]["cache_n"] > 0))
+    assert after["pydflash_parallel_slots"] == 1 and after["pydflash_requests_in_flight"] == 0
+    assert after["pydflash_requests_rejected_total"] == 0
+
+
 def test_completion_stream(client, local):
     want = local.generate("def f():", max_tokens=24, ignore_eos=True)
     chunks = list(client.completions.create(model="tiny-pair", prompt="def f():", max_tokens=24, temperature=0,

@@ -96,8 +96,10 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         description="Serve one target + DFlash drafter pair over HTTP, OpenAI-compatible: "
         "POST /v1/completions and /v1/chat/completions (stream: server-sent events), "
         "GET /v1/models, /health, and /metrics (Prometheus text with tokens drafted "
-        "and accepted, acceptance rate, accepted length per step, tokens/s). One "
-        "generation runs at a time; other requests wait. Without -m: the embedded pair.",
+        "and accepted, acceptance rate, accepted length per step, tokens/s, queue). "
+        "The model runs --parallel generations at once; up to --queue-size more "
+        "requests wait, further ones get 503. Without -m: the embedded pair. "
+        "Needs the server extra: pip install pydflash[server].",
         epilog="example: pydflash serve -m target.gguf -d drafter.gguf --port 8080, then "
         "openai.OpenAI(base_url='http://127.0.0.1:8080/v1', api_key='none')",
     )
@@ -106,6 +108,36 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     s.add_argument("--port", type=int, default=8080, help="port; 0 = any free port (default: %(default)s)")
     s.add_argument("--alias", default=None, help="model id reported by /v1/models (default: the file name)")
+    s.add_argument(
+        "-np",
+        "--parallel",
+        type=int,
+        default=1,
+        metavar="N",
+        help="generations the model runs at once (default: %(default)s)",
+    )
+    s.add_argument(
+        "--queue-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="requests admitted beyond --parallel, waiting their turn; more get 503 "
+        "(default: 4 x parallel, at least 8)",
+    )
+    s.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="time a client has to send its request body (default: %(default)s)",
+    )
+    s.add_argument(
+        "--max-connections",
+        type=int,
+        default=256,
+        metavar="N",
+        help="past this many open connections (or running requests) new requests get 503 (default: %(default)s)",
+    )
     s.add_argument("--draft-max", type=int, default=None, help="draft tokens per step (default: block size - 1)")
     s.add_argument(
         "--chat-template",
@@ -309,7 +341,11 @@ def _cmd_info(a: argparse.Namespace) -> int:
 
 
 def _cmd_serve(a: argparse.Namespace) -> int:
-    from .server import Server, serve
+    try:
+        from .server import Server, serve
+    except ImportError as e:  # the server extra is not installed: the message says what to install
+        print(f"pydflash: error: {e}", file=sys.stderr)
+        return 2
 
     model, draft = a.model, a.draft
     if model is None:
@@ -330,6 +366,10 @@ def _cmd_serve(a: argparse.Namespace) -> int:
         host=a.host,
         port=a.port,
         alias=a.alias,
+        parallel=a.parallel,
+        queue_size=a.queue_size,
+        timeout=a.timeout,
+        max_connections=a.max_connections,
         ready=ready,
         draft_max=a.draft_max,
         chat_template=template,

@@ -337,6 +337,10 @@ def _chat_completion(gen: Generation, cancel: Callable[[], bool] | None, cp: Cha
     return res
 
 
+# the template's own arguments, which chat_template_kwargs cannot repeat
+_OWN_ARGUMENTS = ("messages", "tools", "json_schema", "grammar")
+
+
 def _chat_prompt(
     llm: Llama,
     messages: Sequence[Mapping[str, Any]],
@@ -351,9 +355,14 @@ def _chat_prompt(
     kwargs = dict(chat_template_kwargs or {})
     if "enable_thinking" in kwargs:
         enable_thinking = bool(kwargs.pop("enable_thinking"))
+    # llama-server reads add_generation_prompt from here too (False: continue the last message)
+    add_generation_prompt = bool(kwargs.pop("add_generation_prompt", True))
+    for name in _OWN_ARGUMENTS:
+        if name in kwargs:
+            raise ValueError(f"chat_template_kwargs cannot set '{name}' (pass it as its own argument)")
     return llm.chat_template.apply(
         messages,
-        add_generation_prompt=True,
+        add_generation_prompt=add_generation_prompt,
         enable_thinking=enable_thinking,
         tools=tools,
         json_schema=schema,

@@ -1,12 +1,17 @@
-"""Prometheus text-format metrics of a pydflash server, with the speculative
-counters llama-server's ``/metrics`` lacks: tokens drafted and accepted, the
-acceptance rate, tokens per target pass, and a histogram of the accepted draft
-length of every step."""
+"""Prometheus metrics of a pydflash server (``prometheus_client``, one registry
+per server), with the speculative counters llama-server's ``/metrics`` lacks:
+tokens drafted and accepted, the acceptance rate, tokens per target pass, and a
+histogram of the accepted draft length of every step. Also the request queue:
+requests in flight, waiting (the queue depth) and generating, and prompt-cache
+hits."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from .openai_types import Timings
 
@@ -14,138 +19,128 @@ __all__ = ["Metrics"]
 
 PREFIX = "pydflash_"
 
+# counters of finished generations: (name, help, the Timings field summed, its scale)
+_GENERATION_COUNTERS = (
+    ("prompt_tokens_total", "Prompt tokens processed.", "prompt_n", 1.0),
+    ("prompt_seconds_total", "Prompt processing time.", "prompt_ms", 1e-3),
+    (
+        "prompt_tokens_cached_total",
+        "Prompt tokens taken from the prompt cache (llama-server's cache_n).",
+        "cache_n",
+        1.0,
+    ),
+    ("tokens_predicted_total", "Generated tokens.", "predicted_n", 1.0),
+    ("tokens_predicted_seconds_total", "Generation (decode) time.", "predicted_ms", 1e-3),
+    ("draft_tokens_total", "Tokens proposed by the DFlash drafter.", "draft_n", 1.0),
+    ("draft_tokens_accepted_total", "Drafted tokens the target accepted.", "draft_n_accepted", 1.0),
+    ("target_passes_total", "Target verification passes (speculative steps).", "n_steps", 1.0),
+)
+# gauges that are ratios of two of those counters since start: (name, help, numerator, denominator)
+_RATIOS = (
+    ("draft_acceptance_rate", "Accepted / drafted tokens since start.", "draft_n_accepted", "draft_n"),
+    ("tokens_per_target_pass", "Generated tokens per target pass (tau) since start.", "predicted_n", "n_steps"),
+    ("predicted_tokens_seconds", "Average generation throughput in tokens/s.", "predicted_n", "predicted_ms"),
+    ("prompt_tokens_seconds", "Average prompt throughput in tokens/s.", "prompt_n", "prompt_ms"),
+)
+_MS = {"predicted_ms", "prompt_ms"}  # denominators in ms: the ratios are per second
+
 
 class Metrics:
-    """Thread-safe counters; ``render()`` gives the Prometheus exposition text."""
+    """Thread-safe; ``render()`` gives the Prometheus exposition text. ``slots``:
+    the generations the model runs at once (the server's ``parallel``)."""
 
-    def __init__(self, max_accepted: int = 16):
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, max_accepted: int = 16, slots: int = 1):
+        self.registry = CollectorRegistry()
         self._lock = threading.Lock()
-        self.buckets = list(range(0, max(1, max_accepted) + 1))
-        self.bucket_counts = [0] * len(self.buckets)
-        self.hist_count = 0
-        self.hist_sum = 0
-        self.counters: dict[str, float] = {
-            k: 0
-            for k in (
-                "prompt_tokens_total",
-                "prompt_seconds_total",
-                "tokens_predicted_total",
-                "tokens_predicted_seconds_total",
-                "draft_tokens_total",
-                "draft_tokens_accepted_total",
-                "target_passes_total",
-                "requests_cancelled_total",
-                "requests_failed_total",
+        self._sums: dict[str, float] = {field: 0.0 for _, _, field, _ in _GENERATION_COUNTERS}
+        self._in_flight = 0
+        self._processing = 0
+        reg = self.registry
+        self._requests = Counter(PREFIX + "requests_total", "Requests per endpoint.", ["endpoint"], registry=reg)
+        self._counters = [
+            (field, scale, Counter(PREFIX + name, help_, registry=reg))
+            for name, help_, field, scale in _GENERATION_COUNTERS
+        ]
+        self._events = {
+            name: Counter(PREFIX + name + "_total", help_, registry=reg)
+            for name, help_ in (
+                ("requests_cancelled", "Generations cancelled by a client disconnect."),
+                ("requests_failed", "Requests that ended in an error."),
+                ("requests_rejected", "Requests refused with 503 because the queue was full."),
+                ("prompt_cache_hits", "Generations that took at least one prompt token from the prompt cache."),
             )
         }
-        self.requests: dict[str, int] = {}
-        self.processing = 0
-        self.deferred = 0
+        self._accepted = Histogram(
+            PREFIX + "accepted_length",
+            "Drafted tokens accepted per speculative step.",
+            buckets=list(range(0, max(1, max_accepted) + 1)),
+            registry=reg,
+        )
+        self._gauges(slots)
+
+    def _gauges(self, slots: int) -> None:
+        reg = self.registry
+        Gauge(PREFIX + "parallel_slots", "Generations the model runs at once (--parallel).", registry=reg).set(slots)
+        gauges = (
+            ("requests_in_flight", "Admitted requests: waiting or generating.", lambda: self._in_flight),
+            ("requests_processing", "Generations running now (from their first speculative step).", self._running),
+            ("requests_deferred", "Admitted requests waiting for the model (the queue depth).", self._waiting),
+        )
+        for name, help_, read in gauges:
+            Gauge(PREFIX + name, help_, registry=reg).set_function(read)
+        for name, help_, num, den in _RATIOS:
+            Gauge(PREFIX + name, help_, registry=reg).set_function(self._ratio(num, den))
 
     # -- updates -------------------------------------------------------------
 
     def request(self, endpoint: str) -> None:
-        with self._lock:
-            self.requests[endpoint] = self.requests.get(endpoint, 0) + 1
+        self._requests.labels(endpoint=endpoint).inc()
 
-    def add(self, name: str, value: float = 1) -> None:
-        with self._lock:
-            self.counters[name] += value
+    def event(self, name: str) -> None:
+        """Count one ``requests_cancelled``, ``requests_failed`` or ``requests_rejected``."""
+        self._events[name].inc()
 
-    def queue(self, deferred: int = 0, processing: int = 0) -> None:
+    def admitted(self, n: int) -> None:
+        """+1 when a request is admitted, -1 when it is done."""
         with self._lock:
-            self.deferred += deferred
-            self.processing += processing
+            self._in_flight += n
+
+    def processing(self, n: int) -> None:
+        """+1 when a generation makes its first step, -1 when it ends."""
+        with self._lock:
+            self._processing += n
 
     def generation(self, timings: Timings) -> None:
         """Count one finished generation from its response's ``timings``."""
-        lengths: Sequence[int] = timings.get("accepted_lengths", []) or []
+        row: Mapping[str, Any] = timings
         with self._lock:
-            c = self.counters
-            c["prompt_tokens_total"] += int(timings["prompt_n"])
-            c["prompt_seconds_total"] += float(timings["prompt_ms"]) / 1e3
-            c["tokens_predicted_total"] += int(timings["predicted_n"])
-            c["tokens_predicted_seconds_total"] += float(timings["predicted_ms"]) / 1e3
-            c["draft_tokens_total"] += int(timings["draft_n"])
-            c["draft_tokens_accepted_total"] += int(timings["draft_n_accepted"])
-            c["target_passes_total"] += int(timings["n_steps"])
-            for n in lengths:
-                self.hist_count += 1
-                self.hist_sum += n
-                for i, le in enumerate(self.buckets):
-                    if n <= le:
-                        self.bucket_counts[i] += 1
+            for field, scale, counter in self._counters:
+                counter.inc(float(row[field]) * scale)
+                self._sums[field] += float(row[field])
+            for n in timings.get("accepted_lengths", []) or []:
+                self._accepted.observe(n)
+        if timings["cache_n"] > 0:
+            self.event("prompt_cache_hits")
 
     # -- exposition ------------------------------------------------------------
 
-    def render(self) -> str:
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def _running(self) -> float:
         with self._lock:
-            c = dict(self.counters)
-            out: list[str] = []
+            return self._processing
 
-            def metric(name: str, kind: str, help_: str, value: float) -> None:
-                out.append(f"# HELP {PREFIX}{name} {help_}")
-                out.append(f"# TYPE {PREFIX}{name} {kind}")
-                out.append(f"{PREFIX}{name} {_num(value)}")
+    def _waiting(self) -> float:
+        with self._lock:
+            return self._in_flight - self._processing
 
-            out.append(f"# HELP {PREFIX}requests_total Requests per endpoint.")
-            out.append(f"# TYPE {PREFIX}requests_total counter")
-            for ep, n in sorted(self.requests.items()):
-                out.append(f'{PREFIX}requests_total{{endpoint="{ep}"}} {n}')
-            for name, help_ in _COUNTERS:
-                metric(name, "counter", help_, c[name])
-            metric(
-                "requests_processing", "gauge", "Generations running now (at most one per model pair).", self.processing
-            )
-            metric("requests_deferred", "gauge", "Requests waiting for the model pair.", self.deferred)
-            for name, help_, num, den in _RATIOS:
-                metric(name, "gauge", help_, c[num] / c[den] if c[den] else 0.0)
-            name = f"{PREFIX}accepted_length"
-            out.append(f"# HELP {name} Drafted tokens accepted per speculative step.")
-            out.append(f"# TYPE {name} histogram")
-            for le, n in zip(self.buckets, self.bucket_counts, strict=True):
-                out.append(f'{name}_bucket{{le="{le}"}} {n}')
-            out.append(f'{name}_bucket{{le="+Inf"}} {self.hist_count}')
-            out.append(f"{name}_sum {self.hist_sum}")
-            out.append(f"{name}_count {self.hist_count}")
-        return "\n".join(out) + "\n"
+    def _ratio(self, num: str, den: str) -> Callable[[], float]:
+        def read() -> float:
+            with self._lock:
+                d = self._sums[den] / (1e3 if den in _MS else 1.0)
+                return self._sums[num] / d if d else 0.0
 
-
-# counters rendered as they are: (name, help)
-_COUNTERS = (
-    ("requests_cancelled_total", "Generations cancelled by a client disconnect."),
-    ("requests_failed_total", "Requests that ended in an error."),
-    ("prompt_tokens_total", "Prompt tokens processed."),
-    ("prompt_seconds_total", "Prompt processing time."),
-    ("tokens_predicted_total", "Generated tokens."),
-    ("tokens_predicted_seconds_total", "Generation (decode) time."),
-    ("draft_tokens_total", "Tokens proposed by the DFlash drafter."),
-    ("draft_tokens_accepted_total", "Drafted tokens the target accepted."),
-    ("target_passes_total", "Target verification passes (speculative steps)."),
-)
-# gauges that are ratios of two counters since start: (name, help, numerator, denominator)
-_RATIOS = (
-    (
-        "draft_acceptance_rate",
-        "Accepted / drafted tokens since start.",
-        "draft_tokens_accepted_total",
-        "draft_tokens_total",
-    ),
-    (
-        "tokens_per_target_pass",
-        "Generated tokens per target pass (tau) since start.",
-        "tokens_predicted_total",
-        "target_passes_total",
-    ),
-    (
-        "predicted_tokens_seconds",
-        "Average generation throughput in tokens/s.",
-        "tokens_predicted_total",
-        "tokens_predicted_seconds_total",
-    ),
-    ("prompt_tokens_seconds", "Average prompt throughput in tokens/s.", "prompt_tokens_total", "prompt_seconds_total"),
-)
-
-
-def _num(v: float) -> str:
-    return str(int(v)) if float(v).is_integer() else repr(float(v))
+        return read

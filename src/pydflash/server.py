@@ -1,26 +1,49 @@
 """``pydflash serve``: an OpenAI-compatible HTTP server for one target + DFlash
-drafter pair, on the standard library (``http.server``, SSE by hand).
+drafter pair, on Starlette and uvicorn (``pip install pydflash[server]``).
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (``stream``:
 server-sent events), ``GET /v1/models``, ``GET /health``, ``GET /metrics``
-(Prometheus text, with DFlash's speculative counters). Requests are queued:
-one generation runs at a time; a client that disconnects cancels its generation."""
+(Prometheus, with DFlash's speculative counters). Each generation request runs
+in one worker thread of its own, from parsing its body to its last chunk; the
+model schedules the generations (``Llama(n_parallel=N)`` batches N of them), the
+server does not serialise them. At most ``parallel + queue_size`` requests are
+admitted at once (others: 503). A client that disconnects cancels its own
+generation."""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import logging
-import select
+import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
+from typing import Any, TypeVar
 
-from .errors import ContextLimitError, GenerationInterrupted, PyDFlashError
+try:
+    import anyio
+    import uvicorn
+    from anyio.abc import ObjectReceiveStream, ObjectSendStream
+    from pydantic import ValidationError
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.middleware import Middleware
+    from starlette.requests import ClientDisconnect, Request
+    from starlette.responses import Response, StreamingResponse
+    from starlette.routing import Route
+    from starlette.types import ASGIApp, Receive, Scope, Send
+
+    from ._server_http import FramingCheck, HTTPProtocol, error_body, error_response
+    from ._server_requests import BadRequest, ChatRequest, CompletionRequest, describe
+    from .metrics import Metrics
+except ImportError as e:  # the optional dependencies of the server extra
+    raise ImportError(f"pydflash serve needs {e.name}: pip install pydflash[server]") from e
+
+from .errors import GenerationInterrupted, PyDFlashError
 from .llama import Llama
-from .metrics import Metrics
 
 __all__ = ["Server", "serve"]
 
@@ -37,162 +60,107 @@ ROUTES = {
     "/v1/chat/completions",
     "/chat/completions",
 }
-
-
-class BadRequest(Exception):
-    pass
-
-
-class _Cancelled(Exception):
-    pass
-
-
-def _opt(body: Mapping[str, Any], name: str, kind: type, default: Any = None) -> Any:
-    v = body.get(name, default)
-    if v is None:
-        return default
-    if kind is float and isinstance(v, int) and not isinstance(v, bool):
-        v = float(v)
-    if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
-        raise BadRequest(f"'{name}' must be {kind.__name__}")
-    return v
-
-
-# llama-server samplers that do not give one distribution per position, which exact
-# speculative sampling needs (mirostat's and adaptive-p's state follow each sample, XTC
-# draws at random what to remove, DRY is not implemented): refused by name when on
-# (field, the value from which it is on): llama-server's "off" values are 0 (-1 for adaptive-p)
-_REFUSED_SAMPLERS: tuple[tuple[str, float], ...] = (
-    ("mirostat", 1),
-    ("xtc_probability", 1e-30),
-    ("dry_multiplier", 1e-30),
-    ("dynatemp_range", 1e-30),
-    ("adaptive_target", 0),
-)
-
-
-def _sampling_args(body: Mapping[str, Any]) -> dict[str, Any]:
-    """The OpenAI request fields pydflash understands (others are ignored)."""
-    if _opt(body, "n", int, 1) != 1:
-        raise BadRequest("only n=1 is supported")
-    for name, on in _REFUSED_SAMPLERS:
-        v = body.get(name)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= on:
-            raise BadRequest(
-                f"the '{name}' sampler is not supported (pydflash samples exactly under speculation; "
-                "its samplers: top_k, typical_p, top_p, min_p, top_n_sigma, temperature, penalties)"
-            )
-    kw: dict[str, Any] = {}
-    # structured output: OpenAI's response_format, llama-server's json_schema and grammar
-    structured: tuple[tuple[str, type], ...] = (("response_format", dict), ("json_schema", dict), ("grammar", str))
-    for name, kind in structured:
-        if body.get(name) is not None:
-            kw[name] = _opt(body, name, kind)
-    for name, kind in (
-        ("temperature", float),
-        ("top_p", float),
-        ("min_p", float),
-        ("typical_p", float),
-        ("top_n_sigma", float),
-        ("top_k", int),
-        ("frequency_penalty", float),
-        ("presence_penalty", float),
-        ("repeat_penalty", float),
-        ("seed", int),
-        ("ignore_eos", bool),
-        ("draft_max", int),
-        ("draft_min", int),
-        ("draft_p_min", float),
-        ("cache_prompt", bool),
-        ("post_sampling_probs", bool),
-    ):
-        if body.get(name) is not None:
-            kw[name] = _opt(body, name, kind)
-    if _opt(body, "id_slot", int, -1) not in (-1, 0):  # llama-server's slot pin; one slot here
-        raise BadRequest("'id_slot' must be -1 or 0 (this server has one slot)")
-    stop = body.get("stop")
-    if stop is not None:
-        if not isinstance(stop, (str, list)) or (isinstance(stop, list) and not all(isinstance(s, str) for s in stop)):
-            raise BadRequest("'stop' must be a string or a list of strings")
-        kw["stop"] = stop
-    if body.get("logit_bias") is not None:
-        if not isinstance(body["logit_bias"], dict):
-            raise BadRequest("'logit_bias' must be an object")
-        kw["logit_bias"] = body["logit_bias"]
-    return kw
+_Item = tuple[str, Any]  # what a worker hands to its request: ("result" | "head" | "chunk" | "error", payload)
+_Kind = type[CompletionRequest] | type[ChatRequest]
+T = TypeVar("T")
 
 
 class Server:
-    """One model pair behind an HTTP server. ``start()`` serves in a thread
-    (for tests and embedding); ``serve_forever()`` in the calling thread."""
+    """One model pair behind an HTTP server. ``start()`` serves from a thread (for
+    tests and embedding) and returns once it listens; ``serve_forever()`` serves in
+    the calling thread. ``port=0`` picks a free port (``.port`` is the real one).
 
-    def __init__(self, llm: Llama, *, host: str = "127.0.0.1", port: int = 8080, alias: str | None = None):
+    ``parallel``: the generations the model runs at once (its ``n_parallel``);
+    ``queue_size``: admitted requests beyond those (default 4 x parallel, at least
+    8); ``timeout``: seconds a client has to send its request body;
+    ``timeout_keep_alive``: an idle connection (or one whose request head is not
+    complete) is closed after it; ``max_connections``: uvicorn answers 503 past it."""
+
+    def __init__(
+        self,
+        llm: Llama,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8080,
+        alias: str | None = None,
+        parallel: int = 1,
+        queue_size: int | None = None,
+        timeout: float = 60.0,
+        timeout_keep_alive: int = 5,
+        max_connections: int = 256,
+    ):
+        if parallel < 1:
+            raise ValueError(f"parallel must be >= 1, got {parallel}")
         self.llm = llm
         self.alias = alias or llm.model_name
-        self.metrics = Metrics(max_accepted=max(1, llm.pair.max_draft) if llm.has_draft else 1)
-        self.queue = threading.Lock()  # one generation at a time per pair
+        self.parallel = parallel
+        self.queue_size = max(8, 4 * parallel) if queue_size is None else queue_size
+        if self.queue_size < 0:
+            raise ValueError(f"queue_size must be >= 0, got {self.queue_size}")
+        self.timeout = timeout
+        self.metrics = Metrics(max_accepted=max(1, llm.pair.max_draft) if llm.has_draft else 1, slots=parallel)
         self.created = int(time.time())
-        self.httpd = ThreadingHTTPServer((host, port), _handler(self))
-        self.httpd.daemon_threads = True
+        self.in_flight = 0  # admitted requests (read and written on the event loop only)
+        # each admitted request holds one thread: never wait for another request's
+        self.threads = anyio.CapacityLimiter(self.parallel + self.queue_size)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._socket = socket.create_server((host, port), family=family)
+        config = uvicorn.Config(
+            self._app(),
+            http=HTTPProtocol,
+            ws="none",
+            lifespan="off",
+            loop="asyncio",
+            log_config=None,  # the embedding program's logging, untouched
+            server_header=False,  # ours names no versions
+            headers=[("server", "pydflash")],
+            timeout_keep_alive=timeout_keep_alive,
+            limit_concurrency=max_connections,
+            timeout_graceful_shutdown=5,
+        )
+        self._uvicorn = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
 
     @property
     def host(self) -> str:
-        return str(self.httpd.server_address[0])
+        return str(self._socket.getsockname()[0])
 
     @property
     def port(self) -> int:
-        return int(self.httpd.server_address[1])
+        return int(self._socket.getsockname()[1])
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
 
     def start(self) -> Server:
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="pydflash-server", daemon=True)
+        self._thread = threading.Thread(
+            target=self._uvicorn.run, kwargs={"sockets": [self._socket]}, name="pydflash-server", daemon=True
+        )
         self._thread.start()
+        while not self._uvicorn.started:
+            if not self._thread.is_alive():
+                raise RuntimeError("the server did not start (see the log)")
+            time.sleep(0.01)
         return self
 
     def serve_forever(self) -> None:
-        self.httpd.serve_forever()
+        """Serve in this thread until SIGINT/SIGTERM (in the main thread) or ``shutdown()``."""
+        self._uvicorn.run(sockets=[self._socket])
 
     def shutdown(self) -> None:
-        """Stop serving and close the socket."""
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        """Stop serving (running requests get a few seconds to finish) and close the socket."""
+        self._uvicorn.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout=30)
+        self._socket.close()
 
     def __enter__(self) -> Server:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
-
-    # -- the generation queue --------------------------------------------------
-
-    def run_exclusive(self, fn: Callable[[], Any], gone: Callable[[], bool]) -> Any:
-        """Run ``fn`` when the pair is free (requests wait in turn). The
-        generation itself polls ``gone()`` between steps and stops when the
-        client has disconnected."""
-        self.metrics.queue(deferred=1)
-        try:
-            self.queue.acquire()
-        finally:
-            self.metrics.queue(deferred=-1)
-        self.metrics.queue(processing=1)
-        try:
-            if gone():
-                raise _Cancelled()
-            try:
-                return fn()
-            except GenerationInterrupted:
-                if gone():
-                    raise _Cancelled() from None
-                raise
-        finally:
-            self.metrics.queue(processing=-1)
-            self.queue.release()
 
     def model_card(self) -> dict[str, Any]:
         llm = self.llm
@@ -204,187 +172,300 @@ class Server:
         }
         return {"id": self.alias, "object": "model", "created": self.created, "owned_by": "pydflash", "meta": meta}
 
+    # -- the application ----------------------------------------------------------
 
-class _Handler(BaseHTTPRequestHandler):
-    """One request of ``srv`` (a subclass per server sets it: ``_handler``)."""
-
-    srv: Server
-
-    protocol_version = "HTTP/1.1"
-    server_version = "pydflash"
-
-    def log_message(self, fmt: str, *args: Any) -> None:
-        log.debug("%s " + fmt, self.address_string(), *args)
-
-    # -- plumbing ------------------------------------------------------
-
-    def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _json(self, status: int, obj: Any) -> None:
-        self._send(status, json.dumps(obj).encode())
-
-    def _error(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
-        self._json(status, {"error": {"message": message, "type": kind, "code": status}})
-
-    def _client_gone(self) -> bool:
-        try:
-            r, _, _ = select.select([self.connection], [], [], 0)
-            if not r:
-                return False
-            peek: bytes = self.connection.recv(1, socket.MSG_PEEK)
-            return peek == b""
-        except (OSError, ValueError):
-            return True
-
-    def _body(self) -> dict[str, Any]:
-        try:
-            n = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            raise BadRequest("bad Content-Length") from None
-        if n <= 0:
-            raise BadRequest("request body is empty (expected JSON)")
-        if n > MAX_BODY:
-            raise BadRequest("request body is too large")
-        try:
-            body = json.loads(self.rfile.read(n))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise BadRequest(f"request body is not valid JSON: {e}") from None
-        if not isinstance(body, dict):
-            raise BadRequest("request body must be a JSON object")
-        return body
-
-    # -- routes ----------------------------------------------------------
-
-    def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0].rstrip("/")
-        self.srv.metrics.request(path if path in ROUTES else "other")
-        if path == "/health":
-            self._json(200, {"status": "ok"})
-        elif path in ("/v1/models", "/models"):
-            self._json(200, {"object": "list", "data": [self.srv.model_card()]})
-        elif path == "/metrics":
-            self._send(200, self.srv.metrics.render().encode(), "text/plain; version=0.0.4; charset=utf-8")
-        else:
-            self._error(404, f"no route {self.path}", "not_found_error")
-
-    def do_POST(self) -> None:
-        path = self.path.split("?", 1)[0].rstrip("/")
-        self.srv.metrics.request(path if path in ROUTES else "other")
-        if path in ("/v1/completions", "/completions"):
-            make = self._completion
-        elif path in ("/v1/chat/completions", "/chat/completions"):
-            make = self._chat
-        else:
-            self._error(404, f"no route {self.path}", "not_found_error")
-            return
-        try:
-            body = self._body()
-            stream = bool(body.get("stream", False))
-            kw = _sampling_args(body)
-            call = make(body, kw)
-            if stream:
-                self.srv.run_exclusive(lambda: self._stream(call(True)), self._client_gone)
-            else:
-                res = self.srv.run_exclusive(lambda: call(False), self._client_gone)
-                self.srv.metrics.generation(res["timings"])
-                self._json(200, res)
-        except _Cancelled:
-            self.srv.metrics.add("requests_cancelled_total")
-            self.close_connection = True
-        except (BrokenPipeError, ConnectionResetError):
-            self.srv.metrics.add("requests_cancelled_total")
-            self.close_connection = True
-        except (BadRequest, ValueError, TypeError, ContextLimitError) as e:
-            self.srv.metrics.add("requests_failed_total")
-            self._error(400, str(e))
-        except PyDFlashError as e:
-            self.srv.metrics.add("requests_failed_total")
-            self._error(500, str(e), "server_error")
-
-    def _completion(self, body: dict[str, Any], kw: dict[str, Any]) -> Callable[[bool], Any]:
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-            prompt = prompt[0]  # a batch of one
-        if isinstance(prompt, list) and not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            raise BadRequest("'prompt' must be a string, a list of token ids, or a list of one of these")
-        if not isinstance(prompt, (str, list)):
-            raise BadRequest("'prompt' is required (a string or a list of token ids)")
-        if body.get("suffix"):
-            raise BadRequest("'suffix' is not supported")
-        kw["max_tokens"] = _opt(body, "max_tokens", int, 16)
-        kw["echo"] = _opt(body, "echo", bool, False)
-        # OpenAI's logprobs=N, or llama-server's n_probs=N
-        n = _opt(body, "logprobs", int, _opt(body, "n_probs", int))
-        if n is not None:
-            kw["logprobs"] = n
-        llm, alias = self.srv.llm, self.srv.alias
-        return lambda stream: llm.create_completion(prompt, stream=stream, model=alias, cancel=self._client_gone, **kw)
-
-    def _chat(self, body: dict[str, Any], kw: dict[str, Any]) -> Callable[[bool], Any]:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise BadRequest("'messages' must be a non-empty list")
-        mt = body.get("max_completion_tokens", body.get("max_tokens"))
-        if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool)):
-            raise BadRequest("'max_tokens' must be int")
-        kw["max_tokens"] = mt
-        tools = body.get("tools")
-        if tools is not None and not isinstance(tools, list):
-            raise BadRequest("'tools' must be a list")
-        ctk = body.get("chat_template_kwargs")
-        if ctk is not None and not isinstance(ctk, dict):
-            raise BadRequest("'chat_template_kwargs' must be an object")
-        if body.get("enable_thinking") is not None:
-            kw["enable_thinking"] = _opt(body, "enable_thinking", bool)
-        kw["logprobs"] = _opt(body, "logprobs", bool, False)
-        kw["top_logprobs"] = _opt(body, "top_logprobs", int)
-        # the template is applied here, before queueing, so a template error is a 400 at once
-        llm, alias = self.srv.llm, self.srv.alias
-        llm.apply_chat_template(messages, tools=tools, **(ctk or {}))
-        return lambda stream: llm.create_chat_completion(
-            messages, tools=tools, stream=stream, model=alias, chat_template_kwargs=ctk, cancel=self._client_gone, **kw
+    def _app(self) -> Starlette:
+        gets: dict[str, Callable[[Request], Awaitable[Response]]] = {
+            "/health": self._health,
+            "/v1/models": self._models,
+            "/models": self._models,
+            "/metrics": self._metrics,
+        }
+        routes = [Route(path, endpoint, methods=["GET"]) for path, endpoint in gets.items()]
+        for paths, kind in (
+            (("/v1/completions", "/completions"), CompletionRequest),
+            (("/v1/chat/completions", "/chat/completions"), ChatRequest),
+        ):
+            routes += [Route(path, _Generations(self, kind), methods=["POST"]) for path in paths]
+        return Starlette(
+            routes=routes,
+            middleware=[Middleware(_CountRequests, metrics=self.metrics), Middleware(FramingCheck)],
+            exception_handlers={HTTPException: _http_error},
         )
 
-    def _stream(self, chunks: Generator[dict[str, Any], None, None]) -> None:
-        """Server-sent events; a failed write (client gone) closes the
-        generator, which ends the generation at once."""
+    async def _health(self, request: Request) -> Response:
+        return _json({"status": "ok"})
+
+    async def _models(self, request: Request) -> Response:
+        return _json({"object": "list", "data": [self.model_card()]})
+
+    async def _metrics(self, request: Request) -> Response:
+        return Response(self.metrics.render(), media_type=self.metrics.content_type)
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    # json.dumps as it is: a logprob may be -Infinity, which Starlette's JSONResponse refuses
+    return Response(json.dumps(obj), status, media_type="application/json")
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    message = f"no route {request.method} {request.url.path}" if exc.status_code == 404 else exc.detail
+    return error_response(exc.status_code, message, headers=exc.headers)
+
+
+class _CountRequests:
+    """``requests_total{endpoint=...}``: every request, by path (others: "other")."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path = scope["path"].rstrip("/")
+            self.metrics.request(path if path in ROUTES else "other")
+        await self.app(scope, receive, send)
+
+
+class _Generations:
+    """The ASGI app of a generation route: one ``_Exchange`` per request."""
+
+    def __init__(self, server: Server, kind: _Kind):
+        self.server = server
+        self.kind = kind
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        srv = self.server
+        if srv.in_flight >= srv.parallel + srv.queue_size:
+            srv.metrics.event("requests_rejected")
+            msg = f"the server is busy ({srv.in_flight} requests in flight); retry later"
+            await error_response(503, msg, headers={"Retry-After": "1"})(scope, receive, send)
+            return
+        srv.in_flight += 1
+        srv.metrics.admitted(1)
         try:
-            first = next(chunks)  # errors before the first byte still get a JSON error response
-        except StopIteration:
-            first = None
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.close_connection = True
-        try:
-            last = None
-            for chunk in _chain(first, chunks):
-                self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-                self.wfile.flush()
-                last = chunk
-            self.wfile.write(b"data: [DONE]\n\n")
-            self.wfile.flush()
+            await _Exchange(srv, self.kind, scope, receive, send).run()
         finally:
-            chunks.close()
-        if last is not None and "timings" in last:
-            self.srv.metrics.generation(last["timings"])
+            srv.in_flight -= 1
+            srv.metrics.admitted(-1)
 
 
-def _handler(srv: Server) -> type[_Handler]:
-    return type("Handler", (_Handler,), {"srv": srv})
+class _ClientGone(Exception):
+    """The request's client disconnected; nothing more is sent."""
 
 
-def _chain(first: dict[str, Any] | None, rest: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-    if first is not None:
-        yield first
-    yield from rest
+class _Exchange:
+    """One generation request, from its body to its response's last byte. The
+    worker thread parses, generates and hands its result (or a stream's chunks)
+    over a channel; this side sends them, and sets ``gone`` when the client
+    leaves: the generation polls it after each step and stops."""
+
+    def __init__(self, server: Server, kind: _Kind, scope: Scope, receive: Receive, send: Send):
+        self.server = server
+        self.kind = kind
+        self.scope, self.receive, self.send = scope, receive, send
+        self.gone = threading.Event()
+        self.left = False  # the client disconnected before the end of the response
+        self.running = False  # the generation made its first step (worker thread only)
+
+    async def run(self) -> None:
+        body = await self._body()
+        if body is None:
+            return
+        sender, items = anyio.create_memory_object_stream[_Item](0)
+        try:
+            async with anyio.create_task_group() as tg, items:
+                tg.start_soon(self._worker, body, sender)
+                try:
+                    await self._answer(items)
+                finally:
+                    self.gone.set()  # whatever ended the answer ends the generation (at its next step)
+        finally:
+            if self.left:
+                self.server.metrics.event("requests_cancelled")
+
+    async def _body(self) -> bytes | None:
+        """The request body, or None when it was refused (413, 408, 400) or the client left."""
+        request = Request(self.scope, self.receive)
+        declared = request.headers.get("content-length", "0")
+        if declared.isdigit() and int(declared) > MAX_BODY:
+            await self._refuse(413, f"request body is over {MAX_BODY} bytes")
+            return None
+        body = bytearray()
+        try:
+            with anyio.fail_after(self.server.timeout):
+                async for part in request.stream():
+                    body += part
+                    if len(body) > MAX_BODY:
+                        await self._refuse(413, f"request body is over {MAX_BODY} bytes")
+                        return None
+        except TimeoutError:
+            await self._refuse(408, f"the request body did not arrive within {self.server.timeout:g} s")
+            return None
+        except ClientDisconnect:
+            return None
+        return bytes(body)
+
+    async def _refuse(self, status: int, message: str) -> None:
+        # the rest of the body is never read: the connection closes after the answer
+        self.server.metrics.event("requests_failed")
+        await error_response(status, message, headers={"Connection": "close"})(self.scope, self.receive, self.send)
+
+    async def _answer(self, items: ObjectReceiveStream[_Item]) -> None:
+        try:
+            kind, payload = await self._until_gone(items.receive)
+        except _ClientGone:
+            return
+        if kind == "head":
+            response: Response = _EventStream(self, payload, items)
+        elif kind == "error":
+            status, err = self.error(payload)
+            response = _json(err, status)
+        else:
+            response = _json(payload)
+        await response(self.scope, self.receive, self.send)
+
+    async def _until_gone(self, fn: Callable[[], Awaitable[T]]) -> T:
+        """``fn()``, unless the client disconnects first (then _ClientGone)."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._watch, tg.cancel_scope)
+            result = await fn()
+            tg.cancel_scope.cancel()
+            return result
+        raise _ClientGone  # the watch cancelled fn
+
+    async def _watch(self, scope: anyio.CancelScope) -> None:
+        while (await self.receive())["type"] != "http.disconnect":
+            pass
+        self.client_left()
+        scope.cancel()
+
+    def client_left(self) -> None:
+        self.left = True
+        self.gone.set()
+
+    def error(self, exc: BaseException) -> tuple[int, dict[str, Any]]:
+        """(status, OpenAI error object) of an error before or during the generation."""
+        status, message, param = _failure(exc)
+        self.server.metrics.event("requests_failed")
+        return status, error_body(status, message, param)
+
+    # -- the worker thread -----------------------------------------------------------
+
+    async def _worker(self, body: bytes, sender: ObjectSendStream[_Item]) -> None:
+        def emit(item: _Item) -> None:
+            try:
+                anyio.from_thread.run(sender.send, item)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                raise _ClientGone from None  # the answer ended: the response is done or the client left
+
+        async with sender:
+            await anyio.to_thread.run_sync(self._work, body, emit, limiter=self.server.threads)
+
+    def _work(self, body: bytes, emit: Callable[[_Item], None]) -> None:
+        """Parse, check, generate; hand over the result, a stream's chunks or the error."""
+        try:
+            try:
+                self._generate(body, emit)
+            except _ClientGone:
+                raise
+            except ValidationError as e:
+                emit(("error", describe(e)))
+            except Exception as e:
+                emit(("error", e))
+        except _ClientGone:
+            pass
+        finally:
+            if self.running:
+                self.server.metrics.processing(-1)
+
+    def _generate(self, body: bytes, emit: Callable[[_Item], None]) -> None:
+        srv = self.server
+        req = self.kind.model_validate_json(body)
+        req.check(srv.llm.n_vocab, srv.parallel)
+        first, kw = req.arguments()
+        create: Callable[..., Any] = (
+            srv.llm.create_completion if isinstance(req, CompletionRequest) else srv.llm.create_chat_completion
+        )
+        # the prompt is tokenized (and a chat template applied) here, in this thread
+        out = create(first, stream=bool(req.stream), model=srv.alias, cancel=self._cancelled, **kw)
+        if not req.stream:
+            srv.metrics.generation(out["timings"])
+            emit(("result", out))
+            return
+        chunks = self._counted(out)
+        try:
+            # the response starts after the first step: what fails at the start (a prompt
+            # over n_ctx, a token id out of range) is an HTTP error, not an event
+            emit(("head", list(itertools.islice(chunks, req.lead))))
+            for chunk in chunks:
+                emit(("chunk", chunk))
+        finally:
+            chunks.close()  # a stream left early ends its generation now (and frees the model)
+
+    def _counted(self, chunks: Iterator[dict[str, Any]]) -> Generator[dict[str, Any], None, None]:
+        try:
+            for chunk in chunks:
+                if "timings" in chunk:
+                    self.server.metrics.generation(chunk["timings"])
+                yield chunk
+        finally:
+            chunks.close()  # type: ignore[attr-defined]  # the completion functions return generators
+
+    def _cancelled(self) -> bool:
+        """The generation's ``cancel``, asked after each step; the first ask marks it running."""
+        if not self.running:
+            self.running = True
+            self.server.metrics.processing(1)
+        return self.gone.is_set()
+
+
+def _failure(exc: BaseException) -> tuple[int, str, str | None]:
+    """(status, message, param) of an error before or during a generation."""
+    if isinstance(exc, BadRequest):
+        return 400, str(exc), exc.param
+    if isinstance(exc, (ValueError, TypeError)):  # the library's checks (ContextLimitError is one)
+        return 400, str(exc), None
+    if isinstance(exc, GenerationInterrupted):
+        return 500, f"the generation was interrupted: {exc}", None
+    if isinstance(exc, PyDFlashError):
+        return 500, str(exc), None
+    log.error("internal error", exc_info=exc)
+    return 500, "internal server error", None
+
+
+class _EventStream(StreamingResponse):
+    """Server-sent events: the head chunks, each chunk as the worker hands it over,
+    then ``[DONE]``. An error after the start is one ``{"error": ...}`` event that
+    ends the stream (the status line is already sent)."""
+
+    def __init__(self, exchange: _Exchange, head: list[dict[str, Any]], items: ObjectReceiveStream[_Item]):
+        self.exchange = exchange
+        self.finished = False
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        super().__init__(self._events(head, items), media_type="text/event-stream", headers=headers)
+
+    async def _events(self, head: list[dict[str, Any]], items: ObjectReceiveStream[_Item]) -> AsyncIterator[bytes]:
+        for chunk in head:
+            yield _event(chunk)
+        async for kind, payload in items:
+            if kind == "error":
+                self.finished = True
+                yield _event(self.exchange.error(payload)[1])
+                return
+            yield _event(payload)
+        self.finished = True
+        yield b"data: [DONE]\n\n"
+
+    async def listen_for_disconnect(self, receive: Receive) -> None:
+        await super().listen_for_disconnect(receive)
+        if not self.finished:
+            self.exchange.client_left()
+
+
+def _event(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
 
 
 def serve(
@@ -394,25 +475,35 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8080,
     alias: str | None = None,
+    parallel: int = 1,
+    queue_size: int | None = None,
+    timeout: float = 60.0,
+    max_connections: int = 256,
     ready: Callable[[Server], None] | None = None,
     **llama_kwargs: Any,
 ) -> None:
     """Load the pair and serve until interrupted (Ctrl-C / SIGTERM)."""
-    import signal
-
+    if parallel != 1:
+        llama_kwargs["n_parallel"] = parallel  # the model batches that many generations
     with Llama(model, draft=draft, **llama_kwargs) as llm:
-        srv = Server(llm, host=host, port=port, alias=alias)
+        srv = Server(
+            llm,
+            host=host,
+            port=port,
+            alias=alias,
+            parallel=parallel,
+            queue_size=queue_size,
+            timeout=timeout,
+            max_connections=max_connections,
+        )
 
         def stop(*_: object) -> None:
             raise KeyboardInterrupt
 
         if threading.current_thread() is threading.main_thread():
+            # uvicorn shuts down gracefully on SIGTERM, then raises it again: here, to return
             signal.signal(signal.SIGTERM, stop)
         if ready is not None:
             ready(srv)
-        try:
+        with contextlib.suppress(KeyboardInterrupt):
             srv.serve_forever()
-        except KeyboardInterrupt:
-            pass
-        finally:
-            srv.httpd.server_close()

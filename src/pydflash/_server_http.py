@@ -1,0 +1,114 @@
+"""The server's HTTP layer below the routes: uvicorn's HTTP/1.1 protocol (h11)
+with the changes a model server needs, a check of the request's framing, and
+OpenAI-style error responses."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import Mapping
+from typing import Any
+
+import h11
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+__all__ = ["FramingCheck", "HTTPProtocol", "error_response"]
+
+_PEER_POLL_S = 0.05
+
+_TYPES = {400: "invalid_request_error", 404: "not_found_error", 500: "server_error", 503: "unavailable_error"}
+
+
+def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    """OpenAI's error object."""
+    kind = _TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+def error_response(
+    status: int, message: str, param: str | None = None, headers: Mapping[str, str] | None = None
+) -> Response:
+    return Response(json.dumps(error_body(status, message, param)), status, headers, "application/json")
+
+
+class HTTPProtocol(H11Protocol):
+    """uvicorn's h11 protocol, changed in three ways:
+
+    - the idle timer (``timeout_keep_alive``) also runs from the connection's start
+      and over a request head that arrives slowly: a client that sends nothing, or
+      its headers a byte at a time, is closed (uvicorn arms it after a response only);
+    - a client that half-closes after a complete request (``shutdown(SHUT_WR)``, as
+      ``nc -N`` does) still gets its response. A closed socket and a half-closed one
+      both read as EOF; an interim ``100 Continue`` (clients skip 1xx responses) tells
+      them apart, as a closed socket answers it with a reset, which disconnects the
+      request (its generation is cancelled);
+    - its 400 for a malformed request is an OpenAI error object."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[arg-type]  # uvicorn types it as Transport
+        self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
+
+    def data_received(self, data: bytes) -> None:
+        timer, cycle = self.timeout_keep_alive_task, self.cycle
+        self.timeout_keep_alive_task = None  # uvicorn cancels the timer on any byte
+        super().data_received(data)
+        if timer is None:
+            return
+        if self.cycle is cycle and self.timeout_keep_alive_task is None:
+            self.timeout_keep_alive_task = timer  # no complete request head yet: the clock runs on
+        else:
+            timer.cancel()
+
+    def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio's signature; uvicorn's says None
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete or cycle.more_body:
+            return None  # between requests or inside a body: nothing more can come, close
+        cycle.keep_alive = False  # answer, then close
+        if not cycle.response_started:
+            probe = h11.InformationalResponse(status_code=100, headers=[], reason=b"Continue")
+            self.transport.write(self.conn.send(probe))
+            self._watch_peer()
+        return True  # keep the transport open for writing
+
+    def _watch_peer(self) -> None:
+        cycle = self.cycle
+        if self.transport.is_closing() or cycle is None or cycle.response_complete:
+            return
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+            self.transport.abort()  # reset by the peer: uvicorn marks the request disconnected
+            return
+        self.loop.call_later(_PEER_POLL_S, self._watch_peer)
+
+    def send_400_response(self, msg: str) -> None:
+        body = json.dumps(error_body(400, msg)).encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),
+        ]
+        for event in (h11.Response(status_code=400, headers=headers), h11.Data(data=body), h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
+
+
+class FramingCheck:
+    """Refuses (400, then closes) a request with both ``Transfer-Encoding`` and
+    ``Content-Length``: h11 follows the first, as RFC 9112 says, but a proxy in
+    front may have followed the second, and that disagreement is how requests
+    are smuggled onto a kept-alive connection."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            names = {name for name, _ in scope["headers"]}
+            if b"transfer-encoding" in names and b"content-length" in names:
+                msg = "a request may not have both Transfer-Encoding and Content-Length"
+                await error_response(400, msg, headers={"Connection": "close"})(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

@@ -1,0 +1,257 @@
+"""The server's request bodies as pydantic models: strict JSON types (``"false"``
+is not a bool, ``1.5`` not an int), OpenAI's fields plus llama-server's, and the
+keyword arguments of ``create_completion`` / ``create_chat_completion`` they
+make. Values are checked where they are used (the core's option rules); only
+what the library does not check is checked here."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidatorFunctionWrapHandler, WrapValidator
+from pydantic_core import PydanticCustomError
+
+__all__ = ["BadRequest", "ChatRequest", "CompletionRequest", "describe"]
+
+
+class BadRequest(ValueError):
+    """A request the server refuses (HTTP 400); ``param`` names the field."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+def _must_be(expected: str) -> WrapValidator:
+    """One error saying what a field of several accepted shapes must be (instead
+    of one error per member of its union)."""
+
+    def check(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError:
+            raise PydanticCustomError("wrong_shape", "must be {expected}", {"expected": expected}) from None
+
+    return WrapValidator(check)
+
+
+Stop = Annotated[str | list[str] | None, _must_be("a string or a list of strings")]
+Prompt = Annotated[
+    str | list[int] | list[str] | list[list[int]],
+    _must_be("a string, a list of token ids, or a list of one of these"),
+]
+
+# llama-server samplers that do not give one distribution per position, which exact
+# speculative sampling needs (mirostat's and adaptive-p's state follow each sample, XTC
+# draws at random what to remove, DRY is not implemented): refused by name when on
+# (field, the value from which it is on): llama-server's "off" values are 0 (-1 for adaptive-p)
+_REFUSED_SAMPLERS: tuple[tuple[str, float], ...] = (
+    ("mirostat", 1),
+    ("xtc_probability", 1e-30),
+    ("dry_multiplier", 1e-30),
+    ("dynatemp_range", 1e-30),
+    ("adaptive_target", 0),
+)
+# the fields passed on as they are when given (None: the library's default)
+_PASSED = (
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "min_p",
+    "typical_p",
+    "top_n_sigma",
+    "top_k",
+    "frequency_penalty",
+    "presence_penalty",
+    "repeat_penalty",
+    "seed",
+    "ignore_eos",
+    "draft_max",
+    "draft_min",
+    "draft_p_min",
+    "cache_prompt",
+    "post_sampling_probs",
+    "response_format",
+    "json_schema",
+    "grammar",
+    "stop",
+    "logit_bias",
+)
+
+
+class _Request(BaseModel):
+    """The fields completions and chat share. Unknown fields are ignored (OpenAI's
+    clients send ``user``, ``stream_options`` ...)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    stream: bool | None = None  # null: a field's default, as OpenAI's API reads it
+    n: int | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    typical_p: float | None = None
+    top_n_sigma: float | None = None
+    top_k: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repeat_penalty: float | None = None
+    seed: int | None = None
+    ignore_eos: bool | None = None
+    draft_max: int | None = None
+    draft_min: int | None = None
+    draft_p_min: float | None = None
+    cache_prompt: bool | None = None  # llama-server's: reuse the prompt prefix the caches hold
+    id_slot: int | None = None  # llama-server's slot pin (-1: any)
+    post_sampling_probs: bool | None = None
+    response_format: dict[str, Any] | None = None
+    json_schema: dict[str, Any] | None = None
+    grammar: str | None = None
+    stop: Stop = None
+    logit_bias: dict[str, float] | None = None  # JSON keys are strings: token ids, checked below
+    mirostat: float | None = None
+    xtc_probability: float | None = None
+    dry_multiplier: float | None = None
+    dynatemp_range: float | None = None
+    adaptive_target: float | None = None
+
+    @property
+    def lead(self) -> int:
+        """The chunks a stream's response waits for before it starts: the first step's."""
+        return 1
+
+    def check(self, n_vocab: int, parallel: int) -> None:
+        """What the library does not check, before any work: BadRequest."""
+        if self.n not in (None, 1):
+            raise BadRequest("only n=1 is supported", "n")
+        for name, on in _REFUSED_SAMPLERS:
+            v = getattr(self, name)
+            if v is not None and v >= on:
+                raise BadRequest(
+                    f"the '{name}' sampler is not supported (pydflash samples exactly under speculation; "
+                    "its samplers: top_k, typical_p, top_p, min_p, top_n_sigma, temperature, penalties)",
+                    name,
+                )
+        # the engine picks the slot (and with it the prompt cache); a pin is checked, not used
+        if self.id_slot not in (None, -1) and not 0 <= self.id_slot < parallel:
+            raise BadRequest(f"'id_slot' must be -1 (any) or a slot in [0, {parallel})", "id_slot")
+        for key in self.logit_bias or {}:  # here, so that a stream fails before it starts
+            if not (key.lstrip("-").isdigit() and 0 <= int(key) < n_vocab):
+                raise BadRequest(f"logit_bias keys must be token ids in [0, {n_vocab}), got {key!r}", "logit_bias")
+
+    def options(self) -> dict[str, Any]:
+        """The keyword arguments common to both completion functions."""
+        return {k: v for k in _PASSED if (v := getattr(self, k)) is not None}
+
+
+class CompletionRequest(_Request):
+    """``POST /v1/completions``."""
+
+    prompt: Prompt
+    suffix: str | None = None
+    echo: bool | None = None
+    logprobs: int | None = None
+    n_probs: int | None = None  # llama-server's name for logprobs
+
+    @property
+    def lead(self) -> int:
+        return 2 if self.echo else 1  # echo's prompt chunk comes before any decoding
+
+    def check(self, n_vocab: int, parallel: int) -> None:
+        super().check(n_vocab, parallel)
+        if self.suffix:
+            raise BadRequest("'suffix' is not supported", "suffix")
+        if self._batch() and len(self.prompt) != 1:
+            raise BadRequest("one prompt per request ('prompt' lists of several are not supported)", "prompt")
+
+    def _batch(self) -> bool:
+        """Whether ``prompt`` is a list of prompts (OpenAI's batch form)."""
+        return isinstance(self.prompt, list) and bool(self.prompt) and not isinstance(self.prompt[0], int)
+
+    def arguments(self) -> tuple[str | Sequence[int], dict[str, Any]]:
+        """(prompt, keyword arguments) of ``create_completion``."""
+        prompt: Any = self.prompt[0] if self._batch() else self.prompt  # a batch of one
+        kw = self.options()
+        kw["echo"] = bool(self.echo)
+        n = self.logprobs if self.logprobs is not None else self.n_probs
+        if n is not None:
+            kw["logprobs"] = n
+        return prompt, kw
+
+
+# what create_chat_completion accepts of OpenAI's tool_choice: "auto" (the model
+# may call an offered tool) and "none" (no tools are offered)
+_TOOL_CHOICES = ("auto", "none")
+
+
+class ChatRequest(_Request):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[dict[str, Any]]
+    max_completion_tokens: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    enable_thinking: bool | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+
+    def check(self, n_vocab: int, parallel: int) -> None:
+        super().check(n_vocab, parallel)
+        if not self.messages:
+            raise BadRequest("'messages' must be a non-empty list", "messages")
+        if self.tool_choice is not None and self.tool_choice not in _TOOL_CHOICES:
+            raise BadRequest(
+                f"tool_choice {json.dumps(self.tool_choice)} is not supported (supported: "
+                + ", ".join(f'"{c}"' for c in _TOOL_CHOICES)
+                + ")",
+                "tool_choice",
+            )
+
+    def arguments(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """(messages, keyword arguments) of ``create_chat_completion``."""
+        kw = self.options()
+        if self.max_completion_tokens is not None:
+            kw["max_tokens"] = self.max_completion_tokens
+        kw["tools"] = None if self.tool_choice == "none" else self.tools
+        kw["chat_template_kwargs"] = self.chat_template_kwargs
+        if self.enable_thinking is not None:
+            kw["enable_thinking"] = self.enable_thinking
+        kw["logprobs"] = bool(self.logprobs)
+        kw["top_logprobs"] = self.top_logprobs
+        return self.messages, kw
+
+
+_TYPES = {
+    "int_type": "int",
+    "float_type": "float",
+    "bool_type": "bool",
+    "string_type": "str",
+    "dict_type": "an object",
+    "list_type": "a list",
+}
+
+
+def describe(err: ValidationError) -> BadRequest:
+    """A readable 400 from a body's validation errors: "'top_k' must be int"."""
+    parts: list[str] = []
+    param: str | None = None
+    for e in err.errors(include_url=False):
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"]).lstrip(".")
+        if e["type"] == "json_invalid":
+            detail = e["msg"].removeprefix("Invalid JSON: ")
+            what = "nested too deeply" if "recursion limit" in detail else "not valid JSON"
+            if "hex escape" in detail:  # a lone surrogate, which jiter's words do not name
+                detail += " (a \\uD800-\\uDFFF escape must be one half of a surrogate pair)"
+            return BadRequest(f"request body is {what}: {detail}")
+        if not where:
+            return BadRequest("request body must be a JSON object")
+        param = param or where
+        if e["type"] == "missing":
+            parts.append(f"'{where}' is required")
+        else:
+            parts.append(f"'{where}' " + (f"must be {_TYPES[e['type']]}" if e["type"] in _TYPES else e["msg"]))
+    return BadRequest("; ".join(parts), param)

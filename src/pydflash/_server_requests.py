@@ -72,6 +72,7 @@ _PASSED = (
     "draft_min",
     "draft_p_min",
     "cache_prompt",
+    "id_slot",
     "post_sampling_probs",
     "response_format",
     "json_schema",

@@ -83,12 +83,13 @@ class Server:
         host: str = "127.0.0.1",
         port: int = 8080,
         alias: str | None = None,
-        parallel: int = 1,
+        parallel: int | None = None,
         queue_size: int | None = None,
         timeout: float = 60.0,
         timeout_keep_alive: int = 5,
         max_connections: int = 256,
     ):
+        parallel = llm.n_parallel if parallel is None else parallel
         if parallel < 1:
             raise ValueError(f"parallel must be >= 1, got {parallel}")
         self.llm = llm
@@ -483,9 +484,7 @@ def serve(
     **llama_kwargs: Any,
 ) -> None:
     """Load the pair and serve until interrupted (Ctrl-C / SIGTERM)."""
-    if parallel != 1:
-        llama_kwargs["n_parallel"] = parallel  # the model batches that many generations
-    with Llama(model, draft=draft, **llama_kwargs) as llm:
+    with Llama(model, draft=draft, n_parallel=parallel, **llama_kwargs) as llm:
         srv = Server(
             llm,
             host=host,

@@ -5,6 +5,7 @@ stopping it stops everything it started, with its output in a log file."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -13,9 +14,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -124,6 +127,25 @@ def llama_server_command(settings: dict[str, Any], port: int, slots: int) -> lis
 
 
 COMMANDS = {PYDFLASH: pydflash_command, LLAMA_SERVER: llama_server_command}
+
+
+@contextlib.contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """SIGTERM raises SystemExit inside the block, so that the finally clauses
+    that stop the servers run (Python's default would end the process at once
+    and leave them running)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def leave(*_: object) -> None:
+        raise SystemExit(143)
+
+    previous = signal.signal(signal.SIGTERM, leave)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class ServerProcess:

@@ -28,7 +28,7 @@ from ..config import FLASH_ATTN
 from . import serving_report
 from .engines import find_llama_server
 from .run import machine_info, prepare_models, round_up
-from .servers import ENGINES, LLAMA_SERVER, PYDFLASH, ServerProcess, pydflash_serve_has_parallel
+from .servers import ENGINES, LLAMA_SERVER, PYDFLASH, ServerProcess, pydflash_serve_has_parallel, sigterm_unwinds
 from .sse_client import BURST_S, TIMEOUT_S, StreamRecord, stream_completion
 from .workload import heldout_stdlib_text, make_prompts
 
@@ -87,7 +87,7 @@ def run(cfg: ServingConfig, log: Log = print) -> dict[str, Any]:
     threads = cfg.threads or os.cpu_count() or 1
     log_dir = Path(cfg.log_dir) if cfg.log_dir else Path(tempfile.mkdtemp(prefix="pydflash-bench-serving-logs-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="pydflash-bench-serving-") as td:
+    with sigterm_unwinds(), tempfile.TemporaryDirectory(prefix="pydflash-bench-serving-") as td:
         target, draft, source = prepare_models(cfg.target, cfg.draft, cfg.pad_ffn, Path(td), log)
         settings: dict[str, Any] = dict(
             target=target, draft=draft, threads=threads, flash_attn=cfg.flash_attn,
@@ -128,8 +128,12 @@ def _max_draft(target: str, draft: str) -> int:
 def _available(cfg: ServingConfig, settings: dict[str, Any], log: Log) -> tuple[list[str], dict[str, str]]:
     engines, skipped = [], {}
     for e in cfg.engines:
-        if e == LLAMA_SERVER and (settings["llama_server"] is None or not os.access(settings["llama_server"], os.X_OK)):
-            skipped[e] = "llama-server not found (build it: python tools/build_native.py, or pass --llama-server PATH)"
+        exe = settings["llama_server"]
+        if e == LLAMA_SERVER and (exe is None or not os.access(exe, os.X_OK)):
+            where = f" at {exe}" if exe else ""
+            skipped[e] = (
+                f"llama-server not found{where} (build it: python tools/build_native.py, or --llama-server PATH)"
+            )
             log(f"skipping {e}: {skipped[e]}")
         else:
             engines.append(e)

@@ -108,6 +108,7 @@ def run(cfg: ServingConfig, log: Log = print) -> dict[str, Any]:
         "draft_max": settings["draft_max"],
         "machine": machine_info(),
         "engines": {e: {"commands": commands[e]} for e in engines},
+        "llama_server": settings["llama_server"],
         "pydflash_serve_parallel": pydflash_serve_has_parallel(),
         "client": {"burst_ms": BURST_S * 1e3, "timeout_s": TIMEOUT_S, "itl": "a delivery of k tokens after a gap "
                    "g counts k tokens of g / k; events closer than burst_ms are one delivery"},

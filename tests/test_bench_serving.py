@@ -66,16 +66,19 @@ def test_token_counts_each_way():
 
 def test_one_step_counts_alike_in_both_event_shapes():
     # a step of 3 tokens 50 ms after the request, then one of 2 tokens 10 ms later: llama-server
-    # sends a token per event (0.1 ms apart), pydflash a step per event; the figures must agree
+    # sends a token per event, the events of one step with the same predicted_ms (however late
+    # each arrives), pydflash a step per event; the figures must agree
     t0 = 100.0
-    per_token = [_chunk(c, timings={"predicted_n": i + 1}) for i, c in enumerate("abcde")]
-    per_token.append(_chunk("", usage={"completion_tokens": 5}, timings={"predicted_n": 5}))
-    token_times = [t0 + 0.050, t0 + 0.0501, t0 + 0.0502, t0 + 0.060, t0 + 0.0601, t0 + 0.0602]
+    step_ms = [6.7, 6.7, 6.7, 11.8, 11.8]
+    per_token = [_chunk(c, timings={"predicted_n": i + 1, "predicted_ms": ms})
+                 for i, (c, ms) in enumerate(zip("abcde", step_ms, strict=True))]
+    per_token.append(_chunk("", usage={"completion_tokens": 5}, timings={"predicted_n": 5, "predicted_ms": 11.8}))
+    token_times = [t0 + 0.050, t0 + 0.0503, t0 + 0.052, t0 + 0.060, t0 + 0.063, t0 + 0.0631]
     per_step = [_chunk("abc"), _chunk("de"),
                 _chunk("", usage={"completion_tokens": 5}, timings={"accepted_lengths": [2, 1]})]
     step_times = [t0 + 0.050, t0 + 0.060, t0 + 0.0602]
-    a = record_from_events(t0, t0 + 0.061, token_times, per_token)
-    b = record_from_events(t0, t0 + 0.061, step_times, per_step)
+    a = record_from_events(t0, t0 + 0.064, token_times, per_token)
+    b = record_from_events(t0, t0 + 0.064, step_times, per_step)
     for rec in (a, b):
         assert [d.n_tokens for d in rec.deliveries] == [3, 2] and rec.text == "abcde"
         assert rec.ttft_s == pytest.approx(0.050)

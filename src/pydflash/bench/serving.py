@@ -29,7 +29,7 @@ from . import serving_report
 from .engines import find_llama_server
 from .run import machine_info, prepare_models, round_up
 from .servers import ENGINES, LLAMA_SERVER, PYDFLASH, ServerProcess, pydflash_serve_has_parallel, sigterm_unwinds
-from .sse_client import BURST_S, TIMEOUT_S, StreamRecord, stream_completion
+from .sse_client import TIMEOUT_S, StreamRecord, stream_completion
 from .workload import heldout_stdlib_text, make_prompts
 
 Log = Callable[[str], None]
@@ -110,8 +110,8 @@ def run(cfg: ServingConfig, log: Log = print) -> dict[str, Any]:
         "engines": {e: {"commands": commands[e]} for e in engines},
         "llama_server": settings["llama_server"],
         "pydflash_serve_parallel": pydflash_serve_has_parallel(),
-        "client": {"burst_ms": BURST_S * 1e3, "timeout_s": TIMEOUT_S, "itl": "a delivery of k tokens after a gap "
-                   "g counts k tokens of g / k; events closer than burst_ms are one delivery"},
+        "client": {"timeout_s": TIMEOUT_S, "itl": "a delivery is one speculative step's tokens (llama-server: "
+                   "its events with one timings.predicted_ms); k tokens after a gap g count k latencies of g / k"},
         "skipped": skipped,
         "log_dir": str(log_dir),
         "time": time.strftime("%Y-%m-%d %H:%M:%S %Z"),

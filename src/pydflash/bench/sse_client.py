@@ -16,10 +16,6 @@ from typing import Any
 
 Chunk = dict[str, Any]  # one event's JSON object
 
-# Events closer together than this are one delivery: llama-server sends each
-# token of a speculative step as its own event, pydflash the whole step as
-# one; merged, both count a step's tokens against one arrival.
-BURST_S = 1e-3
 # A queued request may wait for every request ahead of it before its first byte.
 TIMEOUT_S = 1800.0
 
@@ -121,26 +117,30 @@ def stream_completion(base_url: str, body: Mapping[str, Any], timeout: float = T
     return record_from_events(t_sent, t_done, [t for t, _ in raw], chunks)
 
 
-def record_from_events(
-    t_sent: float, t_done: float, times: Sequence[float], chunks: Sequence[Chunk], burst_s: float = BURST_S
-) -> StreamRecord:
-    """A record from the events' arrival times (perf_counter) and objects."""
+def record_from_events(t_sent: float, t_done: float, times: Sequence[float], chunks: Sequence[Chunk]) -> StreamRecord:
+    """A record from the events' arrival times (perf_counter) and objects.
+
+    A delivery is one speculative step's tokens, counted from the arrival of
+    its first event: pydflash sends a step as one event; llama-server sends a
+    token per event, and with ``timings_per_token`` the events of one step
+    carry the same ``timings.predicted_ms`` (its clock is read once a step)."""
     if not chunks:
         raise ServingError("the stream ended without an event")
     counts, how = token_counts(chunks)
     final = chunks[-1]
     deliveries: list[Delivery] = []
-    last_t: float | None = None
+    last_step: object = None
     for t, n, chunk in zip(times, counts, chunks, strict=True):
         text = _text(chunk)
         if n == 0 and not text:
             continue
-        if deliveries and (n == 0 or (last_t is not None and t - last_t <= burst_s)):
+        step = (chunk.get("timings") or {}).get("predicted_ms") if how == "server" else None
+        if deliveries and (n == 0 or (step is not None and step == last_step)):
             deliveries[-1].n_tokens += n
             deliveries[-1].text += text
         else:
             deliveries.append(Delivery(t - t_sent, n, text))
-        last_t = t
+        last_step = step
     return StreamRecord(
         t_sent=t_sent,
         t_done=t_done,

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import textwrap
 from pathlib import Path
+from typing import Any
 
 from .config import FLASH_ATTN
 
@@ -18,6 +20,7 @@ def _ints(text: str) -> tuple[int, ...]:
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from .bench.run import ENGINES
+    from .bench.servers import ENGINES as SERVING_ENGINES
 
     b = sub.add_parser(
         "bench",
@@ -28,13 +31,20 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
             "DFlash, llama.cpp's native DFlash loop (llama-speculative-simple, built from the vendored "
             "tree with tools/build_native.py) and llama-cpp-python (if installed). Greedy, one request at "
             "a time, EOS ignored so every request generates exactly OSL tokens; an ISL = OSL sweep at one "
-            "draft_max and a draft_max sweep at the smallest ISL; medians over repeats.",
+            "draft_max and a draft_max sweep at the smallest ISL; medians over repeats. With --serving: "
+            "pydflash serve vs llama-server (built the same way) over HTTP instead (see below).",
             100,
         ),
         epilog="examples:\n  pydflash bench --quick --json bench.json\n"
-        "  pydflash bench --isl 512,4096,12288,36864 -m target.gguf -d drafter.gguf --json out.json",
+        "  pydflash bench --isl 512,4096,12288,36864 -m target.gguf -d drafter.gguf --json out.json\n"
+        "  pydflash bench --serving --concurrency 1,2,4,8 --turns 2 --json serving.json",
     )
-    b.add_argument("--quick", action="store_true", help="a small sweep (ISL 64,256; 2 repeats): under 5 minutes")
+    b.add_argument(
+        "--quick",
+        action="store_true",
+        help="a small sweep (ISL 64,256; 2 repeats): under 5 minutes (--serving: concurrency 1,4, OSL 64, "
+        "1 request per stream, history 512, 2 repeats)",
+    )
     b.add_argument("-m", "--model", metavar="TARGET", help="target GGUF (default: the embedded pair)")
     b.add_argument("-d", "--draft", metavar="DRAFT", help="DFlash drafter GGUF (with -m)")
     b.add_argument(
@@ -45,16 +55,21 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="benchmark a memory-bound copy of the target with its FFN zero-padded to N (same outputs;"
         " default: 16384 for the embedded pair, 0 = as is for -m)",
     )
-    b.add_argument("--isl", type=_ints, help="input lengths, comma-separated (default: 128,512,2048)")
-    b.add_argument("--osl", type=_ints, help="output lengths, one per ISL (default: OSL = ISL)")
-    b.add_argument("--draft-max", type=_ints, help="draft_max sweep (default: 1,2,4,8,12,15 as the block allows)")
+    b.add_argument("--isl", type=_ints, help="input lengths, comma-separated (default: 128,512,2048; --serving: 128)")
+    b.add_argument("--osl", type=_ints, help="output lengths, one per ISL (default: OSL = ISL; --serving: 128)")
+    b.add_argument(
+        "--draft-max",
+        type=_ints,
+        help="draft_max sweep (default: 1,2,4,8,12,15 as the block allows; --serving: one value, "
+        "default block size - 1)",
+    )
     b.add_argument("--ctx-draft-max", type=int, help="draft_max of the context sweep (default: block size - 1)")
     b.add_argument("--repeats", type=int, help="timed runs per configuration (default: 3; --quick: 2)")
     b.add_argument("--warmup", type=int, default=1, help="warm-up runs per engine (default: %(default)s)")
     b.add_argument(
         "--engines",
         type=lambda t: tuple(x for x in t.split(",") if x),
-        help=f"comma-separated subset of {','.join(ENGINES)}",
+        help=f"comma-separated subset of {','.join(ENGINES)} (--serving: of {','.join(SERVING_ENGINES)})",
     )
     b.add_argument(
         "--native", metavar="PATH", help="llama-speculative-simple binary (default: build/native/bin/ here, then PATH)"
@@ -71,11 +86,60 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     b.add_argument("--json", type=Path, metavar="PATH", help="write rows + metadata as JSON")
     b.add_argument("--csv", type=Path, metavar="PATH", help="write rows as CSV")
     b.add_argument("--charts", type=Path, metavar="DIR", help="write PNG charts here (needs matplotlib)")
+    _add_serving(b)
+
+
+def _add_serving(b: argparse.ArgumentParser) -> None:
+    s = b.add_argument_group(
+        "serving workloads (--serving)",
+        textwrap.fill(
+            "pydflash serve and llama-server (-np slots, DFlash) on 127.0.0.1, driven by one streaming HTTP "
+            "client (/v1/completions), engines alternating run by run, greedy, EOS ignored. A concurrency sweep: "
+            "N streams of requests at once (prompts of --isl tokens, default 128, cold; --osl tokens each, default "
+            "128): output tok/s, time to first token and inter-token latency p50/p99, tok/s per request. A "
+            "conversation: turn 1 of --history tokens, each later turn resends it all plus --turn-tokens new ones: "
+            "time to first token and prompt tokens from the cache. -m/-d/--pad-ffn, --isl, --osl, --draft-max (one "
+            "value each), --repeats, --warmup, --threads, -fa, --engines, --json and --quick apply.",
+            100,
+        ),
+    )
+    s.add_argument("--serving", action="store_true", help="run the serving workloads instead")
+    s.add_argument(
+        "--concurrency",
+        type=_ints,
+        metavar="N,N,...",
+        help="concurrent streams, comma-separated (default: 1,2,4,8; '': no sweep)",
+    )
+    s.add_argument("--requests", type=int, metavar="N", help="requests per stream per run (default: 2)")
+    s.add_argument("--turns", type=int, metavar="N", help="turns of the conversation (default: 2; 0: no conversation)")
+    s.add_argument(
+        "--history", type=int, metavar="N", help="prompt tokens of the conversation's first turn (default: 1500)"
+    )
+    s.add_argument("--turn-tokens", type=int, metavar="N", help="new prompt tokens of each later turn (default: 100)")
+    s.add_argument(
+        "--llama-server", metavar="PATH", help="llama-server binary (default: build/native/bin/ here, then PATH)"
+    )
+    s.add_argument(
+        "--log-dir", type=Path, metavar="DIR", help="servers' logs (default: NAME-logs/ beside --json, else a temp dir)"
+    )
+
+
+SERVING_ONLY = ("concurrency", "requests", "turns", "history", "turn_tokens", "llama_server", "log_dir")
+NOT_SERVING = ("native", "ctx_draft_max", "csv", "charts")
+
+
+def _command_line(a: argparse.Namespace) -> str:
+    return shlex.join(["pydflash", *getattr(a, "argv", [])])
 
 
 def run(a: argparse.Namespace) -> int:
     from .bench import BenchConfig, report, run
 
+    if a.serving:
+        return _run_serving(a)
+    given = [f"--{k.replace('_', '-')}" for k in SERVING_ONLY if getattr(a, k) is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)}: only with --serving")
     if (a.model is None) != (a.draft is None):
         raise ValueError("give both -m TARGET and -d DRAFT, or neither (the embedded pair)")
     changes = {
@@ -108,7 +172,8 @@ def run(a: argparse.Namespace) -> int:
     for name, why in res["meta"]["skipped"].items():
         print(f"not measured: {name} ({why})")
     if a.json:
-        report.write_json(a.json, res["meta"] | {"goals": res["goals"]}, res["rows"])
+        meta = res["meta"] | {"goals": res["goals"], "command_line": _command_line(a)}
+        report.write_json(a.json, meta, res["rows"])
         print(f"wrote {a.json}")
     if a.csv:
         report.write_csv(a.csv, res["rows"])
@@ -120,4 +185,44 @@ def run(a: argparse.Namespace) -> int:
                 print(f"wrote {p}")
         except ImportError:
             print("charts skipped: matplotlib is not installed (pip install matplotlib)")
+    return 0
+
+
+def _run_serving(a: argparse.Namespace) -> int:
+    from .bench import report, serving, serving_report
+
+    given = [f"--{k.replace('_', '-')}" for k in NOT_SERVING if getattr(a, k) is not None]
+    if a.no_bandwidth:
+        given.append("--no-bandwidth")
+    if given:
+        raise ValueError(f"{', '.join(given)}: not with --serving")
+    changes: dict[str, Any] = {}
+    for name in ("isl", "osl", "draft_max"):
+        values = getattr(a, name)
+        if values is not None:
+            if len(values) != 1:
+                raise ValueError(f"--{name.replace('_', '-')}: give one value with --serving")
+            changes[name] = values[0]
+    log_dir = a.log_dir or (a.json.with_name(a.json.stem + "-logs") if a.json else None)
+    given_values = dict(
+        target=a.model, draft=a.draft, pad_ffn=a.pad_ffn, concurrency=a.concurrency, requests=a.requests,
+        turns=a.turns, history=a.history, turn_tokens=a.turn_tokens, repeats=a.repeats, warmup=a.warmup,
+        engines=a.engines, llama_server=a.llama_server, threads=a.threads, flash_attn=a.flash_attn,
+        log_dir=None if log_dir is None else str(log_dir),
+    )  # fmt: skip
+    changes |= {k: v for k, v in given_values.items() if v is not None}
+    cfg = serving.ServingConfig.quick(**changes) if a.quick else serving.ServingConfig(**changes)
+    res = serving.run(cfg)
+    print()
+    print(serving_report.table(res["rows"]))
+    print()
+    for line in res["ratio_lines"]:
+        print(line)
+    for name, why in res["meta"]["skipped"].items():
+        print(f"not measured: {name} ({why})")
+    print(f"server logs: {res['meta']['log_dir']}")
+    if a.json:
+        meta = res["meta"] | {"command_line": _command_line(a), "ratios": res["ratios"]}
+        report.write_json(a.json, meta, res["rows"])
+        print(f"wrote {a.json}")
     return 0

@@ -406,6 +406,7 @@ def _cmd_rpc_server(a: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     a = _parser().parse_args(argv)
+    a.argv = list(sys.argv[1:] if argv is None else argv)  # the exact command, for the bench's JSON
     logging.basicConfig(
         level=logging.INFO if getattr(a, "verbose", False) else logging.WARNING, format="%(name)s: %(message)s"
     )

@@ -121,15 +121,25 @@ _NATIVE_PATTERNS = {
 }
 
 
-def find_native(explicit: str | None) -> str | None:
-    """llama-speculative-simple: --native, else build/native/bin in the current
-    checkout (tools/build_native.py), else on PATH."""
+def find_binary(name: str, explicit: str | None) -> str | None:
+    """A llama.cpp tool built from the vendored tree: ``explicit``, else
+    build/native/bin in the current checkout (tools/build_native.py), else on PATH."""
     if explicit:
         return explicit
-    local = Path.cwd() / "build" / "native" / "bin" / "llama-speculative-simple"
+    local = Path.cwd() / "build" / "native" / "bin" / name
     if local.is_file():
         return str(local)
-    return shutil.which("llama-speculative-simple")
+    return shutil.which(name)
+
+
+def find_native(explicit: str | None) -> str | None:
+    """llama-speculative-simple (see find_binary)."""
+    return find_binary("llama-speculative-simple", explicit)
+
+
+def find_llama_server(explicit: str | None) -> str | None:
+    """llama-server (see find_binary)."""
+    return find_binary("llama-server", explicit)
 
 
 class NativeEngine:

@@ -70,9 +70,9 @@ def run(cfg: BenchConfig, log: Log = print) -> dict[str, Any]:
     cfg.validate()
     threads = cfg.threads or os.cpu_count() or 1
     with tempfile.TemporaryDirectory(prefix="pydflash-bench-") as td:
-        target, draft, source = _models(cfg, Path(td), log)
+        target, draft, source = prepare_models(cfg.target, cfg.draft, cfg.pad_ffn, Path(td), log)
         osls = cfg.osl or cfg.isl
-        n_ctx = _round_up(max(i + o for i, o in zip(cfg.isl, osls, strict=True)) + 64, 256)
+        n_ctx = round_up(max(i + o for i, o in zip(cfg.isl, osls, strict=True)) + 64, 256)
         engines, skipped = _start(cfg, target, draft, n_ctx, threads, log)
         try:
             max_draft = next((e.info["max_draft"] for e in engines if e.name == report.DFLASH), None)
@@ -100,7 +100,7 @@ def run(cfg: BenchConfig, log: Log = print) -> dict[str, Any]:
             "models": {"target": source["target_desc"], "draft": source["draft_desc"]},
             "n_ctx": n_ctx,
             "threads": threads,
-            "machine": _machine(),
+            "machine": machine_info(),
             "ctx_draft_max": ctx_dm,
             "draft_max_sweep": sweep,
             "roofline": roofline,
@@ -111,26 +111,31 @@ def run(cfg: BenchConfig, log: Log = print) -> dict[str, Any]:
         return {"meta": meta, "rows": rows, "goals": report.goals(rows)}
 
 
-def _round_up(n: int, k: int) -> int:
+def round_up(n: int, k: int) -> int:
     return (n + k - 1) // k * k
 
 
-def _models(cfg: BenchConfig, workdir: Path, log: Log) -> tuple[str, str, dict[str, str]]:
+def prepare_models(
+    given_target: str | None, given_draft: str | None, pad_ffn: int | None, workdir: Path, log: Log
+) -> tuple[str, str, dict[str, str]]:
+    """(target, drafter, source): the given pair or the embedded one, the target
+    replaced by its FFN-padded copy in ``workdir`` when ``pad_ffn`` asks (None:
+    16384 for the embedded pair, as is for a given one)."""
     from .. import embedded_pair
 
-    if cfg.target is None:
+    if given_target is None:
         t, d = embedded_pair()
         desc = "embedded pair (stdlib-code qwen3 target + DFlash drafter)"
     else:
-        assert cfg.draft is not None  # validate(): both or neither
-        t, d = cfg.target, cfg.draft
+        assert given_draft is not None  # validate(): both or neither
+        t, d = given_target, given_draft
         desc = str(t)
     target = str(t)
-    pad = cfg.pad_ffn if cfg.pad_ffn is not None else (16384 if cfg.target is None else 0)
+    pad = pad_ffn if pad_ffn is not None else (16384 if given_target is None else 0)
     if pad:
-        from ..padding import pad_ffn
+        from ..padding import pad_ffn as write_padded
 
-        target = str(pad_ffn(t, workdir / "target-padded.gguf", pad))
+        target = str(write_padded(t, workdir / "target-padded.gguf", pad))
         desc += f", FFN zero-padded to {pad} (memory-bound copy, identical outputs)"
         log(f"target: {desc} ({Path(target).stat().st_size / 2**20:.0f} MiB)")
     return target, str(d), {"tokenizer_model": str(t), "target_desc": desc, "draft_desc": str(d)}
@@ -238,7 +243,7 @@ def _roofline(
     }
 
 
-def _machine() -> dict[str, Any]:
+def machine_info() -> dict[str, Any]:
     info: dict[str, Any] = {
         "platform": platform.platform(),
         "python": platform.python_version(),

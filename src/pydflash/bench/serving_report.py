@@ -1,0 +1,236 @@
+"""The serving bench's figures: percentiles, one row per (engine, concurrency)
+and per (engine, turn), the ratios pydflash / llama-server, and tables."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from .servers import LLAMA_SERVER, PYDFLASH
+from .sse_client import StreamRecord
+
+Row = dict[str, Any]  # JSON values
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0-100), linear between the closest ranks (numpy's
+    default); None for no values."""
+    if not values:
+        return None
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile must be in 0..100, got {q}")
+    v = sorted(values)
+    pos = (len(v) - 1) * q / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def _ms(x: float | None) -> float | None:
+    return None if x is None else x * 1e3
+
+
+def _acceptance(records: Sequence[StreamRecord]) -> float | None:
+    drafted = sum(int(r.timings.get("draft_n", 0)) for r in records)
+    accepted = sum(int(r.timings.get("draft_n_accepted", 0)) for r in records)
+    return accepted / drafted if drafted else None
+
+
+def sweep_rows(runs: Sequence[dict[str, Any]], isl: int, osl: int) -> list[Row]:
+    """One row per (engine, concurrency): output tok/s per run (all streams'
+    tokens over the run's wall time; median, min, max over repeats), and over
+    every request of every repeat: TTFT and ITL percentiles, per-request tok/s."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    for run in runs:
+        groups[(run["engine"], run["concurrency"])].append(run)
+    rows = []
+    for (engine, n), group in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0] != PYDFLASH)):
+        records: list[StreamRecord] = [r for run in group for r in run["records"]]
+        out_tok_s = [sum(r.n_tokens for r in run["records"]) / run["wall_s"] for run in group]
+        ttft = [r.ttft_s for r in records]
+        itl = [x for r in records for x in r.itl_s]
+        rows.append(
+            {
+                "workload": "concurrency",
+                "engine": engine,
+                "concurrency": n,
+                "isl": isl,
+                "osl": osl,
+                "repeats": len(group),
+                "requests": len(records),
+                "output_tok_s": statistics.median(out_tok_s),
+                "output_tok_s_min": min(out_tok_s),
+                "output_tok_s_max": max(out_tok_s),
+                "ttft_ms_p50": _ms(percentile(ttft, 50)),
+                "ttft_ms_p99": _ms(percentile(ttft, 99)),
+                "itl_ms_p50": _ms(percentile(itl, 50)),
+                "itl_ms_p99": _ms(percentile(itl, 99)),
+                "request_tok_s_p50": percentile([r.request_tok_s for r in records], 50),
+                "decode_tok_s_p50": percentile([r.decode_tok_s for r in records], 50),
+                "tokens_per_delivery": sum(r.n_tokens for r in records)
+                / max(sum(len(r.deliveries) for r in records), 1),
+                "acceptance_rate": _acceptance(records),
+                "all_osl_tokens": all(r.n_tokens == osl for r in records),
+                "isl_measured": statistics.median(int(r.usage.get("prompt_tokens", 0)) for r in records),
+                "token_counts": dict(Counter(r.token_counts for r in records)),
+            }
+        )
+    return rows
+
+
+def turn_rows(conversations: Sequence[dict[str, Any]], osl: int) -> list[Row]:
+    """One row per (engine, turn): medians over repeats of time to first token
+    and of the prompt tokens taken from the cache (cache_n) or evaluated (prompt_n)."""
+    groups: dict[tuple[str, int], list[StreamRecord]] = defaultdict(list)
+    for conv in conversations:
+        for k, rec in enumerate(conv["records"]):
+            groups[(conv["engine"], k + 1)].append(rec)
+    rows = []
+    for (engine, turn), recs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0] != PYDFLASH)):
+        ttft = [r.ttft_s * 1e3 for r in recs]
+        rows.append(
+            {
+                "workload": "multi-turn",
+                "engine": engine,
+                "turn": turn,
+                "osl": osl,
+                "repeats": len(recs),
+                "prompt_tokens": statistics.median(int(r.usage.get("prompt_tokens", 0)) for r in recs),
+                "cache_n": statistics.median(int(r.timings.get("cache_n", 0)) for r in recs),
+                "prompt_n": statistics.median(int(r.timings.get("prompt_n", 0)) for r in recs),
+                "ttft_ms": statistics.median(ttft),
+                "ttft_ms_min": min(ttft),
+                "ttft_ms_max": max(ttft),
+                "acceptance_rate": _acceptance(recs),
+            }
+        )
+    return rows
+
+
+def same_outputs(runs: Sequence[dict[str, Any]], conversations: Sequence[dict[str, Any]]) -> dict[str, list[int]]:
+    """Greedy outputs of the two engines on the same prompt, compared:
+    {"c<N>" or "turn<k>": [identical, compared]} (first repeat of each)."""
+    texts: dict[tuple[str, int, str], str] = {}
+    for run in runs:
+        if run["repeat"] == 0:
+            for i, r in enumerate(run["records"]):
+                texts[(f"c{run['concurrency']}", i, run["engine"])] = r.text
+    for conv in conversations:
+        if conv["repeat"] == 0:
+            for k, r in enumerate(conv["records"]):
+                texts[(f"turn{k + 1}", 0, conv["engine"])] = r.text
+    out: dict[str, list[int]] = {}
+    for (key, i, engine), text in texts.items():
+        other = texts.get((key, i, LLAMA_SERVER))
+        if engine == PYDFLASH and other is not None:
+            counts = out.setdefault(key, [0, 0])
+            counts[0] += text == other
+            counts[1] += 1
+    return out
+
+
+_SWEEP_RATIOS = ("output_tok_s", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99", "request_tok_s_p50")
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def ratios(rows: Sequence[Row], same: dict[str, list[int]]) -> list[Row]:
+    """pydflash / llama-server, metric by metric, where both were measured
+    (> 1 is better for tok/s, worse for latencies)."""
+    by = {(r["workload"], r.get("concurrency", r.get("turn")), r["engine"]): r for r in rows}
+    out = []
+    for (workload, key, engine), p in by.items():
+        other = by.get((workload, key, LLAMA_SERVER))
+        if engine != PYDFLASH or other is None:
+            continue
+        if workload == "concurrency":
+            entry: Row = {"workload": workload, "concurrency": key}
+            entry |= {m: _ratio(p[m], other[m]) for m in _SWEEP_RATIOS}
+            entry["same_outputs"] = same.get(f"c{key}")
+        else:
+            entry = {"workload": workload, "turn": key, "ttft_ms": _ratio(p["ttft_ms"], other["ttft_ms"])}
+            entry |= {"cache_n": [p["cache_n"], other["cache_n"]], "same_outputs": same.get(f"turn{key}")}
+        out.append(entry)
+    return out
+
+
+def _f(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def ratio_lines(entries: Sequence[Row]) -> list[str]:
+    """The ratios as sentences."""
+    lines = []
+    for e in entries:
+        same = e.get("same_outputs")
+        tail = f"; identical outputs {same[0]}/{same[1]}" if same else ""
+        if e["workload"] == "concurrency":
+            lines.append(
+                f"concurrency {e['concurrency']}: pydflash / llama-server output tok/s {_f(e['output_tok_s'], '.3f')}, "
+                f"TTFT p50 {_f(e['ttft_ms_p50'], '.3f')}, ITL p50 {_f(e['itl_ms_p50'], '.3f')}, "
+                f"ITL p99 {_f(e['itl_ms_p99'], '.3f')}{tail}"
+            )
+        else:
+            lines.append(
+                f"multi-turn, turn {e['turn']}: pydflash / llama-server TTFT {_f(e['ttft_ms'], '.3f')} "
+                f"(cached prompt tokens {e['cache_n'][0]:.0f} vs {e['cache_n'][1]:.0f}){tail}"
+            )
+    return lines
+
+
+def table(rows: Sequence[Row]) -> str:
+    """The rows as text: the sweep, then the conversation's turns; under each
+    pair of engines, pydflash / llama-server."""
+    lines = []
+    sweep = [r for r in rows if r["workload"] == "concurrency"]
+    if sweep:
+        lines.append(
+            f"{'engine':15} {'conc':>4} {'reqs':>4} {'out tok/s':>9} {'(min-max)':>15} {'ttft p50':>8} {'p99 ms':>8} "
+            f"{'itl p50':>7} {'p99 ms':>7} {'req t/s':>7} {'tok/dlv':>7} {'accept':>6}"
+        )
+        for r in sweep:
+            spread = f"({r['output_tok_s_min']:.1f}-{r['output_tok_s_max']:.1f})"
+            lines.append(
+                f"{r['engine']:15} {r['concurrency']:4d} {r['requests']:4d} {r['output_tok_s']:9.1f} {spread:>15} "
+                f"{_f(r['ttft_ms_p50'], '8.1f'):>8} {_f(r['ttft_ms_p99'], '8.1f'):>8} "
+                f"{_f(r['itl_ms_p50'], '7.2f'):>7} {_f(r['itl_ms_p99'], '7.2f'):>7} "
+                f"{_f(r['request_tok_s_p50'], '7.1f'):>7} {r['tokens_per_delivery']:7.2f} "
+                f"{_f(r['acceptance_rate'], '6.3f'):>6}"
+            )
+            p = _pydflash_row(sweep, r, "concurrency")
+            if p is not None:
+                q = {m: _f(_ratio(p[m], r[m]), ".3f") for m in _SWEEP_RATIOS}
+                lines.append(
+                    f"{'  ratio p/l':15} {'':4} {'':4} {q['output_tok_s']:>9} {'':15} {q['ttft_ms_p50']:>8} "
+                    f"{q['ttft_ms_p99']:>8} {q['itl_ms_p50']:>7} {q['itl_ms_p99']:>7} {q['request_tok_s_p50']:>7}"
+                )
+    turns = [r for r in rows if r["workload"] == "multi-turn"]
+    if turns:
+        if lines:
+            lines.append("")
+        lines.append(
+            f"{'engine':15} {'turn':>4} {'prompt':>7} {'cache_n':>7} {'prompt_n':>8} {'ttft ms':>8} {'(min-max)':>15}"
+        )
+        for r in turns:
+            spread = f"({r['ttft_ms_min']:.1f}-{r['ttft_ms_max']:.1f})"
+            lines.append(
+                f"{r['engine']:15} {r['turn']:4d} {r['prompt_tokens']:7.0f} {r['cache_n']:7.0f} {r['prompt_n']:8.0f} "
+                f"{r['ttft_ms']:8.1f} {spread:>15}"
+            )
+            p = _pydflash_row(turns, r, "turn")
+            if p is not None:
+                lines.append(
+                    f"{'  ratio p/l':15} {'':4} {'':7} {'':7} {'':8} {_f(_ratio(p['ttft_ms'], r['ttft_ms']), '8.3f')}"
+                )
+    return "\n".join(lines)
+
+
+def _pydflash_row(rows: Sequence[Row], r: Row, key: str) -> Row | None:
+    """pydflash's row of the same level or turn, when ``r`` is llama-server's."""
+    if r["engine"] != LLAMA_SERVER:
+        return None
+    return next((p for p in rows if p["engine"] == PYDFLASH and p[key] == r[key]), None)

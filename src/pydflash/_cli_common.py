@@ -12,7 +12,10 @@ from .results import GenerationResult
 def add_common(p: argparse.ArgumentParser) -> None:
     d = ModelConfig()  # the core's defaults
     p.add_argument(
-        "--n-ctx", type=int, default=d.n_ctx, help="context size in tokens, shared by --parallel sequences (default: %(default)s)"
+        "--n-ctx",
+        type=int,
+        default=d.n_ctx,
+        help="context size in tokens, shared by --parallel sequences (default: %(default)s)",
     )
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")

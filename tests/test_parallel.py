@@ -20,6 +20,7 @@ import asyncio
 import random
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable
 from pathlib import Path
 
@@ -316,3 +317,33 @@ def test_interrupt_stops_every_running_sequence_and_the_object_stays_usable(alon
                 s.result()
         want = alone.generate([9, 8, 7], max_tokens=12, ignore_eos=True).tokens
         assert llm.generate([9, 8, 7], max_tokens=12, ignore_eos=True).tokens == want
+
+
+# -- the server batches too -----------------------------------------------------------
+
+
+def test_the_server_runs_requests_side_by_side(alone, target_path, model_dir):
+    openai = pytest.importorskip("openai")
+    from pydflash.server import Server
+
+    prompts = [[60 + i, 61, 62] for i in range(3)]
+    want = [alone.detokenize(alone.generate(p, max_tokens=20, ignore_eos=True).tokens) for p in prompts]
+    with open_llm(target_path, model_dir / "drafter-b8.gguf", 4) as llm, Server(llm, port=0) as srv:
+        assert srv.parallel == 4
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x")
+        # a long stream is running ...
+        long = client.completions.create(model="m", prompt=[9, 9, 9], max_tokens=240, stream=True, temperature=0,
+                                         extra_body={"ignore_eos": True})
+        first = next(iter(long))
+        t1 = time.perf_counter()
+        assert first.choices[0].finish_reason is None
+        # ... while three short ones finish, side by side with it and with each other
+        with ThreadPoolExecutor(3) as ex:
+            got = list(ex.map(lambda p: client.completions.create(
+                model="m", prompt=p, max_tokens=20, temperature=0, extra_body={"ignore_eos": True}), prompts))
+        t2 = time.perf_counter()
+        assert [g.choices[0].text for g in got] == want
+        last = list(long)[-1]
+        assert last.choices[0].finish_reason == "length"
+        # well before the long one's decode was over (one slot would queue them behind all of it)
+        assert (t2 - t1) * 1e3 < 0.5 * last.model_extra["timings"]["predicted_ms"]

@@ -347,3 +347,25 @@ def test_the_server_runs_requests_side_by_side(alone, target_path, model_dir):
         assert last.choices[0].finish_reason == "length"
         # well before the long one's decode was over (one slot would queue them behind all of it)
         assert (t2 - t1) * 1e3 < 0.5 * last.model_extra["timings"]["predicted_ms"]
+
+
+def test_a_waiting_generation_whose_caller_left_is_never_evaluated(target_path, model_dir):
+    with open_llm(target_path, model_dir / "drafter-b8.gguf", 1) as llm:
+        running = _running(llm, [1, 2, 3], 60)
+        left = threading.Event()
+        errors: list[BaseException] = []
+
+        def waiting() -> None:
+            try:
+                llm.create_completion([7, 7, 7, 7], max_tokens=5, cancel=left.is_set)
+            except BaseException as e:
+                errors.append(e)
+
+        t = threading.Thread(target=waiting)
+        t.start()
+        left.set()  # it leaves while the only slot is busy
+        res = running.result()
+        t.join(timeout=60)
+        assert len(errors) == 1 and isinstance(errors[0], GenerationInterrupted)
+        # the slot still holds the first generation: the second's prompt was never evaluated
+        assert llm.pair.tokens == [1, 2, 3] + res.tokens

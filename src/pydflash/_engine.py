@@ -21,7 +21,7 @@ import threading
 
 from . import _core
 from ._generation import Generation
-from .errors import GrammarError, PyDFlashError
+from .errors import GenerationInterrupted, GrammarError, PyDFlashError
 from .pair import ContextPair
 
 __all__ = ["Engine"]
@@ -177,6 +177,11 @@ class Engine:
         waiting: collections.deque[Generation] = collections.deque()
         while self._queue:
             gen = self._queue.popleft()
+            if gen.cancel_check is not None and gen.cancel_check():
+                # its client left while it waited: no prefill for nobody
+                gen.cancelled = gen.done = True
+                gen.channel.put(GenerationInterrupted("the generation was cancelled"))
+                continue
             free = [s for s in self._slots if s.gen is None]
             if gen.slot is not None:
                 free = [s for s in free if s.seq == gen.slot]

@@ -134,6 +134,7 @@ class Generation:
         self.seed = seed if seed >= 0 else random.getrandbits(63)
         self.channel = _Channel()
         self.cancelled = False  # the consumer left: the engine drops it
+        self.cancel_check: Callable[[], bool] | None = None
         self.submitted = False
         self.done = False  # finished, failed or cancelled (set by the engine)
         self.t_submit = 0.0
@@ -149,6 +150,7 @@ class Generation:
     def run(self, cancel: Callable[[], bool] | None = None) -> Generator[StreamStep, None, None]:
         """The steps; ``cancel()`` (when given) is asked after each unfinished
         one, and True stops the generation with ``GenerationInterrupted``."""
+        self.cancel_check = cancel  # the engine also asks it before the prompt is evaluated
         it = self._consume()
         try:
             for step in it:

@@ -135,7 +135,7 @@ class Engine:
         for slot in starts:
             self._start(slot)
         try:
-            prefilling = [s for s in self._slots if s.gen is not None and s.prefilling]
+            prefilling = [s for s in self._slots if s.gen is not None and s.prefilling and not s.gen.cancelled]
             if prefilling:
                 self._prefill(prefilling)
             running = [s for s in self._slots if s.gen is not None and not s.prefilling and not s.gen.cancelled]

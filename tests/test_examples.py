@@ -19,7 +19,7 @@ def run(name: str, *args: str) -> str:
 
 
 def test_examples_are_all_tested():
-    tested = {"step_by_step.py", "chat.py", "streaming.py", "server_openai.py"}
+    tested = {"step_by_step.py", "chat.py", "streaming.py", "server_openai.py", "many_streams.py"}
     assert {p.name for p in (ROOT / "examples").glob("*.py")} == tested
 
 
@@ -32,6 +32,12 @@ def test_chat_example():
 def test_streaming_example():
     out = run("streaming.py", "--max-tokens", "24")
     assert "finish_reason=length" in out and "accepted draft tokens per step: [" in out and "tau = " in out
+
+
+def test_many_streams_example():
+    out = run("many_streams.py", "--max-tokens", "16", "--parallel", "2")
+    assert out.count("--- ") == 4 and "generate_batch, same texts: True" in out
+    assert "up to 2 sequences shared a speculative step" in out
 
 
 def test_server_example():

@@ -115,6 +115,13 @@ public:
 
     std::vector<MemoryRow> memory() const;
 
+    // One sequence's state (history, pending token, both contexts' memory of it)
+    // to a file, and back into a sequence of a pair on the same models and
+    // settings (checked first: InvalidArgument, the sequence untouched; a state
+    // llama.cpp then refuses leaves it empty).
+    void save_sequence(int32_t seq, const std::string& path);
+    void load_sequence(int32_t seq, const std::string& path);
+
     void set_sampling(int32_t seq, const SamplingParams& params);
     // The grammar the next tokens of `seq` must follow, from its start (an empty
     // gbnf: none); every prefill starts it over. InvalidArgument when it does not parse.
@@ -194,6 +201,7 @@ private:
     void roll_back_and_inject(std::vector<Work>& work, StepTimes& t);
     std::vector<StepResult> commit(std::vector<Work>& work, const StepTimes& t);
 
+    std::string fingerprint() const;  // the models and settings a saved sequence needs
     const Sequence& seq_at(int32_t seq) const;
     Sequence& seq_at(int32_t seq);
     void require_open() const;

@@ -108,6 +108,10 @@ void register_context_pair(py::module_& m) {
         .def("prefill_some", &ContextPair::prefill_some, py::arg("seqs"), py::arg("budget"), release(),
              "Evaluate at most `budget` more prompt tokens of these sequences in one target pass (ms).")
         .def("prefill_remaining", &ContextPair::prefill_remaining, py::arg("seq"))
+        .def("save_sequence", &ContextPair::save_sequence, py::arg("seq"), py::arg("path"), release(),
+             "Write sequence `seq` (history, pending token, both contexts' state of it) to `path`.")
+        .def("load_sequence", &ContextPair::load_sequence, py::arg("seq"), py::arg("path"), release(),
+             "Replace sequence `seq` with one saved by save_sequence (same models and settings).")
         .def(
             "step",
             [](ContextPair& self, int32_t draft_max, int32_t draft_min, float draft_p_min,

@@ -16,8 +16,10 @@ nothing to do, so an idle ``Llama`` holds no thread."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import threading
+from collections.abc import Iterator
 
 from . import _core
 from ._generation import Generation
@@ -35,6 +37,7 @@ class _Slot:
     gen: Generation | None = None
     prefilling: bool = False
     last_used: int = 0
+    reserved: bool = False  # held by save/load: no generation is admitted to it
 
 
 class Engine:
@@ -92,6 +95,24 @@ class Engine:
         self._core.clear_interrupt()
         with self._cv:
             self._fail_all_locked(PyDFlashError("this Llama object was closed"))
+
+    @contextlib.contextmanager
+    def reserve(self, seq: int) -> Iterator[None]:
+        """Hold slot ``seq`` while it is saved or loaded; PyDFlashError when a
+        generation is using it."""
+        with self._cv:
+            if self._closed:
+                raise PyDFlashError("this Llama object is closed")
+            slot = self._slots[seq]
+            if slot.gen is not None or slot.reserved:
+                raise PyDFlashError(f"slot {seq} is busy")
+            slot.reserved = True
+        try:
+            yield
+        finally:
+            with self._cv:
+                slot.reserved = False
+                self._cv.notify()
 
     @property
     def n_active(self) -> int:
@@ -182,7 +203,7 @@ class Engine:
                 gen.cancelled = gen.done = True
                 gen.channel.put(GenerationInterrupted("the generation was cancelled"))
                 continue
-            free = [s for s in self._slots if s.gen is None]
+            free = [s for s in self._slots if s.gen is None and not s.reserved]
             if gen.slot is not None:
                 free = [s for s in free if s.seq == gen.slot]
             if not free:

@@ -237,6 +237,34 @@ class Llama:
         assert self._pair_core is not None
         return MemoryReport(tuple(MemoryRow(*row) for row in self._pair_core.memory()), self.n_parallel)
 
+    # -- slots -------------------------------------------------------------------
+
+    def save_slot(self, slot: int, path: str | os.PathLike[str]) -> None:
+        """Write sequence slot ``slot``'s state (its tokens and both contexts' memory
+        of them: the target's KV cache and recurrent state, the drafter's features)
+        to ``path``, as llama-server's slot save. PyDFlashError while a generation
+        uses the slot."""
+        seq = self._slot_index(slot)
+        assert self._engine is not None and self._pair_core is not None
+        with self._engine.reserve(seq):
+            self._pair_core.save_sequence(seq, os.fspath(path))
+
+    def load_slot(self, slot: int, path: str | os.PathLike[str]) -> None:
+        """Replace slot ``slot`` with a state ``save_slot`` wrote, from this or another
+        ``Llama`` on the same model files and settings (ValueError otherwise, before
+        the slot is touched). A generation whose prompt extends the saved tokens continues
+        from them (``cache_prompt``): its time to first token is that of the new tokens."""
+        seq = self._slot_index(slot)
+        assert self._engine is not None and self._pair_core is not None
+        with self._engine.reserve(seq):
+            self._pair_core.load_sequence(seq, os.fspath(path))
+
+    def _slot_index(self, slot: int) -> int:
+        self._model()
+        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < self.n_parallel:
+            raise ValueError(f"slot must be an int in [0, {self.n_parallel}), got {slot!r}")
+        return slot
+
     # -- vocabulary ----------------------------------------------------------
 
     def tokenize(self, text: str | bytes, *, add_special: bool = True, parse_special: bool = True) -> list[int]:

@@ -1,0 +1,98 @@
+"""A sequence slot saved to disk and loaded back, into this pair or another on
+the same files: the next turn takes the saved tokens from the cache, and its
+output and per-step accepted drafts equal a fresh prefill's (the drafter's
+features came back too). Mismatched or damaged files are refused with
+ValueError before the slot is touched."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pydflash import Llama, PyDFlashError, embedded_pair
+from test_hybrid import PAIRS, THREADS
+
+TURN1 = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5] * 4
+NEW = [8, 9, 7, 9]
+
+
+def open_pair(target: Path, draft: Path, **kw) -> Llama:
+    return Llama(target, draft=draft, n_ctx=512 * 2, n_parallel=2, n_threads=THREADS, **kw)
+
+
+def check_round_trip(target: Path, draft: Path, tmp_path: Path, turn1: list[int] = TURN1, **kw) -> None:
+    path = tmp_path / "slot.bin"
+    with open_pair(target, draft, **kw) as a:
+        first = a.submit(turn1, max_tokens=24, ignore_eos=True, slot=0).result()
+        a.save_slot(0, path)
+    turn2 = turn1 + first.tokens + NEW
+    with open_pair(target, draft, **kw) as b:
+        b.load_slot(1, path)
+        again = b.submit(turn2, max_tokens=20, ignore_eos=True, slot=1).result()
+        fresh = b.submit(turn2, max_tokens=20, ignore_eos=True, slot=0, cache_prompt=False).result()
+    assert again.stats.cached_tokens == len(turn1) + len(first.tokens) - 1  # all but the pending token
+    assert again.tokens == fresh.tokens
+    assert [s.n_accepted for s in again.stats.steps] == [s.n_accepted for s in fresh.stats.steps]
+
+
+def test_a_slot_round_trips_through_a_file(target_path, model_dir, tmp_path):
+    check_round_trip(target_path, model_dir / "drafter-b8.gguf", tmp_path)
+
+
+def test_the_embedded_pair_round_trips(tmp_path):
+    # a trained drafter: without its saved features it would accept fewer drafts
+    target, draft = embedded_pair()
+    with Llama(target, n_ctx=256) as llm:
+        turn1 = llm.tokenize("import os\n\n\ndef walk(root):\n    for name in os.listdir(root):\n")
+    check_round_trip(Path(target), Path(draft), tmp_path, turn1)
+
+
+@pytest.mark.parametrize("name", ["qwen35-b8", "qwen3next-b8"])
+def test_a_hybrid_targets_recurrent_state_round_trips(hybrid_models, tmp_path, name):
+    arch, drafter, rollback, _ = PAIRS[name]
+    check_round_trip(hybrid_models / f"{arch}-target.gguf", hybrid_models / f"{arch}-drafter-{drafter}.gguf",
+                     tmp_path, rollback=rollback)
+
+
+def test_bad_files_are_refused_and_the_slot_stays_usable(target_path, model_dir, tmp_path):
+    good = tmp_path / "slot.bin"
+    with open_pair(target_path, model_dir / "drafter-b8.gguf") as a:
+        a.submit(TURN1, max_tokens=8, ignore_eos=True, slot=0).result()
+        a.save_slot(0, good)
+    data = good.read_bytes()
+    (tmp_path / "short.bin").write_bytes(data[: len(data) // 2])
+    (tmp_path / "junk.bin").write_bytes(b"not a slot at all")
+    cases = {
+        "short.bin": "truncated",
+        "junk.bin": "not a pydflash slot file",
+        "missing.bin": "cannot read",
+    }
+    with open_pair(target_path, model_dir / "drafter-b8.gguf") as b:
+        want = b.generate([1, 2, 3], max_tokens=10, ignore_eos=True).tokens
+        held = b.pair.sequence(1).tokens
+        for name, msg in cases.items():
+            with pytest.raises(ValueError, match=msg):
+                b.load_slot(1, tmp_path / name)
+            assert b.pair.sequence(1).tokens == held  # untouched
+            assert b.submit([1, 2, 3], max_tokens=10, ignore_eos=True, slot=1).result().tokens == want
+            held = b.pair.sequence(1).tokens
+    # other model files: the fingerprint names both
+    with open_pair(target_path, model_dir / "drafter-b16.gguf") as c:
+        with pytest.raises(ValueError, match="saved from other models"):
+            c.load_slot(0, good)
+    with Llama(target_path, n_ctx=1024) as alone:
+        with pytest.raises(ValueError, match="drafter: none"):
+            alone.load_slot(0, good)
+
+
+def test_a_busy_slot_and_bad_slot_numbers(target_path, model_dir, tmp_path):
+    with open_pair(target_path, model_dir / "drafter-b8.gguf") as llm:
+        sub = llm.submit([5, 6, 7], max_tokens=200, ignore_eos=True, slot=0)
+        next(iter(sub))
+        with pytest.raises(PyDFlashError, match="slot 0 is busy"):
+            llm.save_slot(0, tmp_path / "x.bin")
+        sub.cancel()
+        for bad in (-1, 2, True):
+            with pytest.raises(ValueError, match="slot must be"):
+                llm.save_slot(bad, tmp_path / "x.bin")

@@ -6,6 +6,9 @@ ValueError before the slot is touched."""
 
 from __future__ import annotations
 
+import json
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -96,3 +99,41 @@ def test_a_busy_slot_and_bad_slot_numbers(target_path, model_dir, tmp_path):
         for bad in (-1, 2, True):
             with pytest.raises(ValueError, match="slot must be"):
                 llm.save_slot(bad, tmp_path / "x.bin")
+
+
+def _post(url: str, body: dict | None = None) -> tuple[int, dict]:
+    req = urllib.request.Request(url, data=json.dumps(body or {}).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_the_servers_slot_endpoints(target_path, model_dir, tmp_path):
+    from pydflash.server import Server
+
+    with open_pair(target_path, model_dir / "drafter-b8.gguf") as llm, \
+            Server(llm, port=0, slot_save_path=tmp_path) as srv:
+        first = llm.submit(TURN1, max_tokens=12, ignore_eos=True, slot=0).result()
+        with urllib.request.urlopen(srv.url + "/slots", timeout=60) as r:
+            slots = json.loads(r.read())
+        assert [s["n_tokens"] for s in slots] == [len(TURN1) + 12, 0] and not slots[0]["is_processing"]
+        status, saved = _post(srv.url + "/slots/0?action=save", {"filename": "conv.bin"})
+        assert status == 200 and saved["n_saved"] == len(TURN1) + 12 and (tmp_path / "conv.bin").is_file()
+        status, restored = _post(srv.url + "/slots/1?action=restore", {"filename": "conv.bin"})
+        assert status == 200 and restored["n_restored"] == len(TURN1) + 12
+        turn2 = TURN1 + first.tokens + NEW
+        again = llm.submit(turn2, max_tokens=8, ignore_eos=True, slot=1).result()
+        assert again.stats.cached_tokens == len(TURN1) + len(first.tokens) - 1
+        assert _post(srv.url + "/slots/0?action=erase")[1] == {"id_slot": 0, "n_erased": len(TURN1) + 12}
+        # refused: a path, a missing file, an unknown slot or action
+        assert _post(srv.url + "/slots/0?action=save", {"filename": "../x.bin"})[0] == 400
+        status, err = _post(srv.url + "/slots/0?action=restore", {"filename": "none.bin"})
+        assert status == 400 and "cannot read" in err["error"]["message"]
+        assert _post(srv.url + "/slots/5?action=save", {"filename": "a.bin"})[0] == 400
+        assert _post(srv.url + "/slots/0?action=fly")[0] == 400
+    with open_pair(target_path, model_dir / "drafter-b8.gguf") as llm, Server(llm, port=0) as srv:
+        status, err = _post(srv.url + "/slots/0?action=save", {"filename": "a.bin"})
+        assert status == 501 and "--slot-save-path" in err["error"]["message"]

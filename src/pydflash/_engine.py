@@ -114,6 +114,10 @@ class Engine:
                 slot.reserved = False
                 self._cv.notify()
 
+    def busy_slots(self) -> set[int]:
+        with self._cv:
+            return {s.seq for s in self._slots if s.gen is not None or s.reserved}
+
     @property
     def n_active(self) -> int:
         return sum(s.gen is not None for s in self._slots)

@@ -138,6 +138,12 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="N",
         help="past this many open connections (or running requests) new requests get 503 (default: %(default)s)",
     )
+    s.add_argument(
+        "--slot-save-path",
+        default=None,
+        metavar="DIR",
+        help="where POST /slots/ID?action=save|restore keeps slot files (default: save and restore off)",
+    )
     s.add_argument("--draft-max", type=int, default=None, help="draft tokens per step (default: block size - 1)")
     s.add_argument(
         "--chat-template",
@@ -370,6 +376,7 @@ def _cmd_serve(a: argparse.Namespace) -> int:
         queue_size=a.queue_size,
         timeout=a.timeout,
         max_connections=a.max_connections,
+        slot_save_path=a.slot_save_path,
         ready=ready,
         draft_max=a.draft_max,
         chat_template=template,

@@ -259,6 +259,26 @@ class Llama:
         with self._engine.reserve(seq):
             self._pair_core.load_sequence(seq, os.fspath(path))
 
+    def erase_slot(self, slot: int) -> int:
+        """Forget slot ``slot``'s cached tokens (both contexts); returns how many it held."""
+        seq = self._slot_index(slot)
+        assert self._engine is not None and self._pair_core is not None
+        with self._engine.reserve(seq):
+            n = len(self._pair_core.tokens(seq))
+            self._pair_core.reset(seq)
+        return n
+
+    def slots(self) -> list[dict[str, int | bool]]:
+        """Each sequence slot: ``id``, ``n_ctx`` (its context), ``is_processing`` (a
+        generation holds it) and ``n_tokens`` (tokens it holds: the prompt cache)."""
+        self._model()
+        assert self._engine is not None and self._pair_core is not None
+        busy = self._engine.busy_slots()
+        return [
+            {"id": i, "n_ctx": self.n_ctx_slot, "is_processing": i in busy, "n_tokens": len(self._pair_core.tokens(i))}
+            for i in range(self.n_parallel)
+        ]
+
     def _slot_index(self, slot: int) -> int:
         self._model()
         if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < self.n_parallel:

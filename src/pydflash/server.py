@@ -16,11 +16,13 @@ import contextlib
 import itertools
 import json
 import logging
+import os
 import signal
 import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 try:
@@ -55,6 +57,7 @@ ROUTES = {
     "/v1/models",
     "/models",
     "/metrics",
+    "/slots",
     "/v1/completions",
     "/completions",
     "/v1/chat/completions",
@@ -88,6 +91,7 @@ class Server:
         timeout: float = 60.0,
         timeout_keep_alive: int = 5,
         max_connections: int = 256,
+        slot_save_path: str | os.PathLike[str] | None = None,
     ):
         parallel = llm.n_parallel if parallel is None else parallel
         if parallel < 1:
@@ -99,6 +103,7 @@ class Server:
         if self.queue_size < 0:
             raise ValueError(f"queue_size must be >= 0, got {self.queue_size}")
         self.timeout = timeout
+        self.slot_save_path = None if slot_save_path is None else Path(slot_save_path)
         self.metrics = Metrics(max_accepted=max(1, llm.pair.max_draft) if llm.has_draft else 1, slots=parallel)
         self.created = int(time.time())
         self.in_flight = 0  # admitted requests (read and written on the event loop only)
@@ -181,8 +186,10 @@ class Server:
             "/v1/models": self._models,
             "/models": self._models,
             "/metrics": self._metrics,
+            "/slots": self._slots,
         }
         routes = [Route(path, endpoint, methods=["GET"]) for path, endpoint in gets.items()]
+        routes.append(Route("/slots/{id_slot}", self._slot_action, methods=["POST"]))
         for paths, kind in (
             (("/v1/completions", "/completions"), CompletionRequest),
             (("/v1/chat/completions", "/chat/completions"), ChatRequest),
@@ -202,6 +209,66 @@ class Server:
 
     async def _metrics(self, request: Request) -> Response:
         return Response(self.metrics.render(), media_type=self.metrics.content_type)
+
+    async def _slots(self, request: Request) -> Response:
+        return _json(self.llm.slots())
+
+    async def _slot_action(self, request: Request) -> Response:
+        """llama-server's ``POST /slots/{id}?action=save|restore|erase`` (save and
+        restore: ``{"filename": ...}`` in ``--slot-save-path``)."""
+        action = request.query_params.get("action", "")
+        try:
+            slot = int(request.path_params["id_slot"])
+            if not 0 <= slot < self.llm.n_parallel:
+                raise ValueError
+        except ValueError:
+            return error_response(400, f"id_slot must be a slot in [0, {self.llm.n_parallel})", "id_slot")
+        if action == "erase":
+            n = await anyio.to_thread.run_sync(self.llm.erase_slot, slot)
+            return _json({"id_slot": slot, "n_erased": n})
+        if action not in ("save", "restore"):
+            return error_response(400, "action must be save, restore or erase", "action")
+        if self.slot_save_path is None:
+            return error_response(501, "slot save and restore need --slot-save-path")
+        try:
+            body = json.loads(await request.body() or b"{}")
+            name = body.get("filename") if isinstance(body, dict) else None
+        except ValueError:
+            name = None
+        if not isinstance(name, str) or not name or Path(name).name != name or name in (".", ".."):
+            return error_response(400, "'filename' must be a plain file name", "filename")
+        path = self.slot_save_path / name
+        t0 = time.perf_counter()
+        try:
+            if action == "save":
+                await anyio.to_thread.run_sync(self.llm.save_slot, slot, path)
+            else:
+                await anyio.to_thread.run_sync(self.llm.load_slot, slot, path)
+        except ValueError as e:
+            return error_response(400, str(e))
+        except PyDFlashError as e:
+            return error_response(503 if "busy" in str(e) else 500, str(e))
+        ms = (time.perf_counter() - t0) * 1e3
+        n = len(self.llm.pair.sequence(slot).tokens)
+        if action == "save":
+            return _json(
+                {
+                    "id_slot": slot,
+                    "filename": name,
+                    "n_saved": n,
+                    "n_written": path.stat().st_size,
+                    "timings": {"save_ms": ms},
+                }
+            )
+        return _json(
+            {
+                "id_slot": slot,
+                "filename": name,
+                "n_restored": n,
+                "n_read": path.stat().st_size,
+                "timings": {"restore_ms": ms},
+            }
+        )
 
 
 def _json(obj: Any, status: int = 200) -> Response:
@@ -480,6 +547,7 @@ def serve(
     queue_size: int | None = None,
     timeout: float = 60.0,
     max_connections: int = 256,
+    slot_save_path: str | None = None,
     ready: Callable[[Server], None] | None = None,
     **llama_kwargs: Any,
 ) -> None:
@@ -494,6 +562,7 @@ def serve(
             queue_size=queue_size,
             timeout=timeout,
             max_connections=max_connections,
+            slot_save_path=slot_save_path,
         )
 
         def stop(*_: object) -> None:

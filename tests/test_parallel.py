@@ -369,3 +369,40 @@ def test_a_waiting_generation_whose_caller_left_is_never_evaluated(target_path, 
         assert len(errors) == 1 and isinstance(errors[0], GenerationInterrupted)
         # the slot still holds the first generation: the second's prompt was never evaluated
         assert llm.pair.tokens == [1, 2, 3] + res.tokens
+
+
+def test_many_threads_cancelling_at_random(alone, target_path, model_dir):
+    # 16 callers on 3 slots; a third of them leave at a random point: nothing hangs,
+    # the ones that stay get their output alone
+    rng = random.Random(11)
+    jobs = [{"prompt": [rng.randrange(1, 300) for _ in range(rng.randint(1, 30))],
+             "max_tokens": rng.randint(1, 50), "ignore_eos": True} for _ in range(16)]
+    leave = [rng.random() < 0.33 for _ in jobs]
+    after = [rng.randint(0, 3) for _ in jobs]
+    want = [alone.generate(cache_prompt=False, **j).tokens for j in jobs]
+    got: dict[int, list[int] | None] = {}
+    with open_llm(target_path, model_dir / "drafter-b8.gguf", 3) as llm:
+
+        def work(i: int) -> None:
+            sub = llm.submit(**jobs[i])
+            toks: list[int] = []
+            for k, step in enumerate(sub):
+                toks += step.tokens
+                if leave[i] and k >= after[i] and step.finish_reason is None:
+                    sub.cancel()
+                    got[i] = None
+                    return
+            got[i] = toks
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(jobs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not any(t.is_alive() for t in threads)
+        stayed = [i for i in range(len(jobs)) if got[i] is not None]
+        assert len(stayed) >= 5
+        assert [got[i] for i in stayed] == [want[i] for i in stayed]
+        # and the engine is idle and usable afterwards
+        assert llm.generate([5, 5], max_tokens=4, ignore_eos=True).tokens == alone.generate(
+            [5, 5], max_tokens=4, ignore_eos=True).tokens

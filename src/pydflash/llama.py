@@ -4,6 +4,7 @@ process."""
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -126,6 +127,8 @@ class Llama:
             _logging.flush()
         self._pair = ContextPair(self._pair_core)
         self._engine = Engine(self._pair_core, self._pair, self._pair_core.n_batch)
+        # an object dropped without close(), or alive at exit: its engine thread ends
+        weakref.finalize(self, self._engine.close)
 
     # -- lifecycle -----------------------------------------------------------
 

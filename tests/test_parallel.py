@@ -406,3 +406,30 @@ def test_many_threads_cancelling_at_random(alone, target_path, model_dir):
         # and the engine is idle and usable afterwards
         assert llm.generate([5, 5], max_tokens=4, ignore_eos=True).tokens == alone.generate(
             [5, 5], max_tokens=4, ignore_eos=True).tokens
+
+
+def test_a_long_prompt_joins_in_chunks_between_the_running_steps(target_path, model_dir):
+    # n_batch 64: a 900-token prompt takes 15 chunks, and the running stream steps between them
+    with Llama(target_path, draft=model_dir / "drafter-b8.gguf", n_ctx=2 * 1024, n_parallel=2, n_batch=64,
+               n_threads=THREADS) as llm:
+        a = llm.submit([4, 8, 15, 16, 23, 42], max_tokens=600, ignore_eos=True)
+        seen: list[float] = []
+
+        def read_a() -> None:
+            for step in a:
+                if step.tokens:
+                    seen.append(time.perf_counter())
+
+        reader = threading.Thread(target=read_a)
+        reader.start()
+        while not seen:
+            time.sleep(0.001)
+        t_join = time.perf_counter()
+        b = llm.submit([7] * 900, max_tokens=1, ignore_eos=True)
+        next(iter(b))
+        t_first = time.perf_counter()
+        reader.join(timeout=120)
+        during = sum(t_join < t < t_first for t in seen)
+        print("steps during the join:", during)
+        assert during >= 5, f"the running stream made {during} steps while the long prompt was evaluated"
+        assert b.result().stats.prefill_seconds > 0

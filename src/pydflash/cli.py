@@ -95,7 +95,7 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="OpenAI-compatible HTTP server with speculative /metrics",
         description="Serve one target + DFlash drafter pair over HTTP, OpenAI-compatible: "
         "POST /v1/completions and /v1/chat/completions (stream: server-sent events), "
-        "GET /v1/models, /health, and /metrics (Prometheus text with tokens drafted "
+        "GET /v1/models, /health, /slots, and /metrics (Prometheus text with tokens drafted "
         "and accepted, acceptance rate, accepted length per step, tokens/s, queue). "
         "The model runs --parallel generations at once; up to --queue-size more "
         "requests wait, further ones get 503. Without -m: the embedded pair. "

@@ -433,3 +433,44 @@ def test_a_long_prompt_joins_in_chunks_between_the_running_steps(target_path, mo
         print("steps during the join:", during)
         assert during >= 5, f"the running stream made {during} steps while the long prompt was evaluated"
         assert b.result().stats.prefill_seconds > 0
+
+
+# -- n choices ---------------------------------------------------------------------------
+
+
+def test_n_choices_run_side_by_side(target_path, model_dir):
+    with open_llm(target_path, model_dir / "drafter-b8.gguf", 3) as llm:
+        opts = {"max_tokens": 12, "temperature": 0.9, "seed": 7}
+        alone = [llm.create_completion([3, 4, 5], **dict(opts, seed=7 + i), ignore_eos=True) for i in range(3)]
+        res = llm.create_completion([3, 4, 5], n=3, ignore_eos=True, **opts)
+        assert [c["index"] for c in res["choices"]] == [0, 1, 2]
+        assert [c["text"] for c in res["choices"]] == [a["choices"][0]["text"] for a in alone]
+        assert res["usage"]["completion_tokens"] == 36 and res["usage"]["prompt_tokens"] == 3
+        texts = {0: "", 1: "", 2: ""}
+        for chunk in llm.create_completion([3, 4, 5], n=3, stream=True, ignore_eos=True, **opts):
+            texts[chunk["choices"][0]["index"]] += chunk["choices"][0]["text"]
+        assert [texts[i] for i in range(3)] == [c["text"] for c in res["choices"]]
+        chat = llm.create_chat_completion([{"role": "user", "content": "hi"}], n=2, max_tokens=8, seed=1)
+        assert [c["index"] for c in chat["choices"]] == [0, 1]
+        with pytest.raises(ValueError, match="n must be"):
+            llm.create_completion([3], n=0)
+        # a stream left early stops every choice
+        it = llm.create_completion([3, 4, 5], n=3, stream=True, max_tokens=200, ignore_eos=True)
+        next(it)
+        it.close()
+        assert llm.generate([1, 2], max_tokens=3, ignore_eos=True).tokens
+
+
+def test_n_choices_through_the_server(target_path, model_dir):
+    openai = pytest.importorskip("openai")
+    from pydflash.server import Server
+
+    with open_llm(target_path, model_dir / "drafter-b8.gguf", 2) as llm, Server(llm, port=0) as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x")
+        res = client.completions.create(model="m", prompt=[3, 4, 5], max_tokens=8, n=2, temperature=0.8, seed=3)
+        assert [c.index for c in res.choices] == [0, 1] and res.usage.completion_tokens <= 16
+        got = {0: "", 1: ""}
+        for chunk in client.completions.create(model="m", prompt=[3, 4, 5], max_tokens=8, n=2, temperature=0.8,
+                                               seed=3, stream=True):
+            got[chunk.choices[0].index] += chunk.choices[0].text
+        assert [got[0], got[1]] == [c.text for c in res.choices]

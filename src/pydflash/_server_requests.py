@@ -13,6 +13,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidatorFunctionWrapHandler, WrapValidator
 from pydantic_core import PydanticCustomError
 
+from .completions import MAX_CHOICES
+
 __all__ = ["BadRequest", "ChatRequest", "CompletionRequest", "describe"]
 
 
@@ -73,6 +75,7 @@ _PASSED = (
     "draft_p_min",
     "cache_prompt",
     "id_slot",
+    "n",
     "post_sampling_probs",
     "response_format",
     "json_schema",
@@ -126,8 +129,8 @@ class _Request(BaseModel):
 
     def check(self, n_vocab: int, parallel: int) -> None:
         """What the library does not check, before any work: BadRequest."""
-        if self.n not in (None, 1):
-            raise BadRequest("only n=1 is supported", "n")
+        if self.n is not None and not 1 <= self.n <= MAX_CHOICES:
+            raise BadRequest(f"'n' must be in [1, {MAX_CHOICES}]", "n")
         for name, on in _REFUSED_SAMPLERS:
             v = getattr(self, name)
             if v is not None and v >= on:

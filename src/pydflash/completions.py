@@ -7,10 +7,11 @@ here); it uses ``Llama``'s public members only."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar
 
 from ._generation import Generation
 from ._oai_logprobs import chat_logprobs, completion_logprobs
@@ -34,7 +35,9 @@ from .results import FinishReason, TokenLogprob
 if TYPE_CHECKING:  # for the annotations only: llama imports this module
     from .llama import Llama
 
-__all__ = ["create_chat_completion", "create_completion"]
+__all__ = ["MAX_CHOICES", "create_chat_completion", "create_completion"]
+
+MAX_CHOICES = 16  # n: choices of one request
 
 Stop = str | Sequence[str] | None
 
@@ -129,17 +132,16 @@ def create_completion(
     json_schema: Mapping[str, Any] | None = None,
     grammar: str | None = None,
     id_slot: int | None = None,
+    n: int = 1,
     cancel: Callable[[], bool] | None = None,
 ) -> Completion | Iterator[CompletionChunk]:
-    """An OpenAI-style text completion of ``prompt`` (text or token ids).
-    Defaults as in llama-cpp-python; ``max_tokens=None`` fills the context.
-    ``draft_max``/``draft_min``/``draft_p_min``: as ``Llama.generate``'s.
-    ``logprobs=N``: each token's log-probability and the N most likely tokens
-    (of the raw logits, or of the sampler chain's distribution with
-    ``post_sampling_probs``), as ``choices[0]["logprobs"]``.
-    ``response_format`` (``{"type": "json_object"}``, ``{"type": "json_schema",
-    "json_schema": {"schema": ...}}``), ``json_schema`` or ``grammar`` (GBNF): the
-    text follows it. ``id_slot``: that sequence slot (llama-server's; -1/None: any).
+    """An OpenAI-style text completion of ``prompt`` (text or token ids). Defaults as in llama-cpp-python;
+    ``max_tokens=None`` fills the context. ``draft_max``/``draft_min``/``draft_p_min``: as ``Llama.generate``'s.
+    ``logprobs=N``: each token's log-probability and the N most likely tokens (of the raw logits, or of the
+    sampler chain's distribution with ``post_sampling_probs``), as ``choices[0]["logprobs"]``.
+    ``response_format`` (``{"type": "json_object"}``, ``{"type": "json_schema", "json_schema": {"schema":
+    ...}}``), ``json_schema`` or ``grammar`` (GBNF): the text follows it. ``id_slot``: that sequence slot
+    (llama-server's; -1/None: any). ``n`` choices run side by side (seeds ``seed``, ``seed + 1``...).
     ``cancel``: asked after every step; True stops with ``GenerationInterrupted``."""
     _unsupported(suffix=suffix)
     if logprobs is not None and echo:
@@ -171,12 +173,63 @@ def create_completion(
         grammar=gbnf,
         json_schema=schema,
     )
-    gen = Generation(llm, tokens, cfg, slot=id_slot)
+    gens = _generations(llm, tokens, cfg, id_slot, n)
     meta: _Meta = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or llm.model_name}
     head = (prompt if isinstance(prompt, str) else llm.detokenize(tokens)) if echo else ""
     if stream:
-        return _completion_chunks(gen, cancel, meta, head)
-    return _completion(gen, cancel, meta, head)
+        return _chained([_completion_chunks(g, cancel, meta, head) for g in gens], gens)
+    return _merged([_completion(g, cancel, meta, head) for g in gens])
+
+
+def _generations(llm: Llama, tokens: list[int], cfg: SamplingConfig, slot: int | None, n: int) -> list[Generation]:
+    """``n`` generations of one prompt, with seeds ``seed``, ``seed + 1``, ... (each
+    its own draw; greedy choices are alike), all started before any is read."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CHOICES:
+        raise ValueError(f"n must be an int in [1, {MAX_CHOICES}], got {n!r}")
+    if n == 1:
+        return [Generation(llm, tokens, cfg, slot=slot)]
+    base = cfg.seed if cfg.seed is not None else llm.config.seed
+    gens = [
+        Generation(llm, tokens, cfg if base < 0 else dataclasses.replace(cfg, seed=base + i), slot=slot)
+        for i in range(n)
+    ]
+    for g in gens:
+        g.submit()
+    return gens
+
+
+_Response = TypeVar("_Response", Completion, ChatCompletion)
+_Chunk = TypeVar("_Chunk", CompletionChunk, ChatCompletionChunk)
+
+
+def _merged(results: list[_Response]) -> _Response:
+    """One response with each result's choice at its index; usage over all of them."""
+    out = results[0]
+    if len(results) > 1:
+        out["choices"] = [dict(r["choices"][0], index=i) for i, r in enumerate(results)]  # type: ignore[misc]
+        n_gen = sum(r["usage"]["completion_tokens"] for r in results)
+        n_prompt = out["usage"]["prompt_tokens"]
+        out["usage"] = {"prompt_tokens": n_prompt, "completion_tokens": n_gen, "total_tokens": n_prompt + n_gen}
+    return out
+
+
+def _chained(streams: list[Iterator[_Chunk]], gens: list[Generation]) -> Iterator[_Chunk]:
+    """The choices' chunks, one choice after the other (they run side by side);
+    leaving early stops them all."""
+    if len(streams) == 1:
+        return streams[0]
+    return _chain(streams, gens)
+
+
+def _chain(streams: list[Iterator[_Chunk]], gens: list[Generation]) -> Iterator[_Chunk]:
+    try:
+        for i, chunks in enumerate(streams):
+            for chunk in chunks:
+                chunk["choices"][0]["index"] = i
+                yield chunk
+    finally:
+        for g in gens:
+            g.cancel()
 
 
 def _completion(gen: Generation, cancel: Callable[[], bool] | None, meta: _Meta, head: str) -> Completion:
@@ -267,6 +320,7 @@ def create_chat_completion(
     json_schema: Mapping[str, Any] | None = None,
     grammar: str | None = None,
     id_slot: int | None = None,
+    n: int = 1,
     cancel: Callable[[], bool] | None = None,
 ) -> ChatCompletion | Iterator[ChatCompletionChunk]:
     """An OpenAI-style chat completion: ``messages`` go through the model's chat
@@ -307,11 +361,11 @@ def create_chat_completion(
         post_sampling_probs=post_sampling_probs,
         grammar=chat_grammar(cp, (schema, gbnf), lambda text: _generation_prompt_tokens(llm, text)),
     )
-    gen = Generation(llm, tokens, cfg, slot=id_slot)
+    gens = _generations(llm, tokens, cfg, id_slot, n)
     meta: _Meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or llm.model_name}
     if stream:
-        return _chat_chunks(gen, cancel, cp, meta)
-    return _chat_completion(gen, cancel, cp, meta)
+        return _chained([_chat_chunks(g, cancel, cp, meta) for g in gens], gens)
+    return _merged([_chat_completion(g, cancel, cp, meta) for g in gens])
 
 
 def _chat_completion(gen: Generation, cancel: Callable[[], bool] | None, cp: ChatPrompt, meta: _Meta) -> ChatCompletion:

@@ -202,16 +202,16 @@ class Engine:
         waiting: collections.deque[Generation] = collections.deque()
         while self._queue:
             gen = self._queue.popleft()
-            if gen.cancel_check is not None and gen.cancel_check():
-                # its client left while it waited: no prefill for nobody
-                gen.cancelled = gen.done = True
-                gen.channel.put(GenerationInterrupted("the generation was cancelled"))
-                continue
             free = [s for s in self._slots if s.gen is None and not s.reserved]
             if gen.slot is not None:
                 free = [s for s in free if s.seq == gen.slot]
             if not free:
                 waiting.append(gen)
+                continue
+            # asked once, as it would start: its caller left while it waited, so no prefill
+            if gen.cancel_check is not None and gen.cancel_check():
+                gen.cancelled = gen.done = True
+                gen.channel.put(GenerationInterrupted("the generation was cancelled"))
                 continue
             slot = self._choose(free, gen)
             slot.gen = gen

@@ -54,7 +54,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._tick = 0  # iteration count: slots' last use, for LRU
-        self._abort_for: Generation | None = None  # a cancel that interrupted its lone decode
+        self._aborting = False  # a cancel interrupted its lone generation's decode
 
     # -- any thread --------------------------------------------------------------
 
@@ -75,7 +75,7 @@ class Engine:
             if active == [gen]:
                 # alone in the pair: abort its decode now (a long prefill) rather than
                 # after it; aborting resets the caches, which no other sequence is using
-                self._abort_for = gen
+                self._aborting = True
                 self._core.interrupt()
             self._cv.notify()
 
@@ -118,14 +118,6 @@ class Engine:
         with self._cv:
             return {s.seq for s in self._slots if s.gen is not None or s.reserved}
 
-    @property
-    def n_active(self) -> int:
-        return sum(s.gen is not None for s in self._slots)
-
-    @property
-    def n_waiting(self) -> int:
-        return len(self._queue)
-
     # -- the engine thread --------------------------------------------------------
 
     def _run(self) -> None:
@@ -152,10 +144,10 @@ class Engine:
                 if not self._cv.wait(timeout=IDLE_EXIT_S) and not self._queue:
                     self._thread = None
                     return False
-            if self._abort_for is not None:
+            if self._aborting:
                 # its generation is gone; an interrupt no decode consumed must not hit the next
                 self._core.clear_interrupt()
-                self._abort_for = None
+                self._aborting = False
             self._tick += 1
         for slot in starts:
             self._start(slot)

@@ -84,6 +84,13 @@ class _Channel:
             await fut
 
 
+def _step_or_raise(item: StreamStep | BaseException) -> StreamStep:
+    """What the engine sent a consumer: a step, or the error that ends it."""
+    if isinstance(item, BaseException):
+        raise item
+    return item
+
+
 def _wake(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
@@ -140,7 +147,6 @@ class Generation:
         self.t_submit = 0.0
         self.t_start = 0.0
         self.t_decode = 0.0
-        self.queue_s = 0.0  # waiting for a free slot
 
     # -- the consumer's side ---------------------------------------------------
 
@@ -179,11 +185,9 @@ class Generation:
         self.submit()
         try:
             while True:
-                item = self.channel.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                if item.finish_reason is not None:
+                step = _step_or_raise(self.channel.get())
+                yield step
+                if step.finish_reason is not None:
                     return
         finally:
             self.cancel()
@@ -192,11 +196,9 @@ class Generation:
         self.submit()
         try:
             while True:
-                item = await self.channel.aget()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                if item.finish_reason is not None:
+                step = _step_or_raise(await self.channel.aget())
+                yield step
+                if step.finish_reason is not None:
                     return
         finally:
             self.cancel()
@@ -210,7 +212,6 @@ class Generation:
         """Admitted to a slot; ``n_cached`` prompt tokens came from its cache."""
         self.n_cached = n_cached
         self.t_start = time.perf_counter()
-        self.queue_s = self.t_start - self.t_submit
 
     def prefilled(self) -> None:
         """Its prompt is evaluated (in chunks, between other sequences' steps)."""

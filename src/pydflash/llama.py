@@ -356,16 +356,7 @@ class Llama:
         the longest prefix of the prompt that the contexts already hold (the
         previous prompt and its output) is not evaluated again; the output is
         the same either way. ``stats.cached_tokens`` says how many were kept."""
-        cfg = SamplingConfig.build(
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            seed=seed,
-            stop=stop,
-            ignore_eos=ignore_eos,
-            **options,
-        )
+        cfg = _sampling(max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos, options)
         gen = Generation(self, prompt, cfg)
         for _ in gen:
             pass
@@ -385,16 +376,7 @@ class Llama:
     ) -> Iterator[StreamStep]:
         """Like ``generate`` (same options), one ``StreamStep`` per speculative
         step. The last step carries the finish_reason."""
-        cfg = SamplingConfig.build(
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            seed=seed,
-            stop=stop,
-            ignore_eos=ignore_eos,
-            **options,
-        )
+        cfg = _sampling(max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos, options)
         return iter(Generation(self, prompt, cfg))
 
     def submit(
@@ -418,16 +400,7 @@ class Llama:
 
         >>> subs = [llm.submit(p, max_tokens=64) for p in prompts]
         >>> texts = [s.result().text for s in subs]"""
-        cfg = SamplingConfig.build(
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            seed=seed,
-            stop=stop,
-            ignore_eos=ignore_eos,
-            **options,
-        )
+        cfg = _sampling(max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos, options)
         return Submission(Generation(self, prompt, cfg, slot=slot))
 
     def generate_batch(
@@ -447,16 +420,7 @@ class Llama:
         Every prompt is checked before any runs; an error cancels the rest."""
         if isinstance(prompts, (str, bytes)):
             raise TypeError("prompts must be a sequence of prompts (for one prompt, use generate())")
-        cfg = SamplingConfig.build(
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            seed=seed,
-            stop=stop,
-            ignore_eos=ignore_eos,
-            **options,
-        )
+        cfg = _sampling(max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos, options)
         gens = [Generation(self, p, cfg) for p in prompts]
         subs = [Submission(g) for g in gens]
         try:
@@ -579,6 +543,29 @@ class Llama:
         if not tokens:
             raise ValueError("prompt token list is empty")
         return tokens
+
+
+def _sampling(
+    max_tokens: int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    seed: int | None,
+    stop: str | Sequence[str] | None,
+    ignore_eos: bool,
+    options: GenerateOptions,
+) -> SamplingConfig:
+    """The checked config of generate/stream/submit/generate_batch's arguments."""
+    return SamplingConfig.build(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        stop=stop,
+        ignore_eos=ignore_eos,
+        **options,
+    )
 
 
 def _token_list(tokens: Sequence[int], n_vocab: int) -> list[int]:

@@ -250,25 +250,11 @@ class Server:
             return error_response(503 if "busy" in str(e) else 500, str(e))
         ms = (time.perf_counter() - t0) * 1e3
         n = len(self.llm.pair.sequence(slot).tokens)
-        if action == "save":
-            return _json(
-                {
-                    "id_slot": slot,
-                    "filename": name,
-                    "n_saved": n,
-                    "n_written": path.stat().st_size,
-                    "timings": {"save_ms": ms},
-                }
-            )
-        return _json(
-            {
-                "id_slot": slot,
-                "filename": name,
-                "n_restored": n,
-                "n_read": path.stat().st_size,
-                "timings": {"restore_ms": ms},
-            }
+        # llama-server's field names
+        tokens, size, took = (
+            ("n_saved", "n_written", "save_ms") if action == "save" else ("n_restored", "n_read", "restore_ms")
         )
+        return _json({"id_slot": slot, "filename": name, tokens: n, size: path.stat().st_size, "timings": {took: ms}})
 
 
 def _json(obj: Any, status: int = 200) -> Response:

@@ -89,10 +89,6 @@ class Submission:
         """Finished, failed or cancelled."""
         return self._gen.done
 
-    @property
-    def prompt_tokens(self) -> list[int]:
-        return list(self._gen.prompt)
-
     def __repr__(self) -> str:
         state = "done" if self.done else "running"
         return f"<pydflash.Submission {len(self._gen.prompt)} prompt tokens, {state}>"

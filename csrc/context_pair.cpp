@@ -47,6 +47,10 @@ ContextPair::ContextPair(std::shared_ptr<Model> target, std::shared_ptr<Model> d
     } else {
         draft_max_ = 0;
     }
+    check_speculative_list();
+    if (std::any_of(params_.speculative.begin(), params_.speculative.end(), is_ngram_type)) {
+        ngram_ = std::make_unique<NgramDrafters>(params_.speculative, params_.ngram, params_.n_seq);
+    }
 
     ensure_backend();
     create_target_context();
@@ -75,6 +79,28 @@ ContextPair::ContextPair(std::shared_ptr<Model> target, std::shared_ptr<Model> d
 }
 
 ContextPair::~ContextPair() = default;
+
+void ContextPair::check_speculative_list() const {
+    // llama.cpp's --spec-type list; empty: the drafter alone when there is one
+    const auto& types = params_.speculative;
+    if (types.empty()) return;
+    const bool none = types.size() == 1 && types[0] == "none";
+    const bool model = std::find(types.begin(), types.end(), "draft-dflash") != types.end() ||
+                       std::find(types.begin(), types.end(), "draft-dspark") != types.end();
+    if (model && !drafter_) {
+        throw InvalidArgument(
+            "speculative lists a model drafter ('draft-dflash') but no drafter is loaded: pass draft=");
+    }
+    if (drafter_ && !model) {
+        throw InvalidArgument(std::string("a drafter is loaded but speculative ") +
+                              (none ? "is ['none']" : "does not list 'draft-dflash'") +
+                              ": add 'draft-dflash' to use it, or load the target alone");
+    }
+}
+
+void ContextPair::history_replaced(int32_t seq) {
+    if (ngram_) ngram_->begin(seq, seqs_[static_cast<size_t>(seq)].history);
+}
 
 void ContextPair::create_target_context() {
     const std::string& want = params_.rollback;
@@ -374,6 +400,7 @@ int32_t ContextPair::prefill_begin(int32_t seq, const std::vector<llama_token>& 
     if (s.n_past == n) {  // nothing left to evaluate
         s.pending = tokens.back();
         s.prompt.clear();
+        history_replaced(seq);
     }
     return cached;
 }
@@ -414,6 +441,7 @@ double ContextPair::prefill_some(const std::vector<int32_t>& seqs, int32_t budge
         if (s.n_past == static_cast<int32_t>(s.prompt.size()) - 1) {
             s.pending = s.prompt.back();
             s.prompt.clear();
+            history_replaced(sp.seq);
         }
     }
     return ms_since(t0);

@@ -20,6 +20,7 @@
 #include "grammar.h"
 #include "handles.h"
 #include "model.h"
+#include "ngram.h"
 #include "pair_params.h"
 #include "rollback.h"
 #include "sampler.h"
@@ -30,6 +31,7 @@ struct StepResult {
     std::vector<llama_token> tokens;     // new tokens: the accepted drafts, then the target's own
     std::vector<llama_token> drafted;    // what the drafter proposed
     std::vector<TokenLogprob> logprobs;  // one per token, when SamplingParams::logprobs
+    std::string source;                  // who drafted: "draft-dflash", an n-gram type, "external"; "": nobody
     int32_t seq = 0;                     // the sequence this step advanced
     int32_t n_drafted = 0;
     int32_t n_accepted = 0;
@@ -201,6 +203,11 @@ private:
     void roll_back_and_inject(std::vector<Work>& work, StepTimes& t);
     std::vector<StepResult> commit(std::vector<Work>& work, const StepTimes& t);
 
+    void check_speculative_list() const;
+    // A sequence's history was replaced (prefill done, slot loaded): the n-gram drafters start over.
+    void history_replaced(int32_t seq);
+    // The n-gram drafters' drafts, where they have one, replace the drafter's blocks.
+    void draft_ngrams(std::vector<Work>& work, int32_t n_rows);
     std::string fingerprint() const;  // the models and settings a saved sequence needs
     const Sequence& seq_at(int32_t seq) const;
     Sequence& seq_at(int32_t seq);
@@ -245,7 +252,8 @@ private:
     DraftSpec spec_;
     int32_t draft_max_ = 0;
     RollbackKind rollback_ = RollbackKind::KvTrim;
-    uint32_t n_rs_seq_ = 0;  // rollback depth of the target's state planes
+    uint32_t n_rs_seq_ = 0;                 // rollback depth of the target's state planes
+    std::unique_ptr<NgramDrafters> ngram_;  // null: no n-gram type listed
     ContextPtr ctx_tgt_;
     ContextPtr ctx_dft_;
     BatchPtr batch_tgt_;

@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "errors.h"
+#include "ngram.h"
 #include "options.h"
 
 namespace pydflash {
@@ -49,6 +50,8 @@ void PairParams::validate() const {
     check_choice("draft_type_v", draft_type_v);
     check_v_type("type_v", type_v, flash_attn);
     check_v_type("draft_type_v", draft_type_v, flash_attn);
+    check_speculative_types(speculative);
+    if (std::any_of(speculative.begin(), speculative.end(), is_ngram_type)) ngram.validate();
 }
 
 llama_context_params context_params(const PairParams& p, bool drafter) {
@@ -76,6 +79,7 @@ llama_context_params context_params(const PairParams& p, bool drafter) {
 void DraftControl::validate() const {
     at_least("draft_max", draft_max, -1);
     at_least("draft_min", draft_min, 0);
+    at_least("budget", budget, -1);
     if (!(draft_p_min >= 0.0f && draft_p_min <= 1.0f)) {
         throw InvalidArgument("draft_p_min must be in [0, 1], got " + std::to_string(draft_p_min));
     }

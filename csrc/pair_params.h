@@ -5,10 +5,30 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "llama.h"
 
 namespace pydflash {
+
+// llama.cpp's n-gram drafters' settings: its --spec-ngram-* options, with its
+// defaults (ngram.cpp reads them from common_params_speculative).
+struct NgramParams {
+    int32_t mod_n_match = 0;    // ngram-mod: lookup length
+    int32_t mod_n_min = 0;      // ngram-mod: a shorter draft is dropped
+    int32_t mod_n_max = 0;      // ngram-mod: longest draft
+    int32_t simple_size_n = 0;  // ngram-simple: lookup length
+    int32_t simple_size_m = 0;  // ngram-simple: draft length
+    int32_t map_k_size_n = 0;   // ngram-map-k
+    int32_t map_k_size_m = 0;
+    int32_t map_k_min_hits = 0;
+    int32_t map_k4v_size_n = 0;  // ngram-map-k4v
+    int32_t map_k4v_size_m = 0;
+    int32_t map_k4v_min_hits = 0;
+
+    NgramParams();          // llama.cpp's defaults
+    void validate() const;  // its ranges; InvalidArgument naming the option
+};
 
 struct PairParams {
     int32_t n_ctx = 4096;             // all sequences together; each gets n_ctx / n_seq (llama.cpp's -c, -np)
@@ -23,6 +43,11 @@ struct PairParams {
     std::string type_v = "f16";
     std::string draft_type_k = "f16";  // the drafter's
     std::string draft_type_v = "f16";
+    // llama.cpp's --spec-type list: n-gram drafters and "draft-dflash" (the
+    // drafter), tried in llama.cpp's fixed priority order (n-gram first); empty:
+    // the drafter alone when there is one, else plain decoding
+    std::vector<std::string> speculative;
+    NgramParams ngram;
 
     // InvalidArgument naming the first bad value (no model needed).
     void validate() const;
@@ -37,6 +62,7 @@ struct DraftControl {
     int32_t draft_max = -1;    // < 0: the pair's default; 0: plain target decoding
     int32_t draft_min = 0;     // a shorter draft is dropped (plain decoding this step)
     float draft_p_min = 0.0f;  // cut the block where the drafter's confidence falls below this
+    int32_t budget = -1;       // at most this many draft tokens from any source (tokens left); -1: no limit
 
     void validate() const;
 };

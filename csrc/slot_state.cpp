@@ -137,6 +137,7 @@ void ContextPair::load_sequence(int32_t seq, const std::string& path) {
     s.history = std::move(history);
     s.n_past = static_cast<int32_t>(s.history.size());
     if (pending >= 0) s.pending = pending;
+    history_replaced(seq);
 }
 
 }  // namespace pydflash

@@ -54,6 +54,10 @@ void ContextPair::draft_blocks(std::vector<Work>& work) {
     for (Work& w : work) {
         if (w.k_draft == 0) continue;
         w.draft = read_block(*w.s, w.row_draft, w.k_draft, w.req->control, w.q);
+        if (!w.draft.empty()) {
+            w.r.source = "draft-dflash";
+            if (ngram_) ngram_->model_drafted(w.seq);
+        }
         // the block's K/V are noise: the drafter cache must hold only injected features
         llama_memory_seq_rm(llama_get_memory(ctx_dft_.get()), w.seq, w.s->n_past, -1);
     }

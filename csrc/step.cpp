@@ -79,6 +79,7 @@ std::vector<StepResult> ContextPair::step_batch(const std::vector<SeqStep>& step
             w.r.tokens = accept(*w.s, w.row, w.draft, w.q, w.req->external.has_value(), n_acc, w.r.logprobs);
             w.n_keep = 1 + n_acc;
             w.r.n_accepted = n_acc;
+            if (ngram_ && !w.req->external) ngram_->accept(w.seq, n_acc);
         } catch (const GrammarError& e) {
             // its verified rows are in the caches but not committed: it starts clean
             w.r.error = std::string(e.what()) + "; the context was reset";
@@ -120,10 +121,12 @@ std::vector<ContextPair::Work> ContextPair::plan(const std::vector<SeqStep>& ste
             }
             const auto n = std::min<size_t>(st.external->size(), static_cast<size_t>(room));
             w.draft.assign(st.external->begin(), st.external->begin() + static_cast<std::ptrdiff_t>(n));
+            w.r.source = "external";
         } else {
             check(st.control);
             int32_t k = st.control.draft_max < 0 ? draft_max_ : st.control.draft_max;
             k = std::min({k, max_draft(), room});
+            if (st.control.budget >= 0) k = std::min(k, st.control.budget);
             if (drafter_ && k > 0 && k >= st.control.draft_min) w.k_draft = k;
         }
         n_rows += 1 + std::max(w.k_draft, static_cast<int32_t>(w.draft.size()));
@@ -133,7 +136,27 @@ std::vector<ContextPair::Work> ContextPair::plan(const std::vector<SeqStep>& ste
         throw InvalidArgument("the step's " + std::to_string(n_rows) + " tokens exceed n_batch " +
                               std::to_string(params_.n_batch));
     }
+    draft_ngrams(work, n_rows);
     return work;
+}
+
+void ContextPair::draft_ngrams(std::vector<Work>& work, int32_t n_rows) {
+    if (!ngram_) return;
+    for (Work& w : work) {
+        const DraftControl& c = w.req->control;
+        if (w.req->external || c.draft_max == 0) continue;  // verify what was given; plain decoding
+        // as long as the source likes, within the context, the budget and the batch
+        const int32_t own = 1 + w.k_draft;
+        int32_t cap = std::min(n_ctx_seq() - w.s->n_past - 1, params_.n_batch - (n_rows - own) - 1);
+        if (c.budget >= 0) cap = std::min(cap, c.budget);
+        std::string source;
+        std::vector<llama_token> d = ngram_->draft(w.seq, w.s->history, *w.s->pending, w.s->n_past, cap, source);
+        if (d.empty()) continue;
+        n_rows += static_cast<int32_t>(d.size()) - w.k_draft;
+        w.k_draft = 0;  // the drafter's block is not needed
+        w.draft = std::move(d);
+        w.r.source = std::move(source);
+    }
 }
 
 void ContextPair::save_checkpoints(std::vector<Work>& work) {

@@ -64,6 +64,8 @@ void register_context_pair(py::module_& m) {
         .def_readonly("n_batch_seqs", &StepResult::n_batch_seqs, "Sequences that shared this step's passes.")
         .def_readonly("error", &StepResult::error,
                       "Non-empty: this sequence failed alone (its grammar allows nothing more) and was reset.")
+        .def_readonly("source", &StepResult::source,
+                      "Who drafted: 'draft-dflash', an n-gram type ('ngram-mod', ...), 'external'; '': nobody.")
         .def_readonly("n_drafted", &StepResult::n_drafted)
         .def_readonly("n_accepted", &StepResult::n_accepted)
         .def_readonly("n_past", &StepResult::n_past)
@@ -77,17 +79,18 @@ void register_context_pair(py::module_& m) {
 
     py::class_<SeqStep>(m, "SeqStep", "One sequence's part of ContextPair.step_batch.")
         .def(py::init([](int32_t seq, int32_t draft_max, int32_t draft_min, float draft_p_min,
-                         const std::optional<std::vector<llama_token>>& draft) {
+                         const std::optional<std::vector<llama_token>>& draft, int32_t budget) {
                  SeqStep st;
                  st.seq = seq;
                  st.control.draft_max = draft_max;
                  st.control.draft_min = draft_min;
                  st.control.draft_p_min = draft_p_min;
+                 st.control.budget = budget;
                  st.external = draft;
                  return st;
              }),
              py::arg("seq"), py::arg("draft_max") = -1, py::arg("draft_min") = 0, py::arg("draft_p_min") = 0.0f,
-             py::arg("draft") = py::none())
+             py::arg("draft") = py::none(), py::arg("budget") = -1)
         .def_readonly("seq", &SeqStep::seq);
 
     py::class_<ContextPair>(m, "ContextPair")
@@ -115,15 +118,16 @@ void register_context_pair(py::module_& m) {
         .def(
             "step",
             [](ContextPair& self, int32_t draft_max, int32_t draft_min, float draft_p_min,
-               const std::optional<std::vector<llama_token>>& draft, int32_t seq) {
+               const std::optional<std::vector<llama_token>>& draft, int32_t seq, int32_t budget) {
                 DraftControl control;
                 control.draft_max = draft_max;
                 control.draft_min = draft_min;
                 control.draft_p_min = draft_p_min;
+                control.budget = budget;
                 return self.step(seq, control, draft);
             },
             py::arg("draft_max") = -1, py::arg("draft_min") = 0, py::arg("draft_p_min") = 0.0f,
-            py::arg("draft") = py::none(), py::arg("seq") = 0, release())
+            py::arg("draft") = py::none(), py::arg("seq") = 0, py::arg("budget") = -1, release())
         .def("step_batch", &ContextPair::step_batch, py::arg("steps"), release(),
              "One step of several sequences in shared passes; a result per SeqStep, in order.")
         .def(

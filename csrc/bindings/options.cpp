@@ -9,6 +9,7 @@
 
 #include "bindings.h"
 #include "model.h"
+#include "ngram.h"
 #include "options.h"
 #include "pair_params.h"
 #include "sampler.h"
@@ -58,6 +59,22 @@ void register_options(py::module_& m) {
     for (const auto& [option, names] : option_choices()) choices[py::str(option)] = py::tuple(py::cast(names));
     m.attr("CHOICES") = choices;
 
+    py::class_<NgramParams> ngram(m, "NgramParams", "llama.cpp's n-gram drafters' settings (--spec-ngram-*).");
+    ngram.def_readwrite("mod_n_match", &NgramParams::mod_n_match)
+        .def_readwrite("mod_n_min", &NgramParams::mod_n_min)
+        .def_readwrite("mod_n_max", &NgramParams::mod_n_max)
+        .def_readwrite("simple_size_n", &NgramParams::simple_size_n)
+        .def_readwrite("simple_size_m", &NgramParams::simple_size_m)
+        .def_readwrite("map_k_size_n", &NgramParams::map_k_size_n)
+        .def_readwrite("map_k_size_m", &NgramParams::map_k_size_m)
+        .def_readwrite("map_k_min_hits", &NgramParams::map_k_min_hits)
+        .def_readwrite("map_k4v_size_n", &NgramParams::map_k4v_size_n)
+        .def_readwrite("map_k4v_size_m", &NgramParams::map_k4v_size_m)
+        .def_readwrite("map_k4v_min_hits", &NgramParams::map_k4v_min_hits)
+        .def("validate", &NgramParams::validate);
+    def_fields_api(ngram, "NgramParams");
+    m.attr("SPECULATIVE_TYPES") = py::tuple(py::cast(speculative_type_names()));
+
     py::class_<PairParams> pair(m, "PairParams", "Options of a ContextPair, fixed at creation.");
     pair.def_readwrite("n_ctx", &PairParams::n_ctx)
         .def_readwrite("n_seq", &PairParams::n_seq)
@@ -71,6 +88,8 @@ void register_options(py::module_& m) {
         .def_readwrite("type_v", &PairParams::type_v)
         .def_readwrite("draft_type_k", &PairParams::draft_type_k)
         .def_readwrite("draft_type_v", &PairParams::draft_type_v)
+        .def_readwrite("speculative", &PairParams::speculative)
+        .def_readwrite("ngram", &PairParams::ngram)
         .def("validate", &PairParams::validate, "ValueError naming the first bad value.");
     def_fields_api(pair, "PairParams");
 
@@ -101,6 +120,7 @@ void register_options(py::module_& m) {
     control.def_readwrite("draft_max", &DraftControl::draft_max)
         .def_readwrite("draft_min", &DraftControl::draft_min)
         .def_readwrite("draft_p_min", &DraftControl::draft_p_min)
+        .def_readwrite("budget", &DraftControl::budget)
         .def("validate", &DraftControl::validate);
     def_fields_api(control, "DraftControl");
 

@@ -12,7 +12,7 @@ from typing import Any
 
 # _backends before any use of _core: it loads ggml's backends in the CUDA build
 from . import _backends, _core  # noqa: F401  (_backends is imported for that effect only)
-from .config import Grammar
+from .config import Grammar, NgramConfig
 from .embedded import embedded_pair
 from .errors import (
     ChatTemplateError,
@@ -47,6 +47,7 @@ __all__ = [
     "MemoryReport",
     "MemoryRow",
     "ModelLoadError",
+    "NgramConfig",
     "PyDFlashError",
     "RollbackError",
     "StepResult",

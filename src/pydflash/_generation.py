@@ -228,8 +228,8 @@ class Generation:
             self._deliver(self._event(None))
             return None
         draft_max = self.config.draft_max
-        if draft_max is None:
-            return min(remaining - 1, default_draft_max)
+        if draft_max is None:  # the pair's default (n-gram drafts too), within the budget
+            return -1 if remaining > 1 else 0
         return min(draft_max, remaining - 1)
 
     def take_step(self, step: _core.StepResult) -> None:

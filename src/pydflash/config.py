@@ -26,7 +26,9 @@ CACHE_TYPES = CHOICES["cache_type"]  # llama.cpp's KV cache types (its --cache-t
 VERIFY_MODES = CHOICES["verify"]
 
 _PAIR = _core.PairParams()
+_NGRAM = _core.NgramParams()
 _MODEL = _core.ModelParams()
+SPECULATIVE_TYPES: tuple[str, ...] = _core.SPECULATIVE_TYPES  # llama.cpp's --spec-type names
 _SAMPLING = _core.SamplingParams()
 
 
@@ -60,6 +62,47 @@ def str_option(name: str, value: object) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
+class NgramConfig:
+    """llama.cpp's n-gram drafters' settings (its ``--spec-ngram-*`` options, with
+    its defaults), for the n-gram types listed in ``speculative``."""
+
+    mod_n_match: int = _NGRAM.mod_n_match  # ngram-mod: tokens matched to look up a draft
+    mod_n_min: int = _NGRAM.mod_n_min  # ngram-mod: a shorter draft is dropped
+    mod_n_max: int = _NGRAM.mod_n_max  # ngram-mod: longest draft
+    simple_size_n: int = _NGRAM.simple_size_n  # ngram-simple: lookup length
+    simple_size_m: int = _NGRAM.simple_size_m  # ngram-simple: draft length
+    map_k_size_n: int = _NGRAM.map_k_size_n
+    map_k_size_m: int = _NGRAM.map_k_size_m
+    map_k_min_hits: int = _NGRAM.map_k_min_hits
+    map_k4v_size_n: int = _NGRAM.map_k4v_size_n
+    map_k4v_size_m: int = _NGRAM.map_k4v_size_m
+    map_k4v_min_hits: int = _NGRAM.map_k4v_min_hits
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            int_option(f.name, getattr(self, f.name))
+        self.core().validate()
+
+    def core(self) -> _core.NgramParams:
+        return _core.NgramParams(**dataclasses.asdict(self))
+
+
+def speculative_types(value: str | Sequence[str] | None) -> tuple[str, ...]:
+    """llama.cpp's --spec-type list: a sequence of names or one comma-separated
+    string ("ngram-mod,draft-dflash"); None: the drafter alone, if any."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [x.strip() for x in value.split(",") if x.strip()]
+    elif not isinstance(value, Sequence):
+        raise TypeError(f"speculative must be a list of llama.cpp's --spec-type names, not {type(value).__name__}")
+    for x in value:
+        if not isinstance(x, str):
+            raise TypeError(f"speculative entries must be str, not {type(x).__name__}")
+    return tuple(value)
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """How the pair is loaded, where its layers go and how its contexts are
     sized. Device options apply where a GPU or RPC backend exists; on a CPU-only
@@ -83,8 +126,15 @@ class ModelConfig:
     draft_max: int | None = None  # None: the drafter's block size - 1
     seed: int = 0
     rollback: str = _PAIR.rollback
+    # llama.cpp's --spec-type list, e.g. ("ngram-mod", "draft-dflash"): n-gram drafts
+    # first, the drafter's block otherwise; (): the drafter alone, if any
+    speculative: tuple[str, ...] = ()
+    ngram: NgramConfig = NgramConfig()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "speculative", speculative_types(self.speculative))  # type: ignore[arg-type]
+        if not isinstance(self.ngram, NgramConfig):
+            raise TypeError(f"ngram must be an NgramConfig, not {type(self.ngram).__name__}")
         for name in ("n_ctx", "n_parallel", "n_batch", "n_gpu_layers", "main_gpu"):
             int_option(name, getattr(self, name))
         for name in ("draft_n_gpu_layers", "n_threads"):
@@ -141,6 +191,8 @@ class ModelConfig:
             type_v=self.type_v,
             draft_type_k=self.draft_type_k,
             draft_type_v=self.draft_type_v,
+            speculative=list(self.speculative),
+            ngram=self.ngram.core(),
         )
 
 

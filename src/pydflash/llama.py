@@ -13,7 +13,7 @@ from ._engine import Engine
 from ._generation import Generation, Prompt
 from .chat import ChatTemplate
 from .completions import create_chat_completion, create_completion
-from .config import GenerateOptions, ModelConfig, SamplingConfig, Unpack
+from .config import GenerateOptions, ModelConfig, NgramConfig, SamplingConfig, Unpack, speculative_types
 from .errors import PyDFlashError
 from .pair import ContextPair
 from .results import GenerationResult, MemoryReport, MemoryRow, StreamStep
@@ -79,13 +79,17 @@ class Llama:
         seed: int = _DEFAULTS.seed,
         n_batch: int = _DEFAULTS.n_batch,
         rollback: str = _DEFAULTS.rollback,
+        speculative: str | Sequence[str] | None = None,
+        ngram: NgramConfig | None = None,
         verbose: bool = False,
         chat_template: str | None = None,
     ):
         """Options: see ``ModelConfig`` (devices: ``n_gpu_layers``/``draft_n_gpu_layers``
         (-1 = all), ``main_gpu``, ``split_mode``, ``tensor_split``, ``rpc_servers``;
         attention and KV cache: ``flash_attn``, ``type_k``/``type_v`` for the target and
-        ``draft_type_k``/``draft_type_v`` for the drafter)."""
+        ``draft_type_k``/``draft_type_v`` for the drafter; speculation: ``speculative``,
+        llama.cpp's ``--spec-type`` list such as ``["ngram-mod", "draft-dflash"]``, with
+        ``ngram`` its n-gram settings)."""
         self._pair_core: _core.ContextPair | None = None
         self._target: _core.Model | None = None
         self._draft: _core.Model | None = None
@@ -111,6 +115,8 @@ class Llama:
             draft_max=draft_max,
             seed=seed,
             rollback=rollback,
+            speculative=speculative_types(speculative),
+            ngram=ngram or NgramConfig(),
         )
         _logging.set_verbose(verbose)
         self._engine: Engine | None = None

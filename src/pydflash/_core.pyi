@@ -27,6 +27,7 @@ def inspect_gguf(path: str) -> dict[str, object]: ...
 # Option structs: keyword constructors start from the C++ defaults; validate()
 # raises ValueError naming the first bad value.
 CHOICES: dict[str, tuple[str, ...]]
+SPECULATIVE_TYPES: tuple[str, ...]
 
 class ModelParams:
     n_gpu_layers: int
@@ -35,6 +36,21 @@ class ModelParams:
     split_mode: str
     tensor_split: list[float]
     rpc_servers: list[str]
+    def __init__(self, **kwargs: object) -> None: ...
+    def validate(self) -> None: ...
+
+class NgramParams:
+    mod_n_match: int
+    mod_n_min: int
+    mod_n_max: int
+    simple_size_n: int
+    simple_size_m: int
+    map_k_size_n: int
+    map_k_size_m: int
+    map_k_min_hits: int
+    map_k4v_size_n: int
+    map_k4v_size_m: int
+    map_k4v_min_hits: int
     def __init__(self, **kwargs: object) -> None: ...
     def validate(self) -> None: ...
 
@@ -51,6 +67,8 @@ class PairParams:
     type_v: str
     draft_type_k: str
     draft_type_v: str
+    speculative: list[str]
+    ngram: NgramParams
     def __init__(self, **kwargs: object) -> None: ...
     def validate(self) -> None: ...
 
@@ -78,6 +96,7 @@ class DraftControl:
     draft_max: int
     draft_min: int
     draft_p_min: float
+    budget: int
     def __init__(self, **kwargs: object) -> None: ...
     def validate(self) -> None: ...
 
@@ -143,6 +162,8 @@ class StepResult:
     @property
     def seq(self) -> int: ...
     @property
+    def source(self) -> str: ...
+    @property
     def n_batch_seqs(self) -> int: ...
     @property
     def error(self) -> str: ...
@@ -171,6 +192,7 @@ class SeqStep:
         draft_min: int = 0,
         draft_p_min: float = 0.0,
         draft: Sequence[int] | None = None,
+        budget: int = -1,
     ) -> None: ...
     @property
     def seq(self) -> int: ...
@@ -190,6 +212,7 @@ class ContextPair:
         draft_p_min: float = 0.0,
         draft: Sequence[int] | None = None,
         seq: int = 0,
+        budget: int = -1,
     ) -> StepResult: ...
     def step_batch(self, steps: Sequence[SeqStep]) -> list[StepResult]: ...
     def score(self, tokens: Sequence[int]) -> npt.NDArray[np.float32]: ...

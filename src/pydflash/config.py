@@ -132,7 +132,7 @@ class ModelConfig:
     ngram: NgramConfig = NgramConfig()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "speculative", speculative_types(self.speculative))  # type: ignore[arg-type]
+        object.__setattr__(self, "speculative", speculative_types(self.speculative))
         if not isinstance(self.ngram, NgramConfig):
             raise TypeError(f"ngram must be an NgramConfig, not {type(self.ngram).__name__}")
         for name in ("n_ctx", "n_parallel", "n_batch", "n_gpu_layers", "main_gpu"):

@@ -54,6 +54,11 @@ void ContextPair::draft_blocks(std::vector<Work>& work) {
     for (Work& w : work) {
         if (w.k_draft == 0) continue;
         w.draft = read_block(*w.s, w.row_draft, w.k_draft, w.req->control, w.q);
+        const int32_t budget = w.req->control.budget;
+        if (budget >= 0 && static_cast<int32_t>(w.draft.size()) > budget) {
+            w.draft.resize(static_cast<size_t>(budget));
+            if (w.q.size() > w.draft.size()) w.q.resize(w.draft.size());
+        }
         if (!w.draft.empty()) {
             w.r.source = "draft-dflash";
             if (ngram_) ngram_->model_drafted(w.seq);

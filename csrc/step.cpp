@@ -125,8 +125,10 @@ std::vector<ContextPair::Work> ContextPair::plan(const std::vector<SeqStep>& ste
         } else {
             check(st.control);
             int32_t k = st.control.draft_max < 0 ? draft_max_ : st.control.draft_max;
+            // the whole block is drafted even when fewer tokens are left (budget): the
+            // drafter sees the block length it was asked for, as in llama.cpp
             k = std::min({k, max_draft(), room});
-            if (st.control.budget >= 0) k = std::min(k, st.control.budget);
+            if (st.control.budget == 0) k = 0;
             if (drafter_ && k > 0 && k >= st.control.draft_min) w.k_draft = k;
         }
         n_rows += 1 + std::max(w.k_draft, static_cast<int32_t>(w.draft.size()));

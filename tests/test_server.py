@@ -4,6 +4,7 @@ concurrent clients, /metrics consistent with the responses, disconnects."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import http.client
 import json
@@ -15,6 +16,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -39,8 +41,14 @@ def pair(tmp_path_factory, model_dir):
 @pytest.fixture(scope="module")
 def server(pair):
     t, d = pair
-    proc = subprocess.Popen([sys.executable, "-m", "pydflash", "serve", "-m", str(t), "-d", str(d),
-                             "--host", "127.0.0.1", "--port", "0", "--n-ctx", "1024", "--alias", "tiny-pair"],
+    with serve("-m", str(t), "-d", str(d), "--n-ctx", "1024", "--alias", "tiny-pair") as url:
+        yield url
+
+
+@contextlib.contextmanager
+def serve(*args: str) -> Iterator[str]:
+    """`pydflash serve ARGS` on a free port of 127.0.0.1; yields its URL."""
+    proc = subprocess.Popen([sys.executable, "-m", "pydflash", "serve", "--host", "127.0.0.1", "--port", "0", *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = None
     deadline = time.monotonic() + 120
@@ -61,15 +69,17 @@ def server(pair):
         raise AssertionError("server did not start:\n" + "".join(lines) + out)
     drain = threading.Thread(target=proc.stderr.read, daemon=True)  # never let the pipe fill up
     drain.start()
-    yield url
-    proc.terminate()
     try:
-        proc.wait(timeout=30)
+        yield url
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        proc.terminate()
+        try:
             proc.wait(timeout=30)
-        drain.join(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+            drain.join(timeout=30)
         proc.stderr.close()
 
 

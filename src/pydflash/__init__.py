@@ -27,7 +27,16 @@ from .errors import (
 )
 from .llama import Llama
 from .pair import ContextPair
-from .results import GenerationResult, GenerationStats, MemoryReport, MemoryRow, StepResult, StreamStep, TokenLogprob
+from .results import (
+    GenerationResult,
+    GenerationStats,
+    MemoryReport,
+    MemoryRow,
+    SourceStats,
+    StepResult,
+    StreamStep,
+    TokenLogprob,
+)
 from .submission import Submission
 
 __version__: str = _core.__version__
@@ -50,6 +59,7 @@ __all__ = [
     "NgramConfig",
     "PyDFlashError",
     "RollbackError",
+    "SourceStats",
     "StepResult",
     "StreamStep",
     "Submission",

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
 
-from .config import CACHE_TYPES, FLASH_ATTN, SPLIT_MODES, ModelConfig
+from .config import CACHE_TYPES, FLASH_ATTN, SPEC_TYPES, SPLIT_MODES, ModelConfig, NgramConfig
 from .results import GenerationResult
 
 
@@ -72,6 +73,36 @@ def add_common(p: argparse.ArgumentParser) -> None:
         "-ctvd", "--cache-type-v-draft", choices=CACHE_TYPES, default=d.draft_type_v, help="drafter V cache type"
     )
 
+    add_speculative(p)
+
+
+UNSUPPORTED = ("draft-simple", "draft-eagle3", "draft-mtp")  # refused by the core, with a reason
+
+
+def add_speculative(p: argparse.ArgumentParser) -> None:
+    """llama.cpp's --spec-type list and --spec-ngram-* settings, same names."""
+    g = p.add_argument_group("speculative decoding (as llama.cpp's options of the same names)")
+    g.add_argument(
+        "--spec-type",
+        default=None,
+        metavar="TYPES",
+        help="comma-separated list of " + ",".join(t for t in SPEC_TYPES if t not in UNSUPPORTED) + "; n-gram "
+        "types draft first, the drafter "
+        "otherwise, e.g. ngram-mod,draft-dflash (default: draft-dflash with -d, else none)",
+    )
+    for f in dataclasses.fields(NgramConfig):
+        g.add_argument(
+            "--spec-ngram-" + f.name.replace("_", "-"),
+            type=int,
+            default=f.default,
+            metavar="N",
+            help=f"NgramConfig.{f.name} (default: %(default)s)",
+        )
+
+
+def ngram_options(a: argparse.Namespace) -> NgramConfig:
+    return NgramConfig(**{f.name: getattr(a, "spec_ngram_" + f.name) for f in dataclasses.fields(NgramConfig)})
+
 
 def llama_options(a: argparse.Namespace) -> dict[str, Any]:
     """Llama's keyword options from add_common's flags."""
@@ -90,6 +121,8 @@ def llama_options(a: argparse.Namespace) -> dict[str, Any]:
         type_v=a.cache_type_v,
         draft_type_k=a.cache_type_k_draft,
         draft_type_v=a.cache_type_v_draft,
+        speculative=a.spec_type,
+        ngram=ngram_options(a),
     )
 
 
@@ -99,5 +132,5 @@ def stats_line(res: GenerationResult) -> str:
         f"tokens={s.n_tokens} steps={s.n_steps} drafted={s.n_drafted} accepted={s.n_accepted} "
         f"acceptance={s.acceptance_rate:.3f} tau={s.mean_accepted_length:.3f} "
         f"decode={s.decode_tokens_per_second:.1f} tok/s prefill={s.prefill_tokens_per_second:.1f} tok/s "
-        f"finish={res.finish_reason}"
+        f"finish={res.finish_reason}" + "".join(f" {k}={v.n_accepted}/{v.n_drafted}" for k, v in s.by_source.items())
     )

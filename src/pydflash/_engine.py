@@ -264,7 +264,7 @@ class Engine:
                     self._release(s)
                 continue
             cfg = gen.config
-            # n-gram drafts (any length) stop where the generation would: llama.cpp's budget
+            # what is kept of any draft stops where the generation would (llama.cpp's budget)
             budget = cfg.max_tokens - len(gen.tokens) - 1
             steps.append(_core.SeqStep(s.seq, dm, cfg.draft_min, cfg.draft_p_min, budget=budget))
             stepping.append(s)

@@ -22,7 +22,7 @@ from . import _core
 from ._text import TextAssembler
 from .config import ModelConfig, SamplingConfig
 from .errors import ContextLimitError, GenerationInterrupted
-from .openai_types import CompletionUsage, Timings
+from .openai_types import CompletionUsage, DraftSourceTimings, Timings
 from .pair import ContextPair
 from .results import FinishReason, GenerationResult, GenerationStats, StreamStep, TokenLogprob
 
@@ -227,10 +227,11 @@ class Generation:
             self._cut_at_stop()
             self._deliver(self._event(None))
             return None
-        draft_max = self.config.draft_max
-        if draft_max is None:  # the pair's default (n-gram drafts too), within the budget
-            return -1 if remaining > 1 else 0
-        return min(draft_max, remaining - 1)
+        if remaining == 1:  # one token left: no draft could be kept
+            return 0
+        # the block length asked of the drafter (None: the pair's default); what is
+        # kept of any draft is cut to the tokens left (the step's budget)
+        return -1 if self.config.draft_max is None else self.config.draft_max
 
     def take_step(self, step: _core.StepResult) -> None:
         """One step's tokens: EOS, max_tokens, stop strings; delivered as a StreamStep."""
@@ -285,6 +286,7 @@ class Generation:
             n_accepted=step.n_accepted if step else 0,
             drafted=list(step.drafted) if step else [],
             finish_reason=self.finish,
+            source=step.source if step else "",
         )
 
     def result(self) -> GenerationResult:
@@ -333,4 +335,17 @@ class Generation:
             "draft_n_accepted": sum(s.n_accepted for s in self.steps),
             "n_steps": len(self.steps),
             "accepted_lengths": [s.n_accepted for s in self.steps],
+            "draft_sources": _by_source(self.steps),
         }
+
+
+def _by_source(steps: Sequence[_core.StepResult]) -> dict[str, DraftSourceTimings]:
+    """Drafted and accepted tokens per draft source ("draft-dflash", "ngram-mod", ...)."""
+    out: dict[str, DraftSourceTimings] = {}
+    for s in steps:
+        if s.source:
+            t = out.setdefault(s.source, {"n_drafts": 0, "draft_n": 0, "draft_n_accepted": 0})
+            t["n_drafts"] += 1
+            t["draft_n"] += s.n_drafted
+            t["draft_n_accepted"] += s.n_accepted
+    return out

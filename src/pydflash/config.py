@@ -28,7 +28,7 @@ VERIFY_MODES = CHOICES["verify"]
 _PAIR = _core.PairParams()
 _NGRAM = _core.NgramParams()
 _MODEL = _core.ModelParams()
-SPECULATIVE_TYPES: tuple[str, ...] = _core.SPECULATIVE_TYPES  # llama.cpp's --spec-type names
+SPEC_TYPES: tuple[str, ...] = _core.SPECULATIVE_TYPES  # llama.cpp's --spec-type names
 _SAMPLING = _core.SamplingParams()
 
 

@@ -72,6 +72,13 @@ class Metrics:
                 ("prompt_cache_hits", "Generations that took at least one prompt token from the prompt cache."),
             )
         }
+        self._by_source = {
+            field: Counter(PREFIX + name, help_, ["source"], registry=reg)
+            for field, name, help_ in (
+                ("draft_n", "draft_tokens_by_source_total", "Drafted tokens per draft source (--spec-type name)."),
+                ("draft_n_accepted", "draft_tokens_accepted_by_source_total", "Accepted drafted tokens per source."),
+            )
+        }
         self._accepted = Histogram(
             PREFIX + "accepted_length",
             "Drafted tokens accepted per speculative step.",
@@ -121,6 +128,9 @@ class Metrics:
                 self._sums[field] += float(row[field])
             for n in timings.get("accepted_lengths", []) or []:
                 self._accepted.observe(n)
+            for source, t in (timings.get("draft_sources") or {}).items():
+                for field, counter in self._by_source.items():
+                    counter.labels(source=source).inc(t[field])  # type: ignore[literal-required]
         if timings["cache_n"] > 0:
             self.event("prompt_cache_hits")
 

@@ -61,6 +61,14 @@ class CompletionUsage(TypedDict):
     total_tokens: int
 
 
+class DraftSourceTimings(TypedDict):
+    """One draft source's share of a generation's drafts."""
+
+    n_drafts: int  # steps whose draft it made
+    draft_n: int
+    draft_n_accepted: int
+
+
 class Timings(TypedDict):
     """llama-server's ``timings`` object, plus the DFlash step counts."""
 
@@ -77,6 +85,7 @@ class Timings(TypedDict):
     draft_n_accepted: int  # of those, tokens the target accepted
     n_steps: int  # target verification passes
     accepted_lengths: list[int]  # accepted draft tokens of each step
+    draft_sources: dict[str, DraftSourceTimings]  # per source: "draft-dflash", "ngram-mod", ...
 
 
 class CompletionLogprobs(TypedDict):

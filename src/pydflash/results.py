@@ -17,10 +17,25 @@ __all__ = [
     "GenerationStats",
     "MemoryReport",
     "MemoryRow",
+    "SourceStats",
     "StepResult",
     "StreamStep",
     "TokenLogprob",
 ]
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceStats:
+    """What one draft source proposed and what the target kept: "draft-dflash",
+    an n-gram type of llama.cpp's --spec-type list, or "external"."""
+
+    n_drafts: int  # steps whose draft it made
+    n_drafted: int
+    n_accepted: int
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +61,18 @@ class GenerationStats:
     def mean_accepted_length(self) -> float:
         """tau: generated tokens per target verification pass."""
         return self.n_tokens / self.n_steps if self.n_steps else 0.0
+
+    @property
+    def by_source(self) -> dict[str, SourceStats]:
+        """Drafted and accepted tokens per draft source (steps without a draft are left out)."""
+        acc: dict[str, list[int]] = {}
+        for s in self.steps:
+            if s.source:
+                a = acc.setdefault(s.source, [0, 0, 0])
+                a[0] += 1
+                a[1] += s.n_drafted
+                a[2] += s.n_accepted
+        return {k: SourceStats(*v) for k, v in acc.items()}
 
     @property
     def decode_tokens_per_second(self) -> float:
@@ -110,6 +137,7 @@ class StreamStep:
     drafted: list[int]
     finish_reason: FinishReason | None = None
     logprobs: list[TokenLogprob] | None = None  # one per token, with logprobs=True
+    source: str = ""  # who drafted this step ("draft-dflash", "ngram-mod", ...); "": nobody
 
 
 @dataclasses.dataclass(frozen=True)

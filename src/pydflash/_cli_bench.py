@@ -87,6 +87,68 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     b.add_argument("--csv", type=Path, metavar="PATH", help="write rows as CSV")
     b.add_argument("--charts", type=Path, metavar="DIR", help="write PNG charts here (needs matplotlib)")
     _add_serving(b)
+    _add_workloads(b)
+
+
+def _add_workloads(b: argparse.ArgumentParser) -> None:
+    from .bench.stacks import STACKS
+    from .bench.tasks import WORKLOADS
+
+    w = b.add_argument_group(
+        "drafting workloads (--workloads)",
+        textwrap.fill(
+            "Drafting configurations side by side on code completion (held-out code), copy-heavy edits (a "
+            "function asked for again) and prose (pydoc topics): pydflash with the target alone, DFlash, and "
+            "n-gram + DFlash stacks, next to llama-speculative-simple with the same --spec-type lists. Greedy, "
+            "one stream, EOS ignored; medians. -m/-d/--pad-ffn, --isl and --osl (one value each, default 256), "
+            "--draft-max (one value, default block size - 1), --repeats (default 1), --threads, -fa, --native "
+            "and --json apply.",
+            100,
+        ),
+    )
+    w.add_argument(
+        "--workloads",
+        type=lambda t: tuple(x for x in t.split(",") if x),
+        metavar="W,...",
+        help=f"run these workloads: comma-separated subset of {','.join(WORKLOADS)}",
+    )
+    w.add_argument(
+        "--stack",
+        action="append",
+        metavar="TYPES",
+        help=f"an n-gram + DFlash --spec-type list to compare (repeatable; default: {' '.join(STACKS)})",
+    )
+    w.add_argument("--prompts", type=int, metavar="N", help="prompts per workload (default: 3)")
+
+
+def _run_workloads(a: argparse.Namespace) -> int:
+    from .bench import report, stacks
+
+    changes: dict[str, Any] = {"workloads": a.workloads}
+    for name in ("isl", "osl", "draft_max"):
+        values = getattr(a, name)
+        if values is not None:
+            if len(values) != 1:
+                raise ValueError(f"--{name.replace('_', '-')}: give one value with --workloads")
+            changes[name] = values[0]
+    given = dict(
+        target=a.model, draft=a.draft, pad_ffn=a.pad_ffn, repeats=a.repeats, native=a.native, threads=a.threads,
+        flash_attn=a.flash_attn, prompts=a.prompts, stacks=tuple(a.stack) if a.stack else None,
+    )  # fmt: skip
+    changes |= {k: v for k, v in given.items() if v is not None}
+    res = stacks.run(stacks.WorkloadConfig(**changes))
+    print()
+    print(stacks.table(res["rows"]))
+    print()
+    for line in stacks.ratio_lines(res):
+        print(line)
+    for name, why in res["meta"]["skipped"].items():
+        print(f"not measured: {name} ({why})")
+    if a.json:
+        meta = res["meta"] | {"command_line": _command_line(a), "ratios": res["ratios"]}
+        report.write_json(a.json, meta, res["rows"])
+        print(f"wrote {a.json}")
+    return 0
 
 
 def _add_serving(b: argparse.ArgumentParser) -> None:
@@ -135,8 +197,14 @@ def _command_line(a: argparse.Namespace) -> str:
 def run(a: argparse.Namespace) -> int:
     from .bench import BenchConfig, report, run
 
+    if a.serving and a.workloads:
+        raise ValueError("--serving and --workloads are separate runs: give one")
     if a.serving:
         return _run_serving(a)
+    if a.workloads:
+        return _run_workloads(a)
+    if a.stack or a.prompts is not None:
+        raise ValueError("--stack, --prompts: only with --workloads")
     given = [f"--{k.replace('_', '-')}" for k in SERVING_ONLY if getattr(a, k) is not None]
     if given:
         raise ValueError(f"{', '.join(given)}: only with --serving")

@@ -47,9 +47,10 @@ class WorkerEngine:
         threads: int,
         n_batch: int,
         flash_attn: str,
+        spec_type: str | None = None,
     ):
         self.name = name
-        self.uses_draft = draft is not None
+        self.uses_draft = draft is not None or spec_type is not None
         cmd = [
             sys.executable,
             "-m",
@@ -69,6 +70,8 @@ class WorkerEngine:
         ]
         if draft:
             cmd += ["--draft", draft]
+        if spec_type:
+            cmd += ["--spec-type", spec_type]
         # a pipe nobody reads could fill up and block; the file lives as long as the engine (close())
         self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
         self.proc = subprocess.Popen(
@@ -147,14 +150,25 @@ class NativeEngine:
     (it loads the models each time; the figures are its own timings, which
     exclude loading)."""
 
-    def __init__(self, exe: str | None, target: str, draft: str, n_ctx: int, threads: int, flash_attn: str = "auto"):
+    def __init__(
+        self,
+        exe: str | None,
+        target: str,
+        draft: str | None,
+        n_ctx: int,
+        threads: int,
+        flash_attn: str = "auto",
+        spec_type: str = "draft-dflash",
+        name: str = "llama.cpp-dflash",
+    ):
         if exe is None or not os.access(exe, os.X_OK):
             raise EngineUnavailable(
                 "llama-speculative-simple not found (build it: python tools/build_native.py, or pass --native PATH)"
             )
-        self.name = "llama.cpp-dflash"
+        self.name = name
         self.uses_draft = True
         self.exe, self.target, self.draft, self.n_ctx, self.threads = exe, target, draft, n_ctx, threads
+        self.spec_type = spec_type
         self.flash_attn = flash_attn
         self.info: dict[str, Any] = {"exe": exe}
         self._dir = tempfile.TemporaryDirectory(prefix="pydflash-bench-native-")
@@ -166,10 +180,9 @@ class NativeEngine:
             self.exe,
             "-m",
             self.target,
-            "-md",
-            self.draft,
+            *(["-md", self.draft, "-ngld", "0"] if self.draft else []),
             "--spec-type",
-            "draft-dflash",
+            self.spec_type,
             "--spec-draft-n-max",
             str(draft_max),
             "--spec-draft-n-min",
@@ -197,8 +210,6 @@ class NativeEngine:
             "--ignore-eos",
             "--no-escape",
             "-ngl",
-            "0",
-            "-ngld",
             "0",
             "-fa",
             self.flash_attn,

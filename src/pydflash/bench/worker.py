@@ -36,7 +36,15 @@ def peak_rss_bytes() -> int:
 def pydflash_engine(a: argparse.Namespace) -> tuple[Callable[[Request], Reply], dict[str, Any]]:
     from pydflash import Llama
 
-    llm = Llama(a.target, draft=a.draft, n_ctx=a.n_ctx, n_threads=a.threads, n_batch=a.n_batch, flash_attn=a.flash_attn)
+    llm = Llama(
+        a.target,
+        draft=a.draft,
+        n_ctx=a.n_ctx,
+        n_threads=a.threads,
+        n_batch=a.n_batch,
+        flash_attn=a.flash_attn,
+        speculative=a.spec_type,
+    )
     mem = llm.memory()
     info = {
         "memory": {
@@ -53,7 +61,7 @@ def pydflash_engine(a: argparse.Namespace) -> tuple[Callable[[Request], Reply], 
 
     def run(req: Request) -> Reply:
         prompt = llm.tokenize(req["text"])
-        dm = req.get("draft_max") if a.draft else 0
+        dm = req.get("draft_max") if a.draft or a.spec_type else 0
         # a cold prefill every time, as the other engines do (repeats reuse prompts)
         res = llm.generate(prompt, max_tokens=req["osl"], ignore_eos=True, draft_max=dm, cache_prompt=False)
         s = res.stats
@@ -130,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-batch", type=int, default=512)
     ap.add_argument("--flash-attn", choices=FLASH_ATTN, default="auto")
     ap.add_argument("--threads", type=int, required=True)
+    ap.add_argument("--spec-type", help="llama.cpp's --spec-type list (pydflash engine)")
     a = ap.parse_args(argv)
     out = sys.stdout
     sys.stdout = sys.stderr  # a chatty library must not corrupt the protocol

@@ -21,8 +21,11 @@ double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std
 // for more is a caller error (llama.cpp clamps silently, which hides typos)
 void check_draft_max(int32_t draft_max, const DraftSpec& spec) {
     if (draft_max > spec.max_draft()) {
+        const std::string most = spec.anchor_first
+                                     ? " (anchor-first: a block drafts " + std::to_string(spec.max_draft())
+                                     : " minus 1 = " + std::to_string(spec.max_draft());
         throw InvalidArgument("draft_max=" + std::to_string(draft_max) + " exceeds this drafter's block size " +
-                              std::to_string(spec.block_size) + " minus 1 = " + std::to_string(spec.max_draft()));
+                              std::to_string(spec.block_size) + most + (spec.anchor_first ? ")" : ""));
     }
 }
 
@@ -37,9 +40,9 @@ ContextPair::ContextPair(std::shared_ptr<Model> target, std::shared_ptr<Model> d
 
     if (drafter_) {
         spec_ = check_drafter(*target_, *drafter_);
-        // a verification batch is block_size tokens per sequence; a drafter decode
+        // a verification batch is 1 + max_draft tokens per sequence; a drafter decode
         // (every sequence's block) must fit one ubatch
-        const int32_t need = spec_.block_size * params_.n_seq;
+        const int32_t need = (1 + spec_.max_draft()) * params_.n_seq;
         params_.n_batch = std::max(params_.n_batch, need);
         params_.n_ubatch = std::max(params_.n_ubatch, need);
         check_draft_max(params_.draft_max, spec_);
@@ -62,11 +65,19 @@ ContextPair::ContextPair(std::shared_ptr<Model> target, std::shared_ptr<Model> d
         }
         llama_context_params dp = context_params(params_, true);
         dp.ctx_other = ctx_tgt_.get();  // the drafter borrows the target's embeddings and head
+        // DFlash2 / DSpark blocks of one pass are padded to one length (drafter.h): a
+        // padded block may reach past its sequence's share of the cache
+        if (spec_.equal_blocks()) dp.n_ctx += static_cast<uint32_t>(params_.n_seq * spec_.block_size);
         ctx_dft_.reset(llama_init_from_model(drafter_->get(), dp));
         if (!ctx_dft_) {
             throw ModelLoadError(drafter_->path() + ": failed to create the drafter context: " + take_thread_errors());
         }
         llama_set_causal_attn(ctx_dft_.get(), spec_.causal);
+        // the DFlash2 lattice (every row: unmasked) and the DSpark confidence (output rows)
+        // come back as nextn embeddings, as common/speculative.cpp sets them
+        if (spec_.kind != DrafterKind::DFlash) {
+            llama_set_embeddings_nextn(ctx_dft_.get(), true, spec_.kind != DrafterKind::DFlash2);
+        }
         batch_dft_.reset(llama_batch_ext_init(ctx_dft_.get()));
         if (!batch_dft_) throw Error("llama_batch_ext_init failed for the drafter");
     }
@@ -91,10 +102,12 @@ void ContextPair::check_speculative_list() const {
         throw InvalidArgument(
             "speculative lists a model drafter ('draft-dflash') but no drafter is loaded: pass draft=");
     }
-    if (drafter_ && !model) {
-        throw InvalidArgument(std::string("a drafter is loaded but speculative ") +
-                              (none ? "is ['none']" : "does not list 'draft-dflash'") +
-                              ": add 'draft-dflash' to use it, or load the target alone");
+    // llama.cpp's name for this drafter's kind (its DSpark reading needs 'draft-dspark')
+    const std::string name = spec_.kind == DrafterKind::DSpark ? "draft-dspark" : "draft-dflash";
+    if (drafter_ && std::find(types.begin(), types.end(), name) == types.end()) {
+        throw InvalidArgument("a " + spec_.describe() + " drafter is loaded but speculative " +
+                              (none ? std::string("is ['none']") : "does not list '" + name + "'") + ": add '" + name +
+                              "' to use it, or load the target alone");
     }
 }
 
@@ -486,7 +499,12 @@ std::vector<float> ContextPair::score(const std::vector<llama_token>& tokens) {
 
 void ContextPair::check(const DraftControl& control) const {
     control.validate();
-    if (drafter_) check_draft_max(control.draft_max, spec_);
+    if (!drafter_) return;
+    check_draft_max(control.draft_max, spec_);
+    if (spec_.kind == DrafterKind::DSpark && !spec_.confidence_head && control.draft_p_min > 0.0f) {
+        throw InvalidArgument("draft_p_min=" + std::to_string(control.draft_p_min) +
+                              ": this DSpark drafter has no confidence head to cut its block on; use draft_p_min=0");
+    }
 }
 
 }  // namespace pydflash

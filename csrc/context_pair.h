@@ -156,6 +156,8 @@ public:
     int32_t n_ctx_seq() const { return params_.n_ctx / params_.n_seq; }  // one sequence's limit
     int32_t block_size() const { return drafter_ ? spec_.block_size : 0; }
     int32_t max_draft() const { return drafter_ ? spec_.max_draft() : 0; }
+    std::string drafter_kind() const { return drafter_ ? drafter_kind_name(spec_.kind) : ""; }
+    std::string drafter_description() const { return drafter_ ? spec_.describe() : ""; }
     int32_t default_draft_max() const { return draft_max_; }
     bool has_pending(int32_t seq) const { return seq_at(seq).pending.has_value(); }
     std::vector<llama_token> tokens(int32_t seq) const;  // cached tokens + the pending one
@@ -223,9 +225,12 @@ private:
     // Picks the rollback for this target, creating the target context.
     void create_target_context();
     void draft_blocks(std::vector<Work>& work);
-    // The block of one sequence from its rows of the drafter pass.
+    // The block of one sequence from its rows of the drafter pass (row0: the first drafted row).
     std::vector<llama_token> read_block(Sequence& s, int32_t row0, int32_t n, const DraftControl& control,
                                         std::vector<Distribution>& q);
+    // DFlash2: the block walked on the selector lattice of rows row0 + 1.. (tokens only).
+    std::vector<llama_token> read_lattice(Sequence& s, int32_t row0, int32_t n, const DraftControl& control);
+    const float* nextn_row(int32_t row);  // the drafter's nextn output of a row of the last pass
     // Accept/reject `draft` against the rows of the last target pass from row0.
     std::vector<llama_token> accept(Sequence& s, int32_t row0, const std::vector<llama_token>& draft,
                                     const std::vector<Distribution>& q, bool external, int32_t& n_accepted,

@@ -209,6 +209,14 @@ void register_context_pair(py::module_& m) {
         .def_property_readonly("n_batch", [](const ContextPair& s) { return s.params().n_batch; })
         .def_property_readonly("block_size", &ContextPair::block_size)
         .def_property_readonly("max_draft", &ContextPair::max_draft)
+        .def_property_readonly("drafter_kind", &ContextPair::drafter_kind,
+                               "'dflash', 'dflash2' or 'dspark' ('' without a drafter).")
+        .def_property_readonly(
+            "drafter_description", &ContextPair::drafter_description,
+            "The drafter's kind and variant, e.g. 'dflash2 (selector top-k 4)', 'dflash (d2t vocabulary 200)'.")
+        .def_property_readonly(
+            "draft_vocab", [](const ContextPair& s) { return s.spec().n_vocab_draft; },
+            "Rows of a reduced drafter vocabulary (d2t); 0: the full vocabulary.")
         .def_property_readonly("default_draft_max", &ContextPair::default_draft_max)
         .def("has_pending", &ContextPair::has_pending, py::arg("seq") = 0)
         .def_property_readonly("target_layer_ids", [](const ContextPair& s) { return s.spec().target_layer_ids; })

@@ -75,6 +75,9 @@ void register_model(py::module_& m) {
             "drafter_incompatibility",
             [](const Model& self, const Model& drafter) { return text(drafter_incompatibility(self, drafter)); },
             py::arg("drafter"), "Why `drafter` cannot drive this target model, or '' when it can.")
+        .def_property_readonly(
+            "drafter_description", [](const Model& self) { return text(drafter_description(self)); },
+            "A `dflash` drafter's kind and variant from its header ('dflash2 (selector top-k 4)'); '' otherwise.")
         .def("rollback_for_drafting", &auto_rollback_for_drafting, release(),
              "How a DFlash pair on this target removes rejected tokens (rollback 'auto'): "
              "'kv-trim', 'recurrent-planes' or 'checkpoint'. Asks llama.cpp with a small context.")

@@ -291,6 +291,7 @@ def _cmd_info(a: argparse.Namespace) -> int:
         if a.draft:
             draft = _core.Model.load_drafter(a.draft, _core.ModelParams())
             out["drafter"] = _model_summary(draft)
+            out["drafter"]["kind"] = draft.drafter_description  # "dflash2 (selector top-k 4)", ...
         if target is not None and draft is not None:
             why = target.drafter_incompatibility(draft)
             out["compatible"] = not why
@@ -323,6 +324,7 @@ def _cmd_info(a: argparse.Namespace) -> int:
             print(f"\n{role}: {s['path']}")
             for k in (
                 "architecture",
+                "kind",
                 "description",
                 "n_params",
                 "size_bytes",

@@ -226,6 +226,11 @@ class Llama:
         return self._draft is not None
 
     @property
+    def drafter_kind(self) -> str:
+        """ "dflash", "dflash2" or "dspark" ("" without a drafter); see ContextPair.drafter_description."""
+        return self.pair.drafter_kind
+
+    @property
     def rollback(self) -> str:
         """How rejected draft tokens leave the target: "kv-trim",
         "recurrent-planes" or "checkpoint" (see the class docstring)."""

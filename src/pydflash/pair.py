@@ -204,8 +204,21 @@ class ContextPair:
 
     @property
     def max_draft(self) -> int:
-        """Largest draft a step can propose: block_size - 1."""
+        """Largest draft a step can propose: block_size - 1 (an anchor-first
+        DSpark drafter: block_size)."""
         return self._core.max_draft
+
+    @property
+    def drafter_kind(self) -> str:
+        """ "dflash", "dflash2" (selector lattice: tokens only, verified with a
+        one-hot q), "dspark" (Markov + confidence heads), or "" without a drafter."""
+        return self._core.drafter_kind
+
+    @property
+    def drafter_description(self) -> str:
+        """The kind and its variant, e.g. "dflash2 (selector top-k 4)" or
+        "dflash (d2t vocabulary 200)" for a reduced-vocabulary drafter."""
+        return self._core.drafter_description
 
     @property
     def default_draft_max(self) -> int:

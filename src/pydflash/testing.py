@@ -27,25 +27,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ._testing_drafters import DrafterVariant, variant_keys, variant_tensors
+
 if TYPE_CHECKING:
     import gguf
 
 __all__ = [
-    "THINKING_TEMPLATE",
-    "DrafterSpec",
-    "Hparams",
-    "HybridSpec",
-    "TargetSpec",
-    "Tokenizer",
-    "tokenizer",
-    "write_dflash_gguf",
-    "write_drafter",
-    "write_hybrid_pair",
-    "write_hybrid_target",
-    "write_pair",
-    "write_qwen3_gguf",
-    "write_target",
-]
+    "THINKING_TEMPLATE", "DrafterSpec", "DrafterVariant", "Hparams", "HybridSpec", "TargetSpec", "Tokenizer",
+    "tokenizer", "write_dflash_gguf", "write_drafter", "write_hybrid_pair", "write_hybrid_target", "write_pair",
+    "write_qwen3_gguf", "write_target",
+]  # fmt: skip
 
 EOS = "<|endoftext|>"
 MASK = "<|mask|>"
@@ -185,6 +176,7 @@ class DrafterSpec:
     mask_token: bool = True
     extra_tensors: tuple[str, ...] = ()
     rope_sections: tuple[int, int, int, int] | None = None  # multi-section RoPE (Qwen3.5/3.6 drafters)
+    variant: DrafterVariant = dataclasses.field(default_factory=DrafterVariant)  # DFlash2, DSpark, d2t
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,21 +216,26 @@ def write_dflash_gguf(
     tok: Tokenizer,
     tensors: dict[str, np.ndarray],
     *,
-    block_size: int,
+    block_size: int | None,
     target_layers: Sequence[int],
     name: str,
     mask_token: bool = True,
     architecture: str = "dflash",
     extra_kv: dict[str, str] | None = None,
     rope_sections: Sequence[int] | None = None,
+    more_keys: Callable[[gguf.GGUFWriter], None] | None = None,
 ) -> Path:
     """Write a DFlash drafter GGUF (embeddings and head are the target's).
     ``target_layers`` are llama.cpp ids: the INPUT of those target layers.
     ``rope_sections`` (4 ints) makes it a multi-section-RoPE drafter, as
-    drafters of Qwen3.5/3.6 targets are."""
+    drafters of Qwen3.5/3.6 targets are; ``block_size`` None leaves the key out;
+    ``more_keys`` writes more (the DFlash2/DSpark keys)."""
 
     def dflash_keys(w: gguf.GGUFWriter) -> None:
-        w.add_uint32(f"{architecture}.block_size", block_size)
+        if block_size is not None:
+            w.add_uint32(f"{architecture}.block_size", block_size)
+        if more_keys is not None:
+            more_keys(w)
         w.add_bool(f"{architecture}.attention.causal", False)
         w.add_array(f"{architecture}.target_layers", [int(x) for x in target_layers])
         if rope_sections is not None:
@@ -529,8 +526,11 @@ def write_hybrid_target(path: str | Path, spec: HybridSpec = HybridSpec()) -> Pa
     )
 
 
-def write_drafter(path: str | Path, target: TargetSpec = TargetSpec(), spec: DrafterSpec = DrafterSpec()) -> Path:
-    """Write a tiny random ``dflash`` drafter for ``target`` (or a broken one)."""
+def write_drafter(
+    path: str | Path, target: TargetSpec = TargetSpec(), spec: DrafterSpec = DrafterSpec(), t: Path | None = None
+) -> Path:
+    """Write a tiny random ``dflash`` drafter for ``target`` (or a broken one); ``spec.variant``
+    makes it DFlash2, DSpark or reduced-vocabulary (its d2t head copies target file ``t``'s)."""
     s = spec
     n_embd = s.n_embd or target.n_embd
     rng = np.random.default_rng(s.seed)
@@ -548,17 +548,20 @@ def write_drafter(path: str | Path, target: TargetSpec = TargetSpec(), spec: Dra
     tensors["output_norm.weight"] = _norm(rng, n_embd)
     for name in s.extra_tensors:
         tensors[name] = _rng_tensor(rng, (4, n_embd), 0.1)
+    v = s.variant
+    tensors.update(variant_tensors(v, n_embd, s.n_vocab or target.n_vocab, s.n_layer, s.seed, t))
     return write_dflash_gguf(
         path,
         hp,
         tokenizer(s.n_vocab or target.n_vocab),
         tensors,
-        block_size=s.block_size,
+        block_size=None if "block_size" in v.omit_keys else s.block_size,
         target_layers=s.target_layers,
-        name="pydflash tiny dflash drafter",
+        name=f"pydflash tiny {v.kind} drafter",
         mask_token=s.mask_token,
         architecture=s.architecture,
         rope_sections=s.rope_sections,
+        more_keys=variant_keys(v, s.architecture),
     )
 
 
@@ -573,7 +576,7 @@ def write_pair(
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     t = write_target(directory / f"{prefix}-target.gguf", target)
-    d = write_drafter(directory / f"{prefix}-drafter.gguf", target, drafter)
+    d = write_drafter(directory / f"{prefix}-drafter.gguf", target, drafter, t)
     return t, d
 
 
@@ -592,5 +595,5 @@ def write_hybrid_pair(
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     t = write_hybrid_target(directory / f"{prefix}-target.gguf", target)
-    d = write_drafter(directory / f"{prefix}-drafter.gguf", target, drafter)
+    d = write_drafter(directory / f"{prefix}-drafter.gguf", target, drafter, t)
     return t, d

@@ -223,6 +223,7 @@ std::vector<StepResult> ContextPair::commit(std::vector<Work>& work, const StepT
         r.t_inject_ms = t.inject;
         r.t_rollback_ms = (w.checkpointed ? t.save : 0.0) + t.rollback;
         r.n_drafted = static_cast<int32_t>(w.draft.size());
+        r.draft_max = w.req->external ? r.n_drafted : w.k_draft;
         if (!r.error.empty()) {
             clear_sequence(w.seq);
         } else {

@@ -76,6 +76,7 @@ class Llama:
         draft_type_v: str = _DEFAULTS.draft_type_v,
         n_threads: int | None = None,
         draft_max: int | None = None,
+        draft_adaptive: bool = _DEFAULTS.draft_adaptive,
         seed: int = _DEFAULTS.seed,
         n_batch: int = _DEFAULTS.n_batch,
         rollback: str = _DEFAULTS.rollback,
@@ -85,7 +86,9 @@ class Llama:
         """Options: see ``ModelConfig`` (devices: ``n_gpu_layers``/``draft_n_gpu_layers``
         (-1 = all), ``main_gpu``, ``split_mode``, ``tensor_split``, ``rpc_servers``;
         attention and KV cache: ``flash_attn``, ``type_k``/``type_v`` for the target and
-        ``draft_type_k``/``draft_type_v`` for the drafter)."""
+        ``draft_type_k``/``draft_type_v`` for the drafter; draft length: ``draft_max`` None
+        chooses each step's length, ``draft_adaptive=False`` drafts block size - 1 instead,
+        an int pins it)."""
         self._pair_core: _core.ContextPair | None = None
         self._target: _core.Model | None = None
         self._draft: _core.Model | None = None
@@ -109,6 +112,7 @@ class Llama:
             draft_type_v=draft_type_v,
             n_threads=n_threads,
             draft_max=draft_max,
+            draft_adaptive=draft_adaptive,
             seed=seed,
             rollback=rollback,
         )

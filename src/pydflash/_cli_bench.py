@@ -28,7 +28,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=textwrap.fill(
             "Measure, in one run with engines alternating run by run: pydflash target-only, pydflash "
-            "DFlash, llama.cpp's native DFlash loop (llama-speculative-simple, built from the vendored "
+            "DFlash at fixed draft_max values, pydflash DFlash with the adaptive draft length (pydflash-adaptive, "
+            "once per ISL, with its ratios to the best and the default fixed draft_max and to the target alone), "
+            "llama.cpp's native DFlash loop (llama-speculative-simple, built from the vendored "
             "tree with tools/build_native.py) and llama-cpp-python (if installed). Greedy, one request at "
             "a time, EOS ignored so every request generates exactly OSL tokens; an ISL = OSL sweep at one "
             "draft_max and a draft_max sweep at the smallest ISL; medians over repeats. With --serving: "

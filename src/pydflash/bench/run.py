@@ -75,7 +75,7 @@ def run(cfg: BenchConfig, log: Log = print) -> dict[str, Any]:
         n_ctx = round_up(max(i + o for i, o in zip(cfg.isl, osls, strict=True)) + 64, 256)
         engines, skipped = _start(cfg, target, draft, n_ctx, threads, log)
         try:
-            max_draft = next((e.info["max_draft"] for e in engines if "max_draft" in e.info), None)
+            max_draft = next((e.info["max_draft"] for e in engines if e.uses_draft and "max_draft" in e.info), None)
             if max_draft is None:
                 from .. import Llama
 

@@ -13,7 +13,7 @@ import pytest
 from pydflash import Llama, embedded_pair
 from pydflash.bench import BenchConfig, report, run
 from pydflash.bench.engines import parse_native_output
-from pydflash.bench.workload import heldout_stdlib_text, make_prompts
+from pydflash.bench.workload import WORKLOADS, make_prompts
 from pydflash.cli import main as cli
 
 REQUIRED = {"engine", "isl", "osl", "draft_max", "decode_tok_s", "prefill_tok_s", "tau", "acceptance_rate",
@@ -68,9 +68,10 @@ def test_adaptive_ratios(result):
     assert "~" in report.table(rows)  # the adaptive row's draft_max column: its mean length
 
 
-def test_prompts_have_exactly_isl_tokens():
+@pytest.mark.parametrize("workload", sorted(WORKLOADS))
+def test_prompts_have_exactly_isl_tokens(workload):
     t, _ = embedded_pair()
-    corpus = heldout_stdlib_text()
+    corpus = WORKLOADS[workload]()
     with Llama(t, n_ctx=64) as tok:
         for isl in (2, 17, 300):
             prompts = make_prompts(tok.tokenize, tok.detokenize, isl, 3, corpus)
@@ -107,6 +108,8 @@ def test_target_only_engines(tmp_path, capsys):
 def test_bad_bench_arguments(capsys):
     assert cli(["bench", "--engines", "nonsense"]) == 2
     assert "unknown engines" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="workload must be one of"):
+        BenchConfig(workload="poetry").validate()
     with pytest.raises(ValueError, match="flash_attn must be auto, on or off"):
         BenchConfig(flash_attn="yes").validate()
     assert cli(["bench", "-m", "only-target.gguf"]) == 2

@@ -21,6 +21,7 @@ def _ints(text: str) -> tuple[int, ...]:
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from .bench.run import ENGINES
     from .bench.servers import ENGINES as SERVING_ENGINES
+    from .bench.workload import WORKLOADS
 
     b = sub.add_parser(
         "bench",
@@ -66,6 +67,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "default block size - 1)",
     )
     b.add_argument("--ctx-draft-max", type=int, help="draft_max of the context sweep (default: block size - 1)")
+    b.add_argument(
+        "--workload",
+        choices=sorted(WORKLOADS),
+        help="prompt text: held-out standard-library code (default) or the held-out help topics' prose",
+    )
     b.add_argument("--repeats", type=int, help="timed runs per configuration (default: 3; --quick: 2)")
     b.add_argument("--warmup", type=int, default=1, help="warm-up runs per engine (default: %(default)s)")
     b.add_argument(
@@ -127,7 +133,7 @@ def _add_serving(b: argparse.ArgumentParser) -> None:
 
 
 SERVING_ONLY = ("concurrency", "requests", "turns", "history", "turn_tokens", "llama_server", "log_dir")
-NOT_SERVING = ("native", "ctx_draft_max", "csv", "charts")
+NOT_SERVING = ("native", "ctx_draft_max", "csv", "charts", "workload")
 
 
 def _command_line(a: argparse.Namespace) -> str:
@@ -160,6 +166,7 @@ def run(a: argparse.Namespace) -> int:
             native=a.native,
             threads=a.threads,
             flash_attn=a.flash_attn,
+            workload=a.workload,
         ).items()
         if v is not None
     }

@@ -18,7 +18,7 @@ from ..config import FLASH_ATTN
 from . import report
 from .engines import Engine, EngineUnavailable, Measurement, NativeEngine, WorkerEngine, find_native
 from .roofline import bytes_per_pass, measure_bandwidth
-from .workload import heldout_stdlib_text, make_prompts
+from .workload import WORKLOADS, make_prompts
 
 ENGINES = (report.TARGET_ONLY, report.DFLASH, report.ADAPTIVE, report.NATIVE, report.LCP)
 DRAFT_MAX_SWEEP = (1, 2, 4, 8, 12, 15)
@@ -43,6 +43,7 @@ class BenchConfig:
     bandwidth: bool = True  # measure memory bandwidth for the roofline
     flash_attn: str = "auto"  # every engine alike: "auto" (llama.cpp's default; enabled
     # on the CPU), "on" or "off" (llama-cpp-python: on unless "off")
+    workload: str = "code"  # the prompts' text: held-out stdlib "code" or "prose" (workload.WORKLOADS)
 
     @staticmethod
     def quick(**changes: Any) -> BenchConfig:
@@ -59,6 +60,8 @@ class BenchConfig:
         unknown = set(self.engines) - set(ENGINES)
         if unknown:
             raise ValueError(f"unknown engines {sorted(unknown)}; choose from {list(ENGINES)}")
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"workload must be one of {sorted(WORKLOADS)}, not {self.workload!r}")
         if self.flash_attn not in FLASH_ATTN:
             raise ValueError(f"flash_attn must be auto, on or off, not {self.flash_attn!r}")
         if (self.target is None) != (self.draft is None):
@@ -192,7 +195,7 @@ def _draft_max(e: Engine, dm: int) -> int | None:
 def _prompts(source: dict[str, str], cfg: BenchConfig, count: int) -> dict[int, list[str]]:
     from .. import Llama
 
-    corpus = heldout_stdlib_text()
+    corpus = WORKLOADS[cfg.workload]()
     with Llama(source["tokenizer_model"], n_ctx=64) as tok:
         return {isl: make_prompts(tok.tokenize, tok.detokenize, isl, count, corpus) for isl in cfg.isl}
 

@@ -23,8 +23,10 @@ together, since they share both passes:
 
 When drafting does not pay (low acceptance, many busy sequences sharing a
 verification pass) a sequence's length is 0: plain target decoding, no drafter
-pass. While off it probes now and then with a full draft, so its estimate can
-recover; a probe that does not resume speculation doubles the wait before the next.
+pass. While off, its estimate returns toward the pair's running one step by
+step (a burst of rejections does not stop it for good), and it probes now and
+then with a full draft, so the estimates can recover where the pair's is low
+too; a probe that does not resume speculation doubles the wait before the next.
 
 Pure Python without the model: tests drive it with synthetic costs and acceptances.
 """
@@ -49,7 +51,7 @@ PRIOR_ACCEPTANCE = 0.6  # c_1 before anything was observed on this pair
 PRIOR_WEIGHT = 2.0  # pseudo-observations of a position's prior
 DECAY = 0.9  # a sequence's estimate: weight of the past per observation (about the last 10 steps)
 POOLED_DECAY = 0.98  # the pair's running estimate (the prior of new sequences)
-PROBE_WEIGHT = 4.0  # a probe counts as this many steps (it is the only news while off)
+PROBE_WEIGHT = 2.0  # a probe counts as this many steps (it is the only news while off)
 PROBE_FIRST = 4  # steps off before the first probe
 PROBE_MAX = 64  # the longest wait between probes
 COST_ALPHA = 0.1  # weight of each step's timings in the online cost correction
@@ -194,6 +196,11 @@ class Acceptance:
             self._hit[i] = self._hit[i] * d + (weight if i < n_accepted else 0.0)
             self._try[i] = self._try[i] * d + weight
 
+    def forget(self) -> None:
+        """A step without news (not drafted): what was seen weighs less, the prior more."""
+        self._hit = [h * self.decay for h in self._hit]
+        self._try = [t * self.decay for t in self._try]
+
     def conditional(self) -> list[float]:
         """c_1..c_n: each position's weighted rate shrunk toward its prior (an untried
         position: its prior)."""
@@ -307,6 +314,7 @@ class DraftPolicy:
                 st.off_steps, st.probe_wait = 0, PROBE_FIRST
                 continue
             st.off_steps += 1
+            st.acceptance.forget()  # while off its estimate returns toward the pair's
             if st.off_steps >= st.probe_wait:  # probe with the longest draft allowed
                 ks[i], st.probing, st.off_steps = c.hi, True, 0
                 st.probe_wait = min(st.probe_wait * 2, PROBE_MAX)

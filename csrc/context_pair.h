@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "calibrate.h"
 #include "drafter.h"
 #include "fault.h"
 #include "grammar.h"
@@ -33,6 +34,8 @@ struct StepResult {
     std::vector<TokenLogprob> logprobs;  // one per token, when SamplingParams::logprobs
     std::string source;                  // who drafted: "draft-dflash", an n-gram type, "external"; "": nobody
     int32_t seq = 0;                     // the sequence this step advanced
+    int32_t draft_max = 0;               // the block length this step asked for (after the block, context and
+                                         // draft_min rules; 0: plain decoding); n_drafted <= it (draft_p_min cuts)
     int32_t n_drafted = 0;
     int32_t n_accepted = 0;
     int32_t n_past = 0;          // tokens in the target cache after the step
@@ -111,6 +114,11 @@ public:
     // Target logits for every position of `tokens` (row-major n x n_vocab),
     // evaluated from an empty cache; every sequence is left reset.
     std::vector<float> score(const std::vector<llama_token>& tokens);
+
+    // Times target passes of the sizes calibration_sizes(max_rows) and drafter
+    // block passes (up to n_seq blocks) in sequence `seq`, which must be empty and
+    // is left empty; the median of `reps` passes each (calibrate.cpp).
+    Calibration calibrate(int32_t seq, int32_t max_rows, int32_t reps);
 
     // InvalidArgument unless `control` suits this pair (draft_max within the block).
     void check(const DraftControl& control) const;

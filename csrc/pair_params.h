@@ -59,7 +59,7 @@ llama_context_params context_params(const PairParams& p, bool drafter);
 
 // Draft-length controls of one step.
 struct DraftControl {
-    int32_t draft_max = -1;    // < 0: the pair's default; 0: plain target decoding
+    int32_t draft_max = -1;    // the drafter's block: < 0 the pair's default; 0 none (n-gram drafts still run)
     int32_t draft_min = 0;     // a shorter draft is dropped (plain decoding this step)
     float draft_p_min = 0.0f;  // cut the block where the drafter's confidence falls below this
     int32_t budget = -1;       // at most this many draft tokens from any source (tokens left); -1: no limit

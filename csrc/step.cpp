@@ -146,7 +146,9 @@ void ContextPair::draft_ngrams(std::vector<Work>& work, int32_t n_rows) {
     if (!ngram_) return;
     for (Work& w : work) {
         const DraftControl& c = w.req->control;
-        if (w.req->external || c.draft_max == 0) continue;  // verify what was given; plain decoding
+        // draft_max bounds the drafter's block only (llama.cpp's --spec-draft-n-max); the
+        // budget bounds every source (0: plain decoding)
+        if (w.req->external) continue;  // verify what was given
         // as long as the source likes, within the context, the budget and the batch
         const int32_t own = 1 + w.k_draft;
         int32_t cap = std::min(n_ctx_seq() - w.s->n_past - 1, params_.n_batch - (n_rows - own) - 1);
@@ -248,6 +250,7 @@ std::vector<StepResult> ContextPair::commit(std::vector<Work>& work, const StepT
         r.t_inject_ms = t.inject;
         r.t_rollback_ms = (w.checkpointed ? t.save : 0.0) + t.rollback;
         r.n_drafted = static_cast<int32_t>(w.draft.size());
+        r.draft_max = w.req->external ? r.n_drafted : w.k_draft;
         if (!r.error.empty()) {
             clear_sequence(w.seq);
         } else {

@@ -13,7 +13,7 @@ import pytest
 from pydflash import Llama, embedded_pair
 from pydflash.bench import BenchConfig, report, run
 from pydflash.bench.engines import parse_native_output
-from pydflash.bench.workload import heldout_stdlib_text, make_prompts
+from pydflash.bench.workload import WORKLOADS, make_prompts
 from pydflash.cli import main as cli
 
 REQUIRED = {"engine", "isl", "osl", "draft_max", "decode_tok_s", "prefill_tok_s", "tau", "acceptance_rate",
@@ -23,7 +23,7 @@ REQUIRED = {"engine", "isl", "osl", "draft_max", "decode_tok_s", "prefill_tok_s"
 @pytest.fixture(scope="module")
 def result():
     cfg = BenchConfig(isl=(24, 40), repeats=2, warmup=0, draft_max=(1, 3), pad_ffn=0, bandwidth=False,
-                      engines=(report.TARGET_ONLY, report.DFLASH), threads=2)
+                      engines=(report.TARGET_ONLY, report.DFLASH, report.ADAPTIVE), threads=2)
     return run(cfg, log=lambda _: None)
 
 
@@ -33,14 +33,16 @@ def test_rows_cover_both_sweeps(result):
     keys = {(r["engine"], r["isl"], r["draft_max"]) for r in rows}
     assert keys == {(report.TARGET_ONLY, 24, 0), (report.TARGET_ONLY, 40, 0),
                     (report.DFLASH, 24, 7), (report.DFLASH, 40, 7),     # context sweep at block_size - 1
-                    (report.DFLASH, 24, 1), (report.DFLASH, 24, 3)}     # draft_max sweep at the smallest ISL
+                    (report.DFLASH, 24, 1), (report.DFLASH, 24, 3),     # draft_max sweep at the smallest ISL
+                    (report.ADAPTIVE, 24, None), (report.ADAPTIVE, 40, None)}  # once per ISL: it chooses
     for r in rows:
         assert r["repeats"] == 2 and r["isl_measured"] == r["isl"]
         assert r["decode_tok_s_min"] <= r["decode_tok_s"] <= r["decode_tok_s_max"]
         if r["engine"] == report.TARGET_ONLY:
             assert r["speedup"] == 1.0 and r["tau"] == 1.0 and r["acceptance_rate"] is None
         else:
-            assert 1.0 <= r["tau"] <= r["draft_max"] + 1
+            assert 1.0 <= r["tau"] <= (r["draft_max"] if r["draft_max"] is not None else 7) + 1
+            assert 0.0 <= r["mean_draft_len"] <= (r["draft_max"] if r["draft_max"] is not None else 7)
             assert 0.0 <= r["acceptance_rate"] <= 1.0
             assert r["same_tokens_as_target"] is True
             assert r["memory"]["drafter_bytes"] > 0
@@ -48,9 +50,28 @@ def test_rows_cover_both_sweeps(result):
     assert any("speed-up over target-only" in g for g in result["goals"])
 
 
-def test_prompts_have_exactly_isl_tokens():
+def test_adaptive_ratios(result):
+    rows = result["rows"]
+    tok_s = {(r["engine"], r["isl"], r["draft_max"]): r["decode_tok_s"] for r in rows}
+    ratios = {r["isl"]: r for r in result["meta"]["adaptive_ratios"]}
+    assert set(ratios) == {24, 40}
+    r = ratios[24]  # the draft_max sweep ran here: 1, 3 and 7
+    assert r["fixed_draft_max_measured"] == [1, 3, 7] and r["default_draft_max"] == 7
+    best = max((1, 3, 7), key=lambda d: tok_s[(report.DFLASH, 24, d)])
+    assert r["best_fixed_draft_max"] == best
+    a = tok_s[(report.ADAPTIVE, 24, None)]
+    assert r["over_best_fixed"] == pytest.approx(a / tok_s[(report.DFLASH, 24, best)])
+    assert r["over_default_fixed"] == pytest.approx(a / tok_s[(report.DFLASH, 24, 7)])
+    assert r["over_target_alone"] == pytest.approx(a / tok_s[(report.TARGET_ONLY, 24, 0)])
+    assert ratios[40]["fixed_draft_max_measured"] == [7]  # only the context sweep's draft_max there
+    assert sum("adaptive / best fixed draft_max" in g for g in result["goals"]) == 2
+    assert "~" in report.table(rows)  # the adaptive row's draft_max column: its mean length
+
+
+@pytest.mark.parametrize("workload", sorted(WORKLOADS))
+def test_prompts_have_exactly_isl_tokens(workload):
     t, _ = embedded_pair()
-    corpus = heldout_stdlib_text()
+    corpus = WORKLOADS[workload]()
     with Llama(t, n_ctx=64) as tok:
         for isl in (2, 17, 300):
             prompts = make_prompts(tok.tokenize, tok.detokenize, isl, 3, corpus)
@@ -87,6 +108,8 @@ def test_target_only_engines(tmp_path, capsys):
 def test_bad_bench_arguments(capsys):
     assert cli(["bench", "--engines", "nonsense"]) == 2
     assert "unknown engines" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="workload must be one of"):
+        BenchConfig(workload="poetry").validate()
     with pytest.raises(ValueError, match="flash_attn must be auto, on or off"):
         BenchConfig(flash_attn="yes").validate()
     assert cli(["bench", "-m", "only-target.gguf"]) == 2

@@ -95,9 +95,10 @@ def test_explicit_jinja_template_with_bos(target_path):
 
 
 def test_chat_completion_equals_generate(chat_llm):
-    res = chat_llm.create_chat_completion(MSGS, **GREEDY)
+    dm = chat_llm.pair.max_draft  # the stats are compared: fixed draft lengths
+    res = chat_llm.create_chat_completion(MSGS, draft_max=dm, **GREEDY)
     prompt = chat_llm.apply_chat_template(MSGS).prompt
-    want = chat_llm.generate(prompt, max_tokens=20, ignore_eos=True)
+    want = chat_llm.generate(prompt, max_tokens=20, ignore_eos=True, draft_max=dm)
     assert set(res) == set(ChatCompletion.__annotations__)
     assert res["object"] == "chat.completion" and res["id"].startswith("chatcmpl-")
     assert res["model"] == "target-chat.gguf"
@@ -114,8 +115,9 @@ def test_chat_completion_equals_generate(chat_llm):
 
 
 def test_chat_stream_matches_non_stream(chat_llm):
-    full = chat_llm.create_chat_completion(MSGS, **GREEDY)
-    chunks = list(chat_llm.create_chat_completion(MSGS, stream=True, **GREEDY))
+    dm = chat_llm.pair.max_draft  # the stats are compared: fixed draft lengths
+    full = chat_llm.create_chat_completion(MSGS, draft_max=dm, **GREEDY)
+    chunks = list(chat_llm.create_chat_completion(MSGS, stream=True, draft_max=dm, **GREEDY))
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     for c in chunks:
         assert c["object"] == "chat.completion.chunk" and c["id"] == chunks[0]["id"]
@@ -182,7 +184,7 @@ def test_draft_controls_reach_completions(dflash_b8, baseline, chat_llm):
     # is certain throughout, so there chat takes draft_min's effect and the bad values of
     # test_bad_draft_controls_in_completions); the text stays the target's own
     want = baseline.generate("x = 1", max_tokens=16, ignore_eos=True).text
-    kw = dict(max_tokens=16, temperature=0.0, ignore_eos=True)
+    kw = dict(max_tokens=16, temperature=0.0, ignore_eos=True, draft_max=7)  # cuts of the whole block
     full = dflash_b8.create_completion("x = 1", **kw)["timings"]["draft_n"]
     res = dflash_b8.create_completion("x = 1", draft_min=100, **kw)
     assert res["choices"][0]["text"] == want and res["timings"]["draft_n"] == 0 < full

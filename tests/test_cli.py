@@ -50,10 +50,11 @@ def test_generate_json(target_path, model_dir, baseline):
 def test_generate_draft_controls(target_path, model_dir, baseline, dflash_b8):
     # --draft-min 100 drops every block; --draft-p-min 1 cuts blocks where the (very
     # peaked) random drafter is not certain: fewer tokens drafted than without it
+    # cuts of the whole block: fixed lengths (--no-draft-adaptive: block size - 1, as draft_max=7)
     want = baseline.generate("x = 1", max_tokens=12, ignore_eos=True).tokens
-    full = dflash_b8.generate("x = 1", max_tokens=12, ignore_eos=True).stats.n_drafted
+    full = dflash_b8.generate("x = 1", max_tokens=12, ignore_eos=True, draft_max=7).stats.n_drafted
     common = ("generate", "-m", str(target_path), "-d", str(model_dir / "drafter-b8.gguf"), "-p", "x = 1",
-              "-n", "12", "--ignore-eos", "--json", "--n-ctx", "256")
+              "-n", "12", "--ignore-eos", "--json", "--n-ctx", "256", "--no-draft-adaptive")
     drafted = {}
     for flag, value in (("--draft-min", "100"), ("--draft-p-min", "1")):
         data = json.loads(run(*common, flag, value).stdout)

@@ -19,8 +19,9 @@ def test_repeated_generate_is_identical(dflash):
 
 
 def test_stream_equals_generate(dflash):
-    res = dflash.generate("import sys", max_tokens=70, ignore_eos=True)
-    steps = list(dflash.stream("import sys", max_tokens=70, ignore_eos=True))
+    dm = dflash.pair.max_draft  # accepted counts are compared: fixed draft lengths
+    res = dflash.generate("import sys", max_tokens=70, ignore_eos=True, draft_max=dm)
+    steps = list(dflash.stream("import sys", max_tokens=70, ignore_eos=True, draft_max=dm))
     assert all(isinstance(s, StreamStep) for s in steps)
     assert sum((s.tokens for s in steps), []) == res.tokens
     assert "".join(s.text for s in steps) == res.text

@@ -28,10 +28,10 @@ PAIRS = {
 THREADS = 1  # tiny models: a second thread only adds synchronisation
 
 
-def open_pair(models, name: str) -> Llama:
+def open_pair(models, name: str, **kw) -> Llama:
     arch, drafter, rollback, _ = PAIRS[name]
     return Llama(models / f"{arch}-target.gguf", draft=models / f"{arch}-drafter-{drafter}.gguf", n_ctx=1024,
-                 n_threads=THREADS, rollback=rollback)
+                 n_threads=THREADS, rollback=rollback, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -125,11 +125,15 @@ def test_every_draft_length(hybrid, reference, prompt):
         check_stats(res, draft_max)
 
 
-def test_default_draft_length_is_block_minus_one(hybrid, reference):
-    arch, llm = hybrid
-    res = llm.generate(TEXT_PROMPTS[0], max_tokens=N_TOKENS, ignore_eos=True)
+@pytest.mark.parametrize("name", sorted(PAIRS))
+def test_fixed_default_draft_length_is_block_minus_one(hybrid_models, reference, name):
+    # the default adapts (test_adaptive_draft.py); draft_adaptive=False is the fixed one
+    arch = PAIRS[name][0]
+    with open_pair(hybrid_models, name, draft_adaptive=False) as llm:
+        res = llm.generate(TEXT_PROMPTS[0], max_tokens=N_TOKENS, ignore_eos=True)
+        block = llm.pair.block_size
     assert res.tokens == reference(arch, TEXT_PROMPTS[0])
-    assert max(s.n_drafted for s in res.stats.steps) == llm.pair.block_size - 1
+    assert max(s.n_drafted for s in res.stats.steps) == block - 1
 
 
 def test_partial_acceptances_happen(hybrid, reference):
@@ -236,7 +240,8 @@ def test_rope_sections_drafter_drafts_like_neox(hybrid_models, reference):
             assert ("dflash.rope.dimension_sections" in llm.draft_metadata) == (name == "b8")
             out = []
             for prompt in TEXT_PROMPTS[:6]:
-                res = llm.generate(prompt, max_tokens=48, ignore_eos=True)
+                # the blocks are compared: the same (fixed) lengths on both
+                res = llm.generate(prompt, max_tokens=48, ignore_eos=True, draft_max=llm.pair.max_draft)
                 assert res.tokens == reference("qwen35", prompt)[:48]
                 out.append([list(s.drafted) for s in res.stats.steps])
             drafts.append(out)
@@ -251,8 +256,9 @@ def test_checkpoint_replay_feeds_the_drafter_the_same_features(pairs, reference)
     _, planes = pairs("qwen35-b8")
     _, ckpt = pairs("qwen35-b8-checkpoint")
     for prompt in TEXT_PROMPTS[:6]:
-        a = planes.generate(prompt, max_tokens=64, ignore_eos=True)
-        b = ckpt.generate(prompt, max_tokens=64, ignore_eos=True)
+        # the blocks are compared: the same (fixed) lengths on both
+        a = planes.generate(prompt, max_tokens=64, ignore_eos=True, draft_max=planes.pair.max_draft)
+        b = ckpt.generate(prompt, max_tokens=64, ignore_eos=True, draft_max=ckpt.pair.max_draft)
         assert a.tokens == b.tokens == reference("qwen35", prompt)[:64]
         assert [list(s.drafted) for s in a.stats.steps] == [list(s.drafted) for s in b.stats.steps]
 

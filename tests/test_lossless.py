@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pydflash import testing
+from pydflash import Llama, testing
 
 TEXT_PROMPTS = [
     "def fibonacci(n):",
@@ -78,8 +78,10 @@ def test_dflash_greedy_equals_target_greedy(dflash, greedy_reference, prompt):
         check_stats(res, draft_max)
 
 
-def test_default_draft_length_is_block_minus_one(dflash, greedy_reference):
-    res = dflash.generate(TEXT_PROMPTS[0], max_tokens=N_TOKENS, ignore_eos=True)
+def test_fixed_default_draft_length_is_block_minus_one(dflash, greedy_reference):
+    # the default adapts (test_adaptive_draft.py); draft_adaptive=False is the fixed one
+    with Llama(dflash.model_path, draft=dflash.draft_path, n_ctx=1024, draft_adaptive=False) as llm:
+        res = llm.generate(TEXT_PROMPTS[0], max_tokens=N_TOKENS, ignore_eos=True)
     assert res.tokens == greedy_reference(TEXT_PROMPTS[0])
     assert max(s.n_drafted for s in res.stats.steps) == dflash.pair.block_size - 1
     check_stats(res, dflash.pair.block_size - 1)

@@ -35,6 +35,9 @@ TIE_BOUND = 1.0  # logits apart: at most 1% of their size here, ~3x the largest 
 
 
 def open_llm(target: Path, draft: Path | None, n_parallel: int, **kw) -> Llama:
+    # accepted counts are compared with the sequence decoded alone: fixed draft lengths (the
+    # adaptive ones follow timings and the other sequences; test_adaptive_draft.py covers them)
+    kw.setdefault("draft_adaptive", False)
     return Llama(target, draft=draft, n_ctx=N_CTX_SLOT * n_parallel, n_parallel=n_parallel, n_threads=THREADS, **kw)
 
 

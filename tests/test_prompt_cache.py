@@ -147,9 +147,10 @@ def test_generate_reuses_the_cache_by_default(dflash_b8, baseline):
     first = dflash_b8.generate(prompt, max_tokens=24, ignore_eos=True, cache_prompt=False)
     assert first.stats.cached_tokens == 0
     turn2 = prompt + first.tokens + dflash_b8.tokenize("\n    def push(self, x):", add_special=False)
-    fresh = dflash_b8.generate(turn2, max_tokens=24, ignore_eos=True, cache_prompt=False)
+    # accepted counts are compared: fixed draft lengths
+    fresh = dflash_b8.generate(turn2, max_tokens=24, ignore_eos=True, cache_prompt=False, draft_max=7)
     dflash_b8.generate(prompt, max_tokens=24, ignore_eos=True, cache_prompt=False)  # turn 1 again
-    cached = dflash_b8.generate(turn2, max_tokens=24, ignore_eos=True)
+    cached = dflash_b8.generate(turn2, max_tokens=24, ignore_eos=True, draft_max=7)
     assert cached.stats.cached_tokens >= len(prompt) - 1 + len(first.tokens) - 1
     assert fresh.stats.cached_tokens == 0
     assert cached.tokens == fresh.tokens == baseline.generate(turn2, max_tokens=24, ignore_eos=True).tokens

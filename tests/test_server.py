@@ -322,7 +322,7 @@ def test_draft_controls_are_request_fields(client):
     # draft_p_min=1 cuts blocks where the (very peaked) random drafter is not certain
     # (on "x = 1"; it is certain throughout the chat prompt); a bad value is a 400 naming the field
     def draft_n(chat=False, **extra):
-        extra = {"ignore_eos": True, **extra}
+        extra = {"ignore_eos": True, "draft_max": 7, **extra}  # cuts of the whole block
         if chat:
             res = client.chat.completions.create(model="tiny-pair", messages=MSGS, max_tokens=16, temperature=0,
                                                  extra_body=extra)

@@ -21,6 +21,8 @@ NEW = [8, 9, 7, 9]
 
 
 def open_pair(target: Path, draft: Path, **kw) -> Llama:
+    # accepted counts are compared with a fresh prefill's: fixed draft lengths
+    kw.setdefault("draft_adaptive", False)
     return Llama(target, draft=draft, n_ctx=512 * 2, n_parallel=2, n_threads=THREADS, **kw)
 
 

@@ -32,9 +32,9 @@ std::string repr(const StepResult& r) {
     std::ostringstream os;
     os << "StepResult(tokens=[";
     for (size_t i = 0; i < r.tokens.size(); ++i) os << (i ? ", " : "") << r.tokens[i];
-    os << "], seq=" << r.seq << ", n_drafted=" << r.n_drafted << ", n_accepted=" << r.n_accepted
-       << ", n_past=" << r.n_past << ", t_draft_ms=" << r.t_draft_ms << ", t_verify_ms=" << r.t_verify_ms
-       << ", t_inject_ms=" << r.t_inject_ms << ")";
+    os << "], seq=" << r.seq << ", draft_max=" << r.draft_max << ", n_drafted=" << r.n_drafted
+       << ", n_accepted=" << r.n_accepted << ", n_past=" << r.n_past << ", t_draft_ms=" << r.t_draft_ms
+       << ", t_verify_ms=" << r.t_verify_ms << ", t_inject_ms=" << r.t_inject_ms << ")";
     return os.str();
 }
 
@@ -66,6 +66,8 @@ void register_context_pair(py::module_& m) {
                       "Non-empty: this sequence failed alone (its grammar allows nothing more) and was reset.")
         .def_readonly("source", &StepResult::source,
                       "Who drafted: 'draft-dflash', an n-gram type ('ngram-mod', ...), 'external'; '': nobody.")
+        .def_readonly("draft_max", &StepResult::draft_max,
+                      "The drafter block length this step asked for (0: none); an n-gram draft may be longer.")
         .def_readonly("n_drafted", &StepResult::n_drafted)
         .def_readonly("n_accepted", &StepResult::n_accepted)
         .def_readonly("n_past", &StepResult::n_past)
@@ -76,6 +78,14 @@ void register_context_pair(py::module_& m) {
         .def_readonly("t_rollback_ms", &StepResult::t_rollback_ms,
                       "Removing rejected tokens from the target (checkpoint: save, restore and replay).")
         .def("__repr__", py::overload_cast<const StepResult&>(&repr));
+
+    py::class_<Calibration>(m, "Calibration", "ContextPair.calibrate's timings (ms) per pass size.")
+        .def_readonly("verify_rows", &Calibration::verify_rows, "Target pass sizes timed (rows).")
+        .def_readonly("verify_ms", &Calibration::verify_ms, "Median ms of each target pass size.")
+        .def_readonly("draft_rows", &Calibration::draft_rows, "Drafter block pass sizes timed (empty: no drafter).")
+        .def_readonly("draft_ms", &Calibration::draft_ms, "Median ms of each drafter pass size.")
+        .def_readonly("reps", &Calibration::reps)
+        .def_readonly("seconds", &Calibration::seconds, "What the calibration took.");
 
     py::class_<SeqStep>(m, "SeqStep", "One sequence's part of ContextPair.step_batch.")
         .def(py::init([](int32_t seq, int32_t draft_max, int32_t draft_min, float draft_p_min,
@@ -128,6 +138,9 @@ void register_context_pair(py::module_& m) {
             },
             py::arg("draft_max") = -1, py::arg("draft_min") = 0, py::arg("draft_p_min") = 0.0f,
             py::arg("draft") = py::none(), py::arg("seq") = 0, py::arg("budget") = -1, release())
+        .def("calibrate", &ContextPair::calibrate, py::arg("seq"), py::arg("max_rows"), py::arg("reps") = 3, release(),
+             "Time target passes of 1..max_rows rows and drafter block passes in the empty sequence `seq` "
+             "(median of `reps` each); leaves it empty.")
         .def("step_batch", &ContextPair::step_batch, py::arg("steps"), release(),
              "One step of several sequences in shared passes; a result per SeqStep, in order.")
         .def(

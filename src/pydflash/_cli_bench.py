@@ -21,6 +21,7 @@ def _ints(text: str) -> tuple[int, ...]:
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from .bench.run import ENGINES
     from .bench.servers import ENGINES as SERVING_ENGINES
+    from .bench.workload import WORKLOADS
 
     b = sub.add_parser(
         "bench",
@@ -28,7 +29,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=textwrap.fill(
             "Measure, in one run with engines alternating run by run: pydflash target-only, pydflash "
-            "DFlash, llama.cpp's native DFlash loop (llama-speculative-simple, built from the vendored "
+            "DFlash at fixed draft_max values, pydflash DFlash with the adaptive draft length (pydflash-adaptive, "
+            "once per ISL, with its ratios to the best and the default fixed draft_max and to the target alone), "
+            "llama.cpp's native DFlash loop (llama-speculative-simple, built from the vendored "
             "tree with tools/build_native.py) and llama-cpp-python (if installed). Greedy, one request at "
             "a time, EOS ignored so every request generates exactly OSL tokens; an ISL = OSL sweep at one "
             "draft_max and a draft_max sweep at the smallest ISL; medians over repeats. With --serving: "
@@ -64,6 +67,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "default block size - 1)",
     )
     b.add_argument("--ctx-draft-max", type=int, help="draft_max of the context sweep (default: block size - 1)")
+    b.add_argument(
+        "--workload",
+        choices=sorted(WORKLOADS),
+        help="prompt text: held-out standard-library code (default) or the held-out help topics' prose",
+    )
     b.add_argument("--repeats", type=int, help="timed runs per configuration (default: 3; --quick: 2)")
     b.add_argument("--warmup", type=int, default=1, help="warm-up runs per engine (default: %(default)s)")
     b.add_argument(
@@ -187,7 +195,7 @@ def _add_serving(b: argparse.ArgumentParser) -> None:
 
 
 SERVING_ONLY = ("concurrency", "requests", "turns", "history", "turn_tokens", "llama_server", "log_dir")
-NOT_SERVING = ("native", "ctx_draft_max", "csv", "charts")
+NOT_SERVING = ("native", "ctx_draft_max", "csv", "charts", "workload")
 
 
 def _command_line(a: argparse.Namespace) -> str:
@@ -226,6 +234,7 @@ def run(a: argparse.Namespace) -> int:
             native=a.native,
             threads=a.threads,
             flash_attn=a.flash_attn,
+            workload=a.workload,
         ).items()
         if v is not None
     }

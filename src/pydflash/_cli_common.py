@@ -9,6 +9,11 @@ from typing import Any
 from .config import CACHE_TYPES, FLASH_ATTN, SPEC_TYPES, SPLIT_MODES, ModelConfig, NgramConfig
 from .results import GenerationResult
 
+DRAFT_MAX_HELP = (
+    "draft tokens per step, pinned (default: chosen each step from the measured pass costs and the running "
+    "acceptance, 0 to block size - 1; see --no-draft-adaptive)"
+)
+
 
 def add_common(p: argparse.ArgumentParser) -> None:
     d = ModelConfig()  # the core's defaults
@@ -19,6 +24,12 @@ def add_common(p: argparse.ArgumentParser) -> None:
         help="context size in tokens, shared by --parallel sequences (default: %(default)s)",
     )
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument(
+        "--no-draft-adaptive",
+        action="store_true",
+        help="without --draft-max, draft block size - 1 tokens every step (the fixed length) instead of "
+        "choosing each step's length",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
     dev = p.add_argument_group("devices and KV cache (as llama.cpp's options of the same names)")
     dev.add_argument(
@@ -109,6 +120,7 @@ def llama_options(a: argparse.Namespace) -> dict[str, Any]:
     return dict(
         n_ctx=a.n_ctx,
         n_threads=a.threads,
+        draft_adaptive=not a.no_draft_adaptive,
         verbose=a.verbose,
         n_gpu_layers=a.n_gpu_layers,
         draft_n_gpu_layers=a.draft_n_gpu_layers,

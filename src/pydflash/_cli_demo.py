@@ -7,7 +7,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from ._cli_common import add_common, llama_options
+from ._cli_common import DRAFT_MAX_HELP, add_common, llama_options
 from .errors import PyDFlashError
 from .llama import Llama
 
@@ -23,7 +23,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     d.add_argument("--prompt", action="append", help="prompt (repeatable; default: built-in prompts)")
     d.add_argument("--max-tokens", type=int, default=96, help="tokens per prompt (default: %(default)s)")
-    d.add_argument("--draft-max", type=int, default=None, help="draft tokens per step (default: block size - 1)")
+    d.add_argument("--draft-max", type=int, default=None, help=DRAFT_MAX_HELP)
     d.add_argument(
         "--pad-ffn",
         type=int,

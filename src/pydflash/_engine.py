@@ -18,10 +18,13 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import logging
 import threading
+import time
 from collections.abc import Iterator
 
 from . import _core
+from ._draft_policy import CostModel, DraftPolicy, SequenceDraft
 from ._generation import Generation
 from .errors import GenerationInterrupted, GrammarError, PyDFlashError
 from .pair import ContextPair
@@ -29,6 +32,9 @@ from .pair import ContextPair
 __all__ = ["Engine"]
 
 IDLE_EXIT_S = 1.0  # an idle thread ends after this long; the next submission starts another
+CALIBRATION_REPS = 3  # timed passes per size when the draft policy calibrates
+
+_log = logging.getLogger("pydflash")
 
 
 @dataclasses.dataclass
@@ -38,6 +44,7 @@ class _Slot:
     prefilling: bool = False
     last_used: int = 0
     reserved: bool = False  # held by save/load: no generation is admitted to it
+    draft: SequenceDraft | None = None  # an adaptive generation's draft-length state
 
 
 class Engine:
@@ -55,6 +62,7 @@ class Engine:
         self._closed = False
         self._tick = 0  # iteration count: slots' last use, for LRU
         self._aborting = False  # a cancel interrupted its lone generation's decode
+        self._policy: DraftPolicy | None = None  # made (calibrated) before the first adaptive generation
 
     # -- any thread --------------------------------------------------------------
 
@@ -149,6 +157,8 @@ class Engine:
                 self._core.clear_interrupt()
                 self._aborting = False
             self._tick += 1
+        if self._policy is None and any(s.gen is not None and s.gen.adaptive for s in starts):
+            self._policy = self._make_policy()
         for slot in starts:
             self._start(slot)
         try:
@@ -169,6 +179,7 @@ class Engine:
 
     def _release(self, slot: _Slot) -> None:
         slot.gen = None
+        slot.draft = None
         slot.prefilling = False
         slot.last_used = self._tick
 
@@ -231,6 +242,8 @@ class Engine:
     def _start(self, slot: _Slot) -> None:
         gen = slot.gen
         assert gen is not None
+        if gen.adaptive and self._policy is not None:
+            slot.draft = self._policy.new_sequence()
         try:
             self._pair.sequence(slot.seq).set_sampling_config(gen.config, gen.seed)
             gen.started(self._core.prefill_begin(slot.seq, gen.prompt, gen.config.cache_prompt))
@@ -250,11 +263,30 @@ class Engine:
                 assert s.gen is not None
                 s.gen.prefilled()
 
+    def _make_policy(self) -> DraftPolicy:
+        """The adaptive draft length's policy, its costs timed on an empty slot
+        (a guess, corrected online, when every slot holds a cached prompt)."""
+        core = self._core
+        max_rows = max(1, min(core.n_seq * core.block_size, core.n_batch, core.n_ctx_seq))
+        empty = [s.seq for s in self._slots if not s.reserved and not core.tokens(s.seq)]
+        cost = CostModel.uncalibrated(max_rows)
+        if empty:
+            try:
+                cal = core.calibrate(empty[0], max_rows, CALIBRATION_REPS)
+                cost = CostModel.from_calibration(cal, max_rows)
+                _log.debug("draft-length calibration: %d pass sizes in %.3f s", len(cal.verify_rows), cal.seconds)
+            except PyDFlashError as e:  # the guess is corrected online; nothing else depends on it
+                _log.warning("draft-length calibration failed (%s); starting from a guess", e)
+        return DraftPolicy(cost, core.max_draft)
+
     def _step(self, slots: list[_Slot]) -> None:
         core = self._core
+        t0 = time.perf_counter()
         n_ctx, default_dm = core.n_ctx_seq, core.default_draft_max
-        steps: list[_core.SeqStep] = []
         stepping: list[_Slot] = []
+        asked: list[int] = []  # -1: the pair's block; what the core caps and cuts to the budget
+        caps: list[int] = []  # the longest draft each may keep: what the policy chooses within
+        budgets: list[int] = []  # tokens each may still keep of any draft (llama.cpp's budget)
         for s in slots:
             gen = s.gen
             assert gen is not None
@@ -263,16 +295,29 @@ class Engine:
                 with self._cv:
                     self._release(s)
                 continue
-            cfg = gen.config
-            # what is kept of any draft stops where the generation would (llama.cpp's budget)
-            budget = cfg.max_tokens - len(gen.tokens) - 1
-            steps.append(_core.SeqStep(s.seq, dm, cfg.draft_min, cfg.draft_p_min, budget=budget))
             stepping.append(s)
-        if not steps:
+            budgets.append(gen.config.max_tokens - len(gen.tokens) - 1)
+            asked.append(dm)
+            caps.append(max(0, min(default_dm if dm < 0 else dm, budgets[-1])))
+        if not stepping:
             return
-        for s, r in zip(stepping, core.step_batch(steps), strict=True):
+        lengths = asked
+        policy = self._policy
+        if policy is not None and any(s.draft is not None for s in stepping):
+            floors = [s.gen.config.draft_min if s.gen is not None else 0 for s in stepping]
+            chosen = policy.choose([s.draft for s in stepping], caps, floors)
+            lengths = [k if s.draft is not None else a for s, k, a in zip(stepping, chosen, asked, strict=True)]
+        steps = []
+        for s, k, b in zip(stepping, lengths, budgets, strict=True):
+            assert s.gen is not None
+            steps.append(_core.SeqStep(s.seq, k, s.gen.config.draft_min, s.gen.config.draft_p_min, budget=b))
+        results = core.step_batch(steps)
+        for s, r in zip(stepping, results, strict=True):
             gen = s.gen
             assert gen is not None
+            # n-gram drafts say nothing about the drafter's acceptance
+            if policy is not None and s.draft is not None and not r.error and r.source in MODEL_SOURCES:
+                policy.observe_sequence(s.draft, r.n_drafted, r.n_accepted)
             if r.error:
                 gen.fail(GrammarError(r.error))
             else:
@@ -280,6 +325,15 @@ class Engine:
             if gen.done:
                 with self._cv:
                     self._release(s)
+        if policy is not None:
+            rows = sum(1 + r.n_drafted for r in results)
+            draft_rows = sum(1 + r.draft_max for r in results if r.draft_max > 0 and r.t_draft_ms > 0)
+            t_draft = max(r.t_draft_ms for r in results)
+            wall = (time.perf_counter() - t0) * 1e3
+            policy.observe_step(rows, results[0].t_verify_ms, draft_rows, t_draft, wall)
+
+
+MODEL_SOURCES = ("draft-dflash", "draft-dspark", "")  # "": nothing drafted this step
 
 
 def _copy(exc: BaseException) -> BaseException:

@@ -139,6 +139,17 @@ class Generation:
         self.n_cached = 0  # prompt tokens taken from the prompt cache
         seed = config.seed if config.seed is not None else host.config.seed
         self.seed = seed if seed >= 0 else random.getrandbits(63)
+        # the engine chooses each step's draft length (_draft_policy) unless one is pinned
+        # (here or by the Llama), adaptive lengths are off, or a seeded sample must
+        # reproduce: its random draws follow the draft lengths, which follow timings
+        sampled_with_seed = config.temperature > 0 and config.top_k != 1 and seed >= 0
+        self.adaptive = (
+            pair.has_drafter
+            and config.draft_max is None
+            and host.config.draft_max is None
+            and host.config.draft_adaptive
+            and not sampled_with_seed
+        )
         self.channel = _Channel()
         self.cancelled = False  # the consumer left: the engine drops it
         self.cancel_check: Callable[[], bool] | None = None
@@ -287,6 +298,7 @@ class Generation:
             drafted=list(step.drafted) if step else [],
             finish_reason=self.finish,
             source=step.source if step else "",
+            draft_max=step.draft_max if step else 0,
         )
 
     def result(self) -> GenerationResult:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _cli_bench, _cli_demo, _core, backends
-from ._cli_common import add_common, llama_options, stats_line
+from ._cli_common import DRAFT_MAX_HELP, add_common, llama_options, stats_line
 from .errors import PyDFlashError
 from .llama import Llama
 
@@ -48,7 +48,7 @@ def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     g.add_argument("-d", "--draft", metavar="DRAFT", help="DFlash drafter GGUF file (omit: target alone)")
     g.add_argument("-p", "--prompt", required=True, help="prompt text")
     g.add_argument("-n", "--max-tokens", type=int, default=128, help="tokens to generate (default: %(default)s)")
-    g.add_argument("--draft-max", type=int, default=None, help="draft tokens per step (default: block size - 1)")
+    g.add_argument("--draft-max", type=int, default=None, help=DRAFT_MAX_HELP)
     g.add_argument(
         "--draft-min",
         type=int,
@@ -144,7 +144,7 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="DIR",
         help="where POST /slots/ID?action=save|restore keeps slot files (default: save and restore off)",
     )
-    s.add_argument("--draft-max", type=int, default=None, help="draft tokens per step (default: block size - 1)")
+    s.add_argument("--draft-max", type=int, default=None, help=DRAFT_MAX_HELP)
     s.add_argument(
         "--chat-template",
         default=None,

@@ -123,7 +123,9 @@ class ModelConfig:
     draft_type_k: str = _PAIR.draft_type_k  # the drafter's
     draft_type_v: str = _PAIR.draft_type_v
     n_threads: int | None = None  # None: all hardware threads
-    draft_max: int | None = None  # None: the drafter's block size - 1
+    # None: each step's draft length is chosen (draft_adaptive), else block size - 1; an int pins it
+    draft_max: int | None = None
+    draft_adaptive: bool = True  # False: draft block size - 1 every step when draft_max is None
     seed: int = 0
     rollback: str = _PAIR.rollback
     # llama.cpp's --spec-type list, e.g. ("ngram-mod", "draft-dflash"): n-gram drafts
@@ -142,6 +144,11 @@ class ModelConfig:
                 int_option(name, getattr(self, name))
         if self.draft_max is not None:
             int_option("draft_max", self.draft_max, 0)  # None is the default, not -1
+        if not isinstance(self.draft_adaptive, bool):
+            raise TypeError(
+                f"draft_adaptive must be a bool (False: a fixed draft length of block size - 1), "
+                f"not {type(self.draft_adaptive).__name__}"
+            )
         int_option("seed", self.seed, bits=64)
         if isinstance(self.tensor_split, (str, bytes)) or not isinstance(self.tensor_split, Sequence):
             raise TypeError(f"tensor_split must be a sequence of numbers, not {type(self.tensor_split).__name__}")
@@ -257,7 +264,7 @@ class SamplingConfig:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     verify: str = _SAMPLING.verify  # at temperature > 0: "rejection" (speculative sampling) or "match"
-    draft_max: int | None = None
+    draft_max: int | None = None  # None: the Llama's (adaptive unless it pins one); an int pins it
     draft_min: int = 0
     draft_p_min: float = 0.0
     cache_prompt: bool = True  # keep the prefix the caches already hold (llama-server's cache_prompt)

@@ -76,6 +76,7 @@ class Llama:
         draft_type_v: str = _DEFAULTS.draft_type_v,
         n_threads: int | None = None,
         draft_max: int | None = None,
+        draft_adaptive: bool = _DEFAULTS.draft_adaptive,
         seed: int = _DEFAULTS.seed,
         n_batch: int = _DEFAULTS.n_batch,
         rollback: str = _DEFAULTS.rollback,
@@ -87,9 +88,10 @@ class Llama:
         """Options: see ``ModelConfig`` (devices: ``n_gpu_layers``/``draft_n_gpu_layers``
         (-1 = all), ``main_gpu``, ``split_mode``, ``tensor_split``, ``rpc_servers``;
         attention and KV cache: ``flash_attn``, ``type_k``/``type_v`` for the target and
-        ``draft_type_k``/``draft_type_v`` for the drafter; speculation: ``speculative``,
-        llama.cpp's ``--spec-type`` list such as ``["ngram-mod", "draft-dflash"]``, with
-        ``ngram`` its n-gram settings)."""
+        ``draft_type_k``/``draft_type_v`` for the drafter; draft length: ``draft_max`` None
+        chooses each step's length, ``draft_adaptive=False`` drafts block size - 1 instead,
+        an int pins it; speculation: ``speculative``, llama.cpp's ``--spec-type`` list
+        such as ``["ngram-mod", "draft-dflash"]``, with ``ngram`` its n-gram settings)."""
         self._pair_core: _core.ContextPair | None = None
         self._target: _core.Model | None = None
         self._draft: _core.Model | None = None
@@ -113,6 +115,7 @@ class Llama:
             draft_type_v=draft_type_v,
             n_threads=n_threads,
             draft_max=draft_max,
+            draft_adaptive=draft_adaptive,
             seed=seed,
             rollback=rollback,
             speculative=speculative_types(speculative),

@@ -70,7 +70,7 @@ class ContextPair:
         draft: Sequence[int] | None = None,
     ) -> StepResult:
         """One speculative step. ``draft_max`` bounds the drafted block (None:
-        the pair's default; 0: plain target decoding); a block shorter than
+        the pair's default; 0: plain target decoding, no n-gram draft either); a block shorter than
         ``draft_min`` is dropped; the block is cut where the drafter's
         confidence falls below ``draft_p_min``. ``draft`` verifies these tokens
         instead of the drafter's block (any external draft source)."""
@@ -82,6 +82,7 @@ class ContextPair:
                 float_option("draft_p_min", draft_p_min),
                 None if draft is None else list(draft),
                 self._seq,
+                0 if dm == 0 else -1,  # the budget: 0 drafts nothing from any source
             )
         finally:
             _logging.flush()

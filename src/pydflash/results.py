@@ -58,6 +58,12 @@ class GenerationStats:
         return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
 
     @property
+    def draft_lengths(self) -> tuple[int, ...]:
+        """The draft length each step asked for (chosen by the adaptive policy, or the
+        pinned draft_max, as the block, context and max_tokens allowed; 0: plain decoding)."""
+        return tuple(s.draft_max for s in self.steps)
+
+    @property
     def mean_accepted_length(self) -> float:
         """tau: generated tokens per target verification pass."""
         return self.n_tokens / self.n_steps if self.n_steps else 0.0
@@ -138,6 +144,7 @@ class StreamStep:
     finish_reason: FinishReason | None = None
     logprobs: list[TokenLogprob] | None = None  # one per token, with logprobs=True
     source: str = ""  # who drafted this step ("draft-dflash", "ngram-mod", ...); "": nobody
+    draft_max: int = 0  # the draft length this step asked for (0: plain decoding)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,6 +14,7 @@ Row = dict[str, Any]  # one configuration's figures (COLUMNS and more); JSON val
 
 TARGET_ONLY = "pydflash-target"
 DFLASH = "pydflash-dflash"
+ADAPTIVE = "pydflash-adaptive"  # DFlash with the adaptive draft length (draft_max None)
 NATIVE = "llama.cpp-dflash"
 LCP = "llama-cpp-python"
 
@@ -31,6 +32,7 @@ COLUMNS = [
     "itl_ms",
     "acceptance_rate",
     "tau",
+    "mean_draft_len",
     "speedup",
     "roofline_fraction",
     "rss_peak_mib",
@@ -60,13 +62,15 @@ def aggregate(measurements: list[Row], roofline: dict[str, Any] | None = None) -
             "itl_ms": 1e3 * statistics.median(m["decode_s"] / m["n_generated"] for m in ms),
             "acceptance_rate": sum(m["n_accepted"] for m in ms) / drafted if drafted else None,
             "tau": sum(m["n_generated"] for m in ms) / max(sum(m["n_steps"] for m in ms), 1),
+            # the draft length steps asked for (the adaptive policy's choice, or the pinned one)
+            "mean_draft_len": statistics.fmean(m["mean_draft_len"] for m in ms) if "mean_draft_len" in ms[0] else None,
             "rss_peak_mib": max(m["rss_peak_bytes"] for m in ms) / 2**20,
             "isl_measured": statistics.median(m["isl"] for m in ms),
             "same_tokens_as_target": all(m.get("same_tokens_as_target", True) for m in ms)
             if any("same_tokens_as_target" in m for m in ms)
             else None,
         }
-        if engine in (TARGET_ONLY, DFLASH) and ms[0].get("memory"):
+        if engine in (TARGET_ONLY, DFLASH, ADAPTIVE) and ms[0].get("memory"):
             row["memory"] = ms[0]["memory"]
         rows.append(row)
     base = {(r["isl"], r["osl"]): r["decode_tok_s"] for r in rows if r["engine"] == TARGET_ONLY}
@@ -102,6 +106,7 @@ def goals(rows: list[Row]) -> list[str]:
             f"pydflash target-only / llama-cpp-python decode tok/s: median {statistics.median(ratios):.3f}"
             f" (goal >= 1.0)"
         )
+    out += [line for r in adaptive_ratios(rows) for line in _adaptive_lines(r)]
     best = max((r for r in rows if r["engine"] == DFLASH and r["speedup"]), key=lambda r: r["speedup"], default=None)
     if best:
         out.append(
@@ -111,10 +116,58 @@ def goals(rows: list[Row]) -> list[str]:
     return out
 
 
+def adaptive_ratios(rows: list[Row]) -> list[dict[str, Any]]:
+    """Per workload (ISL, OSL) with an adaptive row: its decode tok/s over the best
+    fixed draft_max measured there, over the default fixed one (block size - 1, the
+    largest measured) and over the target alone (medians, measured side by side)."""
+    out = []
+    for a in (r for r in rows if r["engine"] == ADAPTIVE):
+        fixed = [r for r in rows if r["engine"] == DFLASH and (r["isl"], r["osl"]) == (a["isl"], a["osl"])]
+        target = next(
+            (r for r in rows if r["engine"] == TARGET_ONLY and (r["isl"], r["osl"]) == (a["isl"], a["osl"])), None
+        )
+        best = max(fixed, key=lambda r: r["decode_tok_s"], default=None)
+        default = max(fixed, key=lambda r: r["draft_max"] or 0, default=None)
+        tok_s = a["decode_tok_s"]
+        out.append(
+            {
+                "isl": a["isl"],
+                "osl": a["osl"],
+                "adaptive_tok_s": tok_s,
+                "mean_draft_len": a.get("mean_draft_len"),
+                "best_fixed_draft_max": best["draft_max"] if best else None,
+                "fixed_draft_max_measured": sorted(r["draft_max"] for r in fixed),
+                "over_best_fixed": tok_s / best["decode_tok_s"] if best else None,
+                "default_draft_max": default["draft_max"] if default else None,
+                "over_default_fixed": tok_s / default["decode_tok_s"] if default else None,
+                "over_target_alone": tok_s / target["decode_tok_s"] if target else None,
+            }
+        )
+    return out
+
+
+def _adaptive_lines(r: dict[str, Any]) -> list[str]:
+    where = f"isl {r['isl']} osl {r['osl']}"
+    lines = []
+    if r["over_best_fixed"] is not None:
+        lines.append(
+            f"adaptive / best fixed draft_max ({r['best_fixed_draft_max']} of {r['fixed_draft_max_measured']}), "
+            f"{where}: {r['over_best_fixed']:.3f} (goal >= 0.98)"
+        )
+    if r["over_default_fixed"] is not None:
+        lines.append(
+            f"adaptive / default fixed draft_max {r['default_draft_max']}, {where}: {r['over_default_fixed']:.3f} "
+            "(goal >= 1.1 on at least one workload)"
+        )
+    if r["over_target_alone"] is not None:
+        lines.append(f"adaptive / target alone, {where}: {r['over_target_alone']:.3f} (goal >= 0.98)")
+    return lines
+
+
 def table(rows: list[Row]) -> str:
     """Rows as text; "same" says whether the greedy tokens equalled the target's own."""
     head = (
-        f"{'engine':18} {'isl':>6} {'osl':>6} {'dm':>3} {'decode t/s':>11} {'(min-max)':>15} "
+        f"{'engine':18} {'isl':>6} {'osl':>6} {'dm':>4} {'decode t/s':>11} {'(min-max)':>15} "
         f"{'prefill t/s':>11} {'ttft ms':>8} {'itl ms':>7} {'accept':>6} {'tau':>5} {'speedup':>7} {'roof':>5} "
         f"{'rss MiB':>8} {'same':>4}"
     )
@@ -125,7 +178,7 @@ def table(rows: list[Row]) -> str:
 
     for r in rows:
         lines.append(
-            f"{r['engine']:18} {r['isl']:6d} {r['osl']:6d} {r['draft_max'] or 0:3d} "
+            f"{r['engine']:18} {r['isl']:6d} {r['osl']:6d} {_dm(r):>4} "
             f"{r['decode_tok_s']:11.1f} {r['decode_tok_s_min']:7.1f}-{r['decode_tok_s_max']:<7.1f} "
             f"{r['prefill_tok_s']:11.1f} {r['ttft_ms']:8.1f} {r['itl_ms']:7.2f} "
             f"{f(r['acceptance_rate'], '6.3f'):>6} {r['tau']:5.2f} {f(r['speedup'], '6.2f'):>6}x "
@@ -133,6 +186,13 @@ def table(rows: list[Row]) -> str:
             f"{ {True: 'yes', False: 'NO', None: '-'}[r['same_tokens_as_target']]:>4}"
         )
     return "\n".join(lines)
+
+
+def _dm(r: Row) -> str:
+    """The draft_max column: the pinned length, or the adaptive one's mean ("~2.7")."""
+    if r["draft_max"] is not None:
+        return str(r["draft_max"])
+    return f"~{r['mean_draft_len']:.1f}" if r.get("mean_draft_len") is not None else "auto"
 
 
 def write_json(path: Path, meta: dict[str, Any], rows: list[Row]) -> None:

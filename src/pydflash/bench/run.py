@@ -18,9 +18,9 @@ from ..config import FLASH_ATTN
 from . import report
 from .engines import Engine, EngineUnavailable, Measurement, NativeEngine, WorkerEngine, find_native
 from .roofline import bytes_per_pass, measure_bandwidth
-from .workload import heldout_stdlib_text, make_prompts
+from .workload import WORKLOADS, make_prompts
 
-ENGINES = (report.TARGET_ONLY, report.DFLASH, report.NATIVE, report.LCP)
+ENGINES = (report.TARGET_ONLY, report.DFLASH, report.ADAPTIVE, report.NATIVE, report.LCP)
 DRAFT_MAX_SWEEP = (1, 2, 4, 8, 12, 15)
 Log = Callable[[str], None]
 
@@ -43,6 +43,7 @@ class BenchConfig:
     bandwidth: bool = True  # measure memory bandwidth for the roofline
     flash_attn: str = "auto"  # every engine alike: "auto" (llama.cpp's default; enabled
     # on the CPU), "on" or "off" (llama-cpp-python: on unless "off")
+    workload: str = "code"  # the prompts' text: held-out stdlib "code" or "prose" (workload.WORKLOADS)
 
     @staticmethod
     def quick(**changes: Any) -> BenchConfig:
@@ -59,6 +60,8 @@ class BenchConfig:
         unknown = set(self.engines) - set(ENGINES)
         if unknown:
             raise ValueError(f"unknown engines {sorted(unknown)}; choose from {list(ENGINES)}")
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"workload must be one of {sorted(WORKLOADS)}, not {self.workload!r}")
         if self.flash_attn not in FLASH_ATTN:
             raise ValueError(f"flash_attn must be auto, on or off, not {self.flash_attn!r}")
         if (self.target is None) != (self.draft is None):
@@ -75,7 +78,7 @@ def run(cfg: BenchConfig, log: Log = print) -> dict[str, Any]:
         n_ctx = round_up(max(i + o for i, o in zip(cfg.isl, osls, strict=True)) + 64, 256)
         engines, skipped = _start(cfg, target, draft, n_ctx, threads, log)
         try:
-            max_draft = next((e.info["max_draft"] for e in engines if e.name == report.DFLASH), None)
+            max_draft = next((e.info["max_draft"] for e in engines if e.uses_draft and "max_draft" in e.info), None)
             if max_draft is None:
                 from .. import Llama
 
@@ -83,7 +86,7 @@ def run(cfg: BenchConfig, log: Log = print) -> dict[str, Any]:
                     max_draft = probe.pair.max_draft
             ctx_dm = cfg.ctx_draft_max or max_draft
             sweep = sorted({d for d in (cfg.draft_max or DRAFT_MAX_SWEEP) if d <= max_draft} | {ctx_dm})
-            if not any(e.uses_draft for e in engines):
+            if not any(_sweeps(e) for e in engines):
                 sweep = []  # only target-only engines: nothing to sweep
             plan = _plan(cfg.isl, osls, ctx_dm, sweep)
             prompts = _prompts(source, cfg, max(cfg.repeats, 1))
@@ -108,6 +111,7 @@ def run(cfg: BenchConfig, log: Log = print) -> dict[str, Any]:
             "skipped": skipped,
             "time": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         }
+        meta["adaptive_ratios"] = report.adaptive_ratios(rows)
         return {"meta": meta, "rows": rows, "goals": report.goals(rows)}
 
 
@@ -151,7 +155,7 @@ def _start(
         try:
             if name == report.TARGET_ONLY:
                 e = WorkerEngine(name, "pydflash", target, None, n_ctx, threads, n_ctx, cfg.flash_attn)
-            elif name == report.DFLASH:
+            elif name in (report.DFLASH, report.ADAPTIVE):
                 e = WorkerEngine(name, "pydflash", target, draft, n_ctx, threads, n_ctx, cfg.flash_attn)
             elif name == report.NATIVE:
                 e = NativeEngine(find_native(cfg.native), target, draft, n_ctx, threads, cfg.flash_attn)
@@ -175,10 +179,23 @@ def _plan(
     return plan
 
 
+def _sweeps(e: Engine) -> bool:
+    """An engine run at every draft_max of the sweep (the adaptive one chooses its own:
+    it runs once per workload, beside the target alone)."""
+    return e.uses_draft and e.name != report.ADAPTIVE
+
+
+def _draft_max(e: Engine, dm: int) -> int | None:
+    """What an engine is asked to draft: the sweep's value, 0 (target alone) or None (adaptive)."""
+    if e.name == report.ADAPTIVE:
+        return None
+    return dm if e.uses_draft else 0
+
+
 def _prompts(source: dict[str, str], cfg: BenchConfig, count: int) -> dict[int, list[str]]:
     from .. import Llama
 
-    corpus = heldout_stdlib_text()
+    corpus = WORKLOADS[cfg.workload]()
     with Llama(source["tokenizer_model"], n_ctx=64) as tok:
         return {isl: make_prompts(tok.tokenize, tok.detokenize, isl, count, corpus) for isl in cfg.isl}
 
@@ -194,22 +211,22 @@ def _measure(
     warm_isl = min(cfg.isl)
     for e in engines:
         for _ in range(cfg.warmup):
-            e.run(prompts[warm_isl][0], 16, plan[0][2] if e.uses_draft else 0)
-    total = sum(cfg.repeats * len([e for e in engines if e.uses_draft or with_t]) for *_, with_t in plan)
+            e.run(prompts[warm_isl][0], 16, _draft_max(e, plan[0][2]))
+    total = sum(cfg.repeats * len([e for e in engines if _sweeps(e) or with_t]) for *_, with_t in plan)
     done = 0
     for r in range(cfg.repeats):
         for isl, osl, dm, with_target in plan:
-            active = [e for e in engines if e.uses_draft or with_target]
+            active = [e for e in engines if _sweeps(e) or with_target]
             k = r % len(active)
             for e in active[k:] + active[:k]:  # rotate the order run by run
-                m = e.run(prompts[isl][r], osl, dm if e.uses_draft else 0)
-                m.update(engine=e.name, isl_requested=isl, osl=osl, draft_max=dm if e.uses_draft else 0, repeat=r)
+                m = e.run(prompts[isl][r], osl, _draft_max(e, dm))
+                m.update(engine=e.name, isl_requested=isl, osl=osl, draft_max=_draft_max(e, dm), repeat=r)
                 if "memory" in e.info:
                     m["memory"] = e.info["memory"]
                 out.append(m)
                 done += 1
                 log(
-                    f"[{done}/{total}] {e.name:18} isl {isl:5d} osl {osl:5d} dm {m['draft_max']:2d}: "
+                    f"[{done}/{total}] {e.name:18} isl {isl:5d} osl {osl:5d} dm {m['draft_max']!s:>4}: "
                     f"{m['n_generated'] / max(m['decode_s'], 1e-9):8.1f} tok/s"
                 )
     # losslessness inside the bench: greedy tokens equal the target's own on the same prompt

@@ -61,7 +61,7 @@ def pydflash_engine(a: argparse.Namespace) -> tuple[Callable[[Request], Reply], 
 
     def run(req: Request) -> Reply:
         prompt = llm.tokenize(req["text"])
-        dm = req.get("draft_max") if a.draft or a.spec_type else 0
+        dm = req.get("draft_max") if a.draft or a.spec_type else 0  # None: the adaptive draft length
         # a cold prefill every time, as the other engines do (repeats reuse prompts)
         res = llm.generate(prompt, max_tokens=req["osl"], ignore_eos=True, draft_max=dm, cache_prompt=False)
         s = res.stats
@@ -76,6 +76,7 @@ def pydflash_engine(a: argparse.Namespace) -> tuple[Callable[[Request], Reply], 
             "n_steps": s.n_steps,
             "n_drafted": s.n_drafted,
             "n_accepted": s.n_accepted,
+            "mean_draft_len": sum(s.draft_lengths) / len(s.draft_lengths) if s.draft_lengths else 0.0,
             "tokens_head": res.tokens[:32],
         }
 

@@ -42,6 +42,18 @@ def heldout_stdlib_text(percent: int = 5) -> str:
     return "\n\n".join(parts)
 
 
+def heldout_prose_text() -> str:
+    """English prose the embedded pair did not train on: the held-out
+    pydoc_data/topics.py's help topics (the text of its strings). A code model's
+    drafter is rarely right here: the workload where drafting pays least."""
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics[k] for k in sorted(topics))
+
+
+WORKLOADS = {"code": heldout_stdlib_text, "prose": heldout_prose_text}
+
+
 def make_prompts(
     tokenize: Callable[[str], list[int]], detokenize: Callable[[list[int]], str], isl: int, count: int, corpus: str
 ) -> list[str]:

@@ -1,0 +1,332 @@
+"""The adaptive draft length: how many tokens each running sequence drafts this step.
+
+A step of k drafted tokens yields on average ``E(k) = 1 + sum_{j<=k} prod_{i<=j} c_i``
+tokens, c_i being the conditional acceptance of draft position i (the chance the
+i-th drafted token is kept when the ones before it were). It costs one target
+pass over every sequence's ``1 + k`` rows, one drafter pass over the blocks of
+the sequences that draft (none when no sequence drafts) and a per-step overhead
+(feature injection, sampling, the engine's own work). The policy picks the
+lengths that maximise expected tokens per second over all the running sequences
+together, since they share both passes:
+
+- ``CostModel``: pass times by row count, calibrated once on the pair
+  (``ContextPair.calibrate``: the machine, model and backend decide them), then
+  scaled online from the timings every step returns (the context grows, the
+  machine is busy);
+- ``Acceptance``: one sequence's c_i, exponentially weighted over its recent
+  steps (a rejected position counts against itself only; positions after it were
+  not tried), each position's prior the one before it (acceptance changes
+  smoothly along a block), the first position's the pair's running estimate
+  over every sequence (slower to change: one unlucky step does not stop drafting);
+- ``choose_lengths``: the joint choice, a coordinate ascent over sequences;
+- ``DraftPolicy``: the engine's side: per-sequence state, probing, observation.
+
+When drafting does not pay (low acceptance, many busy sequences sharing a
+verification pass) a sequence's length is 0: plain target decoding, no drafter
+pass. While off, its estimate returns toward the pair's running one step by
+step (a burst of rejections does not stop it for good), and it probes now and
+then with a full draft, so the estimates can recover where the pair's is low
+too; a probe that does not resume speculation doubles the wait before the next.
+
+Pure Python without the model: tests drive it with synthetic costs and acceptances.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from collections.abc import Sequence
+from typing import Protocol
+
+__all__ = [
+    "Acceptance",
+    "CostModel",
+    "DraftPolicy",
+    "SequenceDraft",
+    "choose_lengths",
+    "expected_tokens",
+]
+
+PRIOR_ACCEPTANCE = 0.6  # c_1 before anything was observed on this pair
+PRIOR_WEIGHT = 2.0  # pseudo-observations of a position's prior
+DECAY = 0.9  # a sequence's estimate: weight of the past per observation (about the last 10 steps)
+POOLED_DECAY = 0.98  # the pair's running estimate (the prior of new sequences)
+PROBE_WEIGHT = 2.0  # a probe counts as this many steps (it is the only news while off)
+PROBE_FIRST = 4  # steps off before the first probe
+PROBE_MAX = 64  # the longest wait between probes
+COST_ALPHA = 0.1  # weight of each step's timings in the online cost correction
+
+
+def expected_tokens(c: Sequence[float], k: int) -> float:
+    """Tokens a step drafting ``k`` yields on average: 1 + sum_{j<=k} prod_{i<=j} c_i."""
+    e, p = 1.0, 1.0
+    for i in range(k):
+        p *= c[i]
+        e += p
+    return e
+
+
+def _gains(c: Sequence[float], k_max: int) -> list[float]:
+    """E(0..k_max)."""
+    out, e, p = [1.0], 1.0, 1.0
+    for i in range(k_max):
+        p *= c[i]
+        e += p
+        out.append(e)
+    return out
+
+
+class Calibration(Protocol):
+    """``_core.Calibration``'s fields (ms per pass size)."""
+
+    @property
+    def verify_rows(self) -> list[int]: ...
+    @property
+    def verify_ms(self) -> list[float]: ...
+    @property
+    def draft_rows(self) -> list[int]: ...
+    @property
+    def draft_ms(self) -> list[float]: ...
+
+
+def _table(rows: Sequence[int], ms: Sequence[float], n: int) -> list[float]:
+    """ms for 0..n rows: linear between the timed sizes, beyond them along the last
+    slope, made non-decreasing (a pass of more rows never costs less; timing noise can say so)."""
+    if not rows or len(rows) != len(ms):
+        raise ValueError("a cost table needs as many times as sizes, at least one")
+    out = [0.0]
+    for r in range(1, n + 1):
+        i = bisect.bisect_left(rows, r)
+        if i < len(rows) and rows[i] == r:
+            v = ms[i]
+        elif i == 0:
+            v = ms[0]
+        elif i == len(rows):
+            r0, r1 = (rows[-2], rows[-1]) if len(rows) > 1 else (rows[-1] - 1, rows[-1])
+            m0, m1 = (ms[-2], ms[-1]) if len(rows) > 1 else (ms[-1], ms[-1])
+            v = m1 + (m1 - m0) / max(r1 - r0, 1) * (r - r1)
+        else:
+            f = (r - rows[i - 1]) / (rows[i] - rows[i - 1])
+            v = ms[i - 1] + f * (ms[i] - ms[i - 1])
+        out.append(max(v, out[-1]))
+    return out
+
+
+class CostModel:
+    """Milliseconds of one step: ``verify_ms(rows) + draft_ms(rows drafted) + overhead_ms``.
+    Built from timed pass sizes (``from_calibration``); ``observe`` scales it by
+    what steps actually took."""
+
+    def __init__(
+        self,
+        verify_rows: Sequence[int],
+        verify_ms: Sequence[float],
+        draft_rows: Sequence[int],
+        draft_ms: Sequence[float],
+        max_rows: int,
+        overhead_ms: float = 0.0,
+    ):
+        if max_rows < 1:
+            raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+        self.max_rows = max_rows
+        self._v = _table(verify_rows, verify_ms, max_rows)
+        self._d = _table(draft_rows, draft_ms, max_rows) if draft_rows else [0.0] * (max_rows + 1)
+        self.verify_scale = 1.0
+        self.draft_scale = 1.0
+        self.overhead_ms = overhead_ms
+
+    @classmethod
+    def from_calibration(cls, cal: Calibration, max_rows: int) -> CostModel:
+        return cls(cal.verify_rows, cal.verify_ms, cal.draft_rows, cal.draft_ms, max_rows)
+
+    @classmethod
+    def uncalibrated(cls, max_rows: int) -> CostModel:
+        """When no calibration could run: a memory-bound guess (a pass costs about
+        the same for any few rows), corrected online like a calibrated one."""
+        return cls([1, max_rows], [1.0, 1.0 + 0.02 * (max_rows - 1)], [1, max_rows], [0.2, 0.3], max_rows)
+
+    def _at(self, table: list[float], rows: int) -> float:
+        if rows <= self.max_rows:
+            return table[rows]
+        slope = table[self.max_rows] - table[self.max_rows - 1] if self.max_rows > 1 else 0.0
+        return table[self.max_rows] + slope * (rows - self.max_rows)
+
+    def verify_ms(self, rows: int) -> float:
+        return self._at(self._v, rows) * self.verify_scale
+
+    def draft_ms(self, rows: int) -> float:
+        """The drafter pass over ``rows`` block rows (0: no pass)."""
+        return self._at(self._d, rows) * self.draft_scale if rows > 0 else 0.0
+
+    def step_ms(self, rows: int, draft_rows: int) -> float:
+        return self.verify_ms(rows) + self.draft_ms(draft_rows) + self.overhead_ms
+
+    def observe(self, rows: int, verify_ms: float, draft_rows: int, draft_ms: float, other_ms: float) -> None:
+        """One step's measured times: the target pass over ``rows``, the drafter pass
+        over ``draft_rows`` (0: none) and the rest of the step (``other_ms``)."""
+        a = COST_ALPHA
+        base = self._at(self._v, rows)
+        if base > 0 and verify_ms > 0:
+            self.verify_scale += a * (verify_ms / base - self.verify_scale)
+        base = self._at(self._d, draft_rows)
+        if draft_rows > 0 and base > 0 and draft_ms > 0:
+            self.draft_scale += a * (draft_ms / base - self.draft_scale)
+        self.overhead_ms += a * (max(other_ms, 0.0) - self.overhead_ms)
+
+
+class Acceptance:
+    """One sequence's conditional acceptance per draft position (see the module
+    docstring); ``prior`` is the first position's prior (a number, or another
+    estimate's first position as it is now: the pair's), each later position's is
+    the estimate of the position before it."""
+
+    def __init__(self, n: int, prior: float | Acceptance = PRIOR_ACCEPTANCE, decay: float = DECAY):
+        self.n = n
+        self.prior = prior
+        self.decay = decay
+        self._hit = [0.0] * n  # exponentially weighted kept / tried, per position
+        self._try = [0.0] * n
+
+    def observe(self, n_drafted: int, n_accepted: int, weight: float = 1.0) -> None:
+        """A step that drafted ``n_drafted`` and kept ``n_accepted`` of them: positions
+        1..n_accepted were kept, the next one rejected, the rest not tried. It counts
+        as ``weight`` steps."""
+        d = self.decay
+        for i in range(min(n_drafted, n_accepted + 1, self.n)):
+            self._hit[i] = self._hit[i] * d + (weight if i < n_accepted else 0.0)
+            self._try[i] = self._try[i] * d + weight
+
+    def forget(self) -> None:
+        """A step without news (not drafted): what was seen weighs less, the prior more."""
+        self._hit = [h * self.decay for h in self._hit]
+        self._try = [t * self.decay for t in self._try]
+
+    def conditional(self) -> list[float]:
+        """c_1..c_n: each position's weighted rate shrunk toward its prior (an untried
+        position: its prior)."""
+        out: list[float] = []
+        prior = self.prior if isinstance(self.prior, (int, float)) else self.prior.first()
+        for i in range(self.n):
+            prior = (self._hit[i] + PRIOR_WEIGHT * prior) / (self._try[i] + PRIOR_WEIGHT)
+            out.append(prior)
+        return out
+
+    def first(self) -> float:
+        """c_1 alone."""
+        prior = self.prior if isinstance(self.prior, (int, float)) else self.prior.first()
+        return (self._hit[0] + PRIOR_WEIGHT * prior) / (self._try[0] + PRIOR_WEIGHT) if self.n else prior
+
+
+@dataclasses.dataclass
+class Choice:
+    """One sequence's part of a joint choice: its allowed lengths and gains."""
+
+    gains: list[float]  # E(0..hi)
+    lo: int  # the shortest draft it may take (draft_min; 0 is always allowed)
+    hi: int  # the longest (block, context, max_tokens)
+    pinned: int | None = None  # a fixed length (not chosen)
+
+    def options(self) -> list[int]:
+        if self.pinned is not None:
+            return [self.pinned]
+        return [0, *range(max(self.lo, 1), self.hi + 1)]
+
+
+def choose_lengths(cost: CostModel, choices: Sequence[Choice]) -> list[int]:
+    """The lengths (one per choice) that maximise expected tokens per ms of the
+    shared step: coordinate ascent (each sequence's best length given the
+    others', until none changes) from two starts, every adaptive sequence at 0 and
+    each at its best alone; the better result."""
+
+    def rate(ks: list[int]) -> float:
+        rows = sum(1 + k for k in ks)
+        drows = sum(1 + k for k in ks if k > 0)
+        gain = sum(c.gains[k] if k < len(c.gains) else c.gains[-1] for c, k in zip(choices, ks, strict=True))
+        return gain / max(cost.step_ms(rows, drows), 1e-9)
+
+    def ascend(ks: list[int]) -> tuple[float, list[int]]:
+        best = rate(ks)
+        for _ in range(4):
+            changed = False
+            for i, c in enumerate(choices):
+                if c.pinned is not None:
+                    continue
+                keep = ks[i]
+                for k in c.options():
+                    ks[i] = k
+                    r = rate(ks)
+                    if r > best * (1 + 1e-9):
+                        best, keep, changed = r, k, True
+                ks[i] = keep
+            if not changed:
+                break
+        return best, ks
+
+    zero = [c.pinned if c.pinned is not None else 0 for c in choices]
+    r0, k0 = ascend(list(zero))
+    if len(choices) == 1:
+        return k0
+    alone = [c.pinned if c.pinned is not None else choose_lengths(cost, [c])[0] for c in choices]
+    r1, k1 = ascend(alone)
+    return k1 if r1 > r0 else k0
+
+
+@dataclasses.dataclass
+class SequenceDraft:
+    """One generation's draft-length state in the policy."""
+
+    acceptance: Acceptance
+    off_steps: int = 0  # steps in a row chosen 0 (not probing)
+    probe_wait: int = PROBE_FIRST  # off steps before the next probe
+    probing: bool = False  # this step is a probe
+
+
+class DraftPolicy:
+    """The engine's adaptive draft length: per-sequence acceptance, the pair's
+    cost model, probing. ``choose`` before a step, ``observe`` after it."""
+
+    def __init__(self, cost: CostModel, max_draft: int):
+        self.cost = cost
+        self.max_draft = max_draft
+        self.pooled = Acceptance(max_draft, PRIOR_ACCEPTANCE, POOLED_DECAY)
+
+    def new_sequence(self) -> SequenceDraft:
+        """A generation's state, its prior the pair's running estimate."""
+        return SequenceDraft(Acceptance(self.max_draft, self.pooled))
+
+    def choose(self, states: Sequence[SequenceDraft | None], caps: Sequence[int], floors: Sequence[int]) -> list[int]:
+        """This step's length per sequence. ``states[i]`` None: pinned to ``caps[i]``;
+        otherwise chosen in 0..caps[i] (a length under ``floors[i]``, draft_min, is 0)."""
+        choices: list[Choice] = []
+        pooled = self.pooled.conditional()
+        for st, cap, lo in zip(states, caps, floors, strict=True):
+            cap = max(0, min(cap, self.max_draft))
+            if st is None:  # its gain counts in the rate (the pair's estimate); its length is given
+                choices.append(Choice(_gains(pooled, cap), 0, cap, pinned=cap))
+            else:
+                choices.append(Choice(_gains(st.acceptance.conditional(), cap), lo, cap))
+        ks = choose_lengths(self.cost, choices)
+        for i, (st, c) in enumerate(zip(states, choices, strict=True)):
+            if st is None or c.hi < max(c.lo, 1):
+                continue
+            st.probing = False
+            if ks[i] > 0:
+                st.off_steps, st.probe_wait = 0, PROBE_FIRST
+                continue
+            st.off_steps += 1
+            st.acceptance.forget()  # while off its estimate returns toward the pair's
+            if st.off_steps >= st.probe_wait:  # probe with the longest draft allowed
+                ks[i], st.probing, st.off_steps = c.hi, True, 0
+                st.probe_wait = min(st.probe_wait * 2, PROBE_MAX)
+        return ks
+
+    def observe_sequence(self, st: SequenceDraft, n_drafted: int, n_accepted: int) -> None:
+        """One sequence's step (only steps that drafted say anything about acceptance)."""
+        if n_drafted <= 0:
+            return
+        st.acceptance.observe(n_drafted, n_accepted, PROBE_WEIGHT if st.probing else 1.0)
+        self.pooled.observe(n_drafted, n_accepted)
+
+    def observe_step(self, rows: int, verify_ms: float, draft_rows: int, draft_ms: float, wall_ms: float) -> None:
+        """The shared passes of one step and its wall time (the rest is overhead)."""
+        self.cost.observe(rows, verify_ms, draft_rows, draft_ms, wall_ms - verify_ms - draft_ms)

@@ -1,0 +1,164 @@
+"""The adaptive draft length end to end: on by default (``draft_max=None``), lossless,
+shown per step; a pinned ``draft_max`` (per call or per ``Llama``) and
+``draft_adaptive=False`` draft exactly what they say; the calibration pass."""
+
+from __future__ import annotations
+
+import pytest
+
+from pydflash import Llama
+from test_lossless import N_TOKENS, TEXT_PROMPTS
+
+TIE_BOUND = 1.0  # see test_parallel.py: batching moves a tiny model's logits by up to ~0.35
+
+
+def lengths(res) -> list[int]:
+    return [s.draft_max for s in res.stats.steps]
+
+
+def assert_pinned(res, dm: int, max_tokens: int) -> None:
+    """Every step asked the drafter for ``dm`` (a plain step when one token is left)
+    and kept no draft past ``max_tokens`` (llama.cpp's budget cut)."""
+    n = 0
+    for s in res.stats.steps:
+        left = max_tokens - n - 1
+        assert s.draft_max == (dm if left > 0 else 0)
+        assert s.n_drafted <= min(dm, left)
+        n += len(s.tokens)
+
+
+def check_steps(res, block: int) -> None:
+    assert res.stats.draft_lengths == tuple(lengths(res))
+    for s in res.stats.steps:
+        assert 0 <= s.n_accepted <= s.n_drafted <= s.draft_max <= block - 1
+        assert len(s.drafted) == s.n_drafted
+
+
+@pytest.mark.parametrize("prompt", TEXT_PROMPTS[:4])
+def test_adaptive_is_the_default_and_lossless(dflash, baseline, prompt):
+    expected = baseline.generate(prompt, max_tokens=N_TOKENS, ignore_eos=True).tokens
+    res = dflash.generate(prompt, max_tokens=N_TOKENS, ignore_eos=True)
+    assert res.tokens == expected
+    check_steps(res, dflash.pair.block_size)
+
+
+def test_adaptive_lengths_follow_acceptance(dflash, baseline):
+    # the random drafter is mostly rejected: the policy stops drafting, and probes now and then
+    res = dflash.generate(TEXT_PROMPTS[0], max_tokens=N_TOKENS, ignore_eos=True)
+    got = lengths(res)
+    assert 0 in got, got
+    assert any(k > 0 for k in got), got
+    assert res.stats.acceptance_rate < 0.5  # the reason it stopped
+
+
+def test_adaptive_on_the_embedded_pair_drafts_long_blocks(embedded_dflash, embedded_target):
+    prompt = "def fibonacci(n):\n    "
+    expected = embedded_target.generate(prompt, max_tokens=96, ignore_eos=True).tokens
+    res = embedded_dflash.generate(prompt, max_tokens=96, ignore_eos=True)
+    assert res.tokens == expected
+    check_steps(res, embedded_dflash.pair.block_size)
+    assert max(lengths(res)) == embedded_dflash.pair.max_draft  # a trained drafter is worth whole blocks
+
+
+def test_streamed_steps_show_their_length(dflash):
+    steps = list(dflash.stream(TEXT_PROMPTS[1], max_tokens=40, ignore_eos=True))
+    assert all(0 <= s.draft_max <= dflash.pair.max_draft for s in steps)
+    assert all(s.n_drafted <= s.draft_max for s in steps)
+
+
+def test_a_pinned_draft_max_is_obeyed_exactly(dflash, baseline):
+    block = dflash.pair.block_size
+    for dm in (0, 1, 3, block - 1):
+        res = dflash.generate(TEXT_PROMPTS[2], max_tokens=50, ignore_eos=True, draft_max=dm)
+        assert res.tokens == baseline.generate(TEXT_PROMPTS[2], max_tokens=50, ignore_eos=True).tokens
+        assert_pinned(res, dm, 50)
+
+
+def test_a_llama_pinned_draft_max_and_the_off_switch(target_path, model_dir):
+    for kw, want in (({"draft_max": 3}, 3), ({"draft_adaptive": False}, 7)):
+        with Llama(target_path, draft=model_dir / "drafter-b8.gguf", n_ctx=512, **kw) as llm:
+            assert_pinned(llm.generate(TEXT_PROMPTS[0], max_tokens=60, ignore_eos=True), want, 60)
+            assert llm.config.draft_adaptive is ("draft_adaptive" not in kw)
+            # a per-call draft_max overrides either
+            assert_pinned(llm.generate("x", max_tokens=20, ignore_eos=True, draft_max=2), 2, 20)
+
+
+def test_a_seeded_sample_keeps_the_fixed_length(dflash):
+    # its random draws follow the draft lengths: a seed reproduces it only with fixed lengths
+    a = dflash.generate("def", max_tokens=40, temperature=0.8, seed=42, ignore_eos=True)
+    b = dflash.generate("def", max_tokens=40, temperature=0.8, seed=42, ignore_eos=True)
+    assert a.tokens == b.tokens
+    assert_pinned(a, dflash.pair.max_draft, 40)
+
+
+def test_several_sequences_adaptive_equal_the_target_alone(target_path, model_dir, baseline):
+    prompts = [TEXT_PROMPTS[i] for i in range(4)] + [[65, 66, 67], [200] * 9]
+    with Llama(target_path, draft=model_dir / "drafter-b16.gguf", n_ctx=4 * 256, n_parallel=4) as llm:
+        results = llm.generate_batch(prompts, max_tokens=60, ignore_eos=True)
+        assert llm.pair.block_size == 16
+    for p, res in zip(prompts, results, strict=True):
+        ref = baseline.generate(p, max_tokens=60, ignore_eos=True, logprobs=True, top_logprobs=2)
+        check_steps(res, 16)
+        if res.tokens != ref.tokens:  # only at a near-tie of the reference (test_parallel.py)
+            i = next(i for i, (a, b) in enumerate(zip(res.tokens, ref.tokens)) if a != b)
+            top = ref.logprobs[i].top
+            assert top[0][1] - top[1][1] < TIE_BOUND, f"differs at token {i}, not a near-tie"
+
+
+def test_bad_values_raise_typed_errors(target_path, model_dir):
+    with pytest.raises(TypeError, match="draft_adaptive must be a bool"):
+        Llama(target_path, draft=model_dir / "drafter-b8.gguf", draft_adaptive="no")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="draft_max must be >= 0"):
+        Llama(target_path, draft=model_dir / "drafter-b8.gguf", draft_max=-1)
+
+
+def test_calibrate(dflash_b8):
+    core = dflash_b8._pair_core
+    cal = core.calibrate(0, 8, 2)
+    assert cal.verify_rows == list(range(1, 9)) and len(cal.verify_ms) == 8
+    assert cal.draft_rows == list(range(1, 9)) and len(cal.draft_ms) == 8
+    assert all(t > 0 for t in cal.verify_ms + cal.draft_ms) and cal.reps == 2 and cal.seconds > 0
+    assert core.tokens(0) == [] and not core.has_pending(0)  # left empty
+    # bad requests say what to do
+    with pytest.raises(ValueError, match=r"max_rows must be in \[1, "):
+        core.calibrate(0, 0)
+    with pytest.raises(ValueError, match="reps must be >= 1"):
+        core.calibrate(0, 4, 0)
+    dflash_b8.pair.prefill([1, 2, 3])
+    with pytest.raises(ValueError, match="calibrate needs an empty sequence.*reset it first"):
+        core.calibrate(0, 4)
+    assert dflash_b8.pair.n_past == 2  # refused before any work
+
+
+def test_calibrating_one_sequence_leaves_another_as_it_was(target_path, model_dir):
+    with Llama(target_path, draft=model_dir / "drafter-b8.gguf", n_ctx=512, n_parallel=2) as llm:
+        p1 = llm.pair.sequence(1)
+        p1.prefill([5, 6, 7, 8])
+        first = p1.step(draft_max=3)
+        cal = llm._pair_core.calibrate(0, 16, 1)
+        assert cal.verify_rows[-1] == 16 and cal.draft_rows[-1] == 16  # two blocks of 8
+        after = p1.step(draft_max=3)
+        p1.prefill([5, 6, 7, 8])
+        p1.step(draft_max=3)
+        assert p1.step(draft_max=3).tokens == after.tokens
+        assert first.draft_max == 3
+
+
+def test_the_step_api_keeps_its_draft_max(dflash_b8):
+    pair = dflash_b8.pair
+    pair.prefill([1, 2, 3])
+    assert pair.step().draft_max == pair.max_draft  # None: the pair's default, block size - 1
+    assert pair.step(draft_max=2).draft_max == 2
+    assert "draft_max=2" in repr(pair.step(draft_max=2))
+
+
+def test_a_calibration_that_fails_falls_back(target_path, model_dir):
+    with Llama(target_path, draft=model_dir / "drafter-b8.gguf", n_ctx=512) as llm:
+        llm._pair_core._inject_fault("target_decode", 0)  # the calibration's first pass fails
+        res = llm.generate(TEXT_PROMPTS[0], max_tokens=30, ignore_eos=True)
+        assert len(res.tokens) == 30
+
+
+def test_no_drafter_no_policy(baseline):
+    res = baseline.generate("abc", max_tokens=10, ignore_eos=True)
+    assert lengths(res) == [0] * 10

@@ -1,0 +1,198 @@
+"""The adaptive draft length's decisions on synthetic costs and acceptances
+(no model): ``pydflash._draft_policy``."""
+
+from __future__ import annotations
+
+import pytest
+
+from pydflash._draft_policy import (
+    PROBE_FIRST,
+    PROBE_MAX,
+    Acceptance,
+    Choice,
+    CostModel,
+    DraftPolicy,
+    choose_lengths,
+    expected_tokens,
+)
+
+MAX_DRAFT = 15  # a block of 16
+
+
+def cost(verify_per_row: float, draft_ms: float = 0.2, verify_ms: float = 10.0, max_rows: int = 64) -> CostModel:
+    """A target pass of r rows: verify_ms + verify_per_row * (r - 1); a drafter pass: draft_ms flat."""
+    rows = list(range(1, max_rows + 1))
+    return CostModel(rows, [verify_ms + verify_per_row * (r - 1) for r in rows], rows, [draft_ms] * max_rows, max_rows)
+
+
+def policy(c: CostModel, acceptance: float, n_steps: int = 40) -> tuple[DraftPolicy, list]:
+    """A policy with one sequence that has seen ``n_steps`` steps of full drafts, each
+    position kept with probability ``acceptance`` (fed as the expected pattern)."""
+    p = DraftPolicy(c, MAX_DRAFT)
+    st = p.new_sequence()
+    for _ in range(n_steps):
+        feed(p, st, acceptance)
+    return p, [st]
+
+
+def feed(p: DraftPolicy, st, acceptance: float, n: int = MAX_DRAFT) -> None:
+    """Steps whose accepted count follows the conditional rate ``acceptance`` (a deterministic
+    mix: position i kept in a fraction acceptance**i of steps, as a geometric run does)."""
+    # 20 steps: the run length of each drawn from the geometric law's quantiles
+    for q in range(20):
+        u = (q + 0.5) / 20
+        a = 0
+        while a < n and u < acceptance ** (a + 1):
+            a += 1
+        p.observe_sequence(st, n, a)
+
+
+def test_expected_tokens():
+    assert expected_tokens([0.5, 0.5, 0.5], 0) == 1.0
+    assert expected_tokens([0.5, 0.5, 0.5], 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+    assert expected_tokens([1.0] * 7, 7) == 8.0
+    assert expected_tokens([0.9, 0.0, 1.0], 3) == pytest.approx(1.9)
+
+
+def test_low_acceptance_stops_speculating():
+    p, sts = policy(cost(0.5), acceptance=0.02)
+    assert p.choose(sts, [MAX_DRAFT], [0]) == [0]
+
+
+def test_high_acceptance_and_cheap_verification_drafts_the_whole_block():
+    p, sts = policy(cost(0.05), acceptance=0.95)
+    assert p.choose(sts, [MAX_DRAFT], [0]) == [MAX_DRAFT]
+
+
+def test_costly_rows_shorten_the_draft():
+    # the same acceptance: a verification whose rows cost more drafts less
+    ks = []
+    for per_row in (0.05, 1.0, 3.0):
+        p, sts = policy(cost(per_row), acceptance=0.8)
+        ks.append(p.choose(sts, [MAX_DRAFT], [0])[0])
+    assert ks[0] > ks[1] > ks[2] >= 0, ks
+
+
+def test_busy_sequences_draft_shorter():
+    # verification compute-bound past a few rows: several sequences share it
+    c = cost(0.8)
+    p, sts = policy(c, acceptance=0.8)
+    alone = p.choose(sts, [MAX_DRAFT], [0])[0]
+    many = [p.new_sequence() for _ in range(8)]
+    for st in many:
+        feed(p, st, 0.8)
+    together = p.choose(many, [MAX_DRAFT] * 8, [0] * 8)
+    assert alone > 0
+    assert max(together) < alone, (alone, together)
+
+
+def test_many_busy_sequences_with_low_acceptance_stop():
+    p, _ = policy(cost(1.0), acceptance=0.3)
+    many = [p.new_sequence() for _ in range(8)]
+    for st in many:
+        feed(p, st, 0.3)
+    assert p.choose(many, [MAX_DRAFT] * 8, [0] * 8) == [0] * 8
+
+
+def test_the_joint_choice_is_no_worse_than_any_uniform_length():
+    c = cost(0.6)
+    gains = [[expected_tokens([a] * MAX_DRAFT, k) for k in range(MAX_DRAFT + 1)] for a in (0.9, 0.5, 0.7)]
+    choices = [Choice(g, 0, MAX_DRAFT) for g in gains]
+    ks = choose_lengths(c, choices)
+
+    def rate(ks: list[int]) -> float:
+        rows = sum(1 + k for k in ks)
+        drows = sum(1 + k for k in ks if k > 0)
+        return sum(g[k] for g, k in zip(gains, ks)) / c.step_ms(rows, drows)
+
+    for k in range(MAX_DRAFT + 1):
+        assert rate(ks) >= rate([k] * 3) - 1e-12
+    assert ks[0] >= ks[2] >= ks[1]  # the better a sequence's acceptance, the longer its draft
+
+
+def test_recovery_after_a_probe():
+    p, sts = policy(cost(0.5), acceptance=0.02)
+    st = sts[0]
+    lengths = [p.choose(sts, [MAX_DRAFT], [0])[0] for _ in range(PROBE_FIRST)]
+    assert lengths[:-1] == [0] * (PROBE_FIRST - 1)
+    assert lengths[-1] == MAX_DRAFT and st.probing  # the probe: a full draft
+    p.observe_sequence(st, MAX_DRAFT, MAX_DRAFT)  # the drafter agrees again
+    assert p.choose(sts, [MAX_DRAFT], [0])[0] > 0
+    feed(p, st, 0.95)
+    assert p.choose(sts, [MAX_DRAFT], [0])[0] >= MAX_DRAFT - 2
+
+
+def test_failed_probes_come_less_often():
+    p, sts = policy(cost(0.5), acceptance=0.02)
+    st = sts[0]
+    gaps, last = [], 0
+    for i in range(1, 400):
+        k = p.choose(sts, [MAX_DRAFT], [0])[0]
+        if k:
+            assert st.probing
+            p.observe_sequence(st, k, 0)  # still rejected at the first position
+            gaps.append(i - last)
+            last = i
+    assert gaps[0] == PROBE_FIRST
+    assert gaps == sorted(gaps) and max(gaps) == PROBE_MAX
+
+
+def test_pinned_lengths_are_kept_and_draft_min_is_a_floor():
+    p, sts = policy(cost(1.0), acceptance=0.6)
+    other = p.new_sequence()
+    feed(p, other, 0.6)
+    free = p.choose(sts, [MAX_DRAFT], [0])[0]
+    assert 0 < free < MAX_DRAFT
+    # a pinned sequence beside an adaptive one keeps its length
+    assert p.choose([None, other], [5, MAX_DRAFT], [0, 0])[0] == 5
+    # draft_min above the best length: 0 or at least draft_min, never in between
+    for floor in (free + 1, free + 3):
+        k = p.choose(sts, [MAX_DRAFT], [floor])[0]
+        assert k == 0 or k >= floor
+    # a cap (max_tokens, the context) bounds the choice
+    assert p.choose(sts, [2], [0])[0] <= 2
+
+
+def test_the_cost_model_follows_measured_steps():
+    c = cost(0.5)
+    before = c.verify_ms(8)
+    for _ in range(100):  # steps take twice as long as calibrated (a longer context, a busy machine)
+        c.observe(8, 2 * before, 0, 0.0, 3.0)
+    assert c.verify_ms(8) == pytest.approx(2 * before, rel=1e-3)
+    assert c.overhead_ms == pytest.approx(3.0, rel=1e-3)
+    # a slower verification shortens the choice (with the same acceptance)
+    p, sts = policy(cost(0.5), acceptance=0.8)
+    k_before = p.choose(sts, [MAX_DRAFT], [0])[0]
+    for _ in range(100):
+        p.observe_step(9, 3 * p.cost.verify_ms(9), 0, 0.0, 3 * p.cost.verify_ms(9))
+        p.cost.observe(16, 10.0 + 0.5 * 15 * 4, 0, 0.0, 0.0)  # many rows cost 4x more than calibrated
+    assert p.choose(sts, [MAX_DRAFT], [0])[0] <= k_before
+
+
+def test_cost_tables_interpolate_and_never_decrease():
+    c = CostModel([1, 4, 8], [1.0, 0.9, 2.0], [1, 8], [0.1, 0.5], 16)
+    assert c.verify_ms(1) == 1.0
+    assert c.verify_ms(4) == 1.0  # measured 0.9: noise, a pass of more rows is not cheaper
+    assert c.verify_ms(6) == pytest.approx(1.45)
+    assert c.verify_ms(12) == pytest.approx(2.0 + (1.1 / 4) * 4)  # along the last slope
+    assert c.draft_ms(0) == 0.0  # no drafter pass at all
+    assert c.draft_ms(8) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="as many times as sizes"):
+        CostModel([1, 2], [1.0], [], [], 4)
+    with pytest.raises(ValueError, match="max_rows must be >= 1"):
+        CostModel([1], [1.0], [], [], 0)
+
+
+def test_acceptance_estimate():
+    a = Acceptance(4, prior=0.6)
+    assert a.conditional() == pytest.approx([0.6] * 4)
+    for _ in range(30):
+        a.observe(4, 1)  # the first position kept, the second rejected, the rest untried
+    c = a.conditional()
+    assert c[0] > 0.9 and c[1] < 0.2
+    assert c[2] == pytest.approx(c[1]) and c[3] == pytest.approx(c[1])  # untried: the position before
+    # a new sequence's prior is the pair's running estimate of the first position
+    p = DraftPolicy(cost(0.5), 4)
+    for _ in range(100):
+        p.observe_sequence(p.new_sequence(), 4, 0)
+    assert p.new_sequence().acceptance.conditional()[0] < 0.1

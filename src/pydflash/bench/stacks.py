@@ -19,6 +19,7 @@ from .run import Log, machine_info, prepare_models, round_up
 from .tasks import WORKLOADS, prompts
 
 TARGET = "pydflash target"
+ADAPTIVE = "pydflash draft-dflash adaptive"  # draft_max None: the adaptive length; the others pin it
 STACKS = ("ngram-mod,draft-dflash", "ngram-map-k,draft-dflash", "ngram-simple,draft-dflash")
 
 
@@ -85,6 +86,7 @@ def _start(
     engines: list[Engine] = [
         WorkerEngine(TARGET, "pydflash", target, None, n_ctx, threads, n_ctx, fa),
         WorkerEngine("pydflash draft-dflash", "pydflash", target, draft, n_ctx, threads, n_ctx, fa),
+        WorkerEngine(ADAPTIVE, "pydflash", target, draft, n_ctx, threads, n_ctx, fa),
     ]
     engines += [
         WorkerEngine(f"pydflash {s}", "pydflash", target, draft, n_ctx, threads, n_ctx, fa, spec_type=s)
@@ -122,7 +124,7 @@ def _measure(
                 k += 1
                 turn = engines[k % len(engines) :] + engines[: k % len(engines)]  # rotate the order
                 for e in turn:
-                    m = e.run(text, cfg.osl, dm if e.uses_draft else 0)
+                    m = e.run(text, cfg.osl, None if e.name == ADAPTIVE else dm if e.uses_draft else 0)
                     m.update(engine=e.name, workload=w, prompt=i, repeat=r)
                     out.append(m)
                     log(
@@ -173,10 +175,15 @@ def ratios(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     for w in dict.fromkeys(r["workload"] for r in rows):
         by = {r["engine"]: r["decode_tok_s"] for r in rows if r["workload"] == w}
         ours = {e[len("pydflash ") :]: v for e, v in by.items() if e.startswith("pydflash ") and "ngram" in e}
+        if ADAPTIVE in by:
+            entry_adaptive = {"adaptive / fixed": by[ADAPTIVE] / by["pydflash draft-dflash"],
+                              "adaptive / target": by[ADAPTIVE] / by[TARGET]}  # fmt: skip
         native = {e[len("llama.cpp ") :]: v for e, v in by.items() if e.startswith("llama.cpp ") and "ngram" in e}
         entry: dict[str, Any] = {
             "same_config": {s: ours[s] / native[s] for s in ours if s in native},
         }
+        if ADAPTIVE in by:
+            entry["adaptive"] = entry_adaptive
         if "draft-dflash" in {e[len("llama.cpp ") :] for e in by if e.startswith("llama.cpp ")}:
             entry["same_config"]["draft-dflash"] = by["pydflash draft-dflash"] / by["llama.cpp draft-dflash"]
         if ours and native:
@@ -202,6 +209,9 @@ def ratio_lines(res: dict[str, Any]) -> list[str]:
     for w, e in res["ratios"].items():
         same = ", ".join(f"{s} {v:.2f}x" for s, v in e["same_config"].items())
         out.append(f"{w}: pydflash / llama.cpp, same configuration: {same}")
+        if "adaptive" in e:
+            out.append(f"{w}: adaptive draft length / fixed block - 1: {e['adaptive']['adaptive / fixed']:.2f}x, "
+                       f"/ target alone: {e['adaptive']['adaptive / target']:.2f}x")  # fmt: skip
         if "best_stack" in e:
             b = e["best_stack"]
             out.append(f"{w}: best stack, pydflash ({b['pydflash']}) / llama.cpp ({b['llama.cpp']}): {b['ratio']:.2f}x")

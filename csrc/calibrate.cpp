@@ -59,11 +59,13 @@ Calibration ContextPair::calibrate(int32_t seq, int32_t max_rows, int32_t reps) 
         llama_memory_seq_rm(mem_tgt, seq, -1, -1);
         return ms;
     };
+    // as draft_blocks builds them: DFlash2 reads its nextn rows, not logits
+    const bool out = spec_.kind != DrafterKind::DFlash2;
     auto drafter_pass = [&](int32_t rows) {
         llama_batch_ext* b = batch_dft_.get();
         llama_batch_ext_clear(b);
-        add_token(b, seq, tok, 0, true);
-        for (int32_t i = 1; i < rows; ++i) add_token(b, seq, spec_.mask_token, i, true);
+        add_token(b, seq, tok, 0, out);
+        for (int32_t i = 1; i < rows; ++i) add_token(b, seq, spec_.mask_token, i, out);
         const auto t0 = Clock::now();
         const int32_t rc = llama_process(ctx_dft_.get(), LLAMA_PROCESS_TYPE_DECODE, b);
         const double ms = ms_since(t0);
@@ -75,7 +77,16 @@ Calibration ContextPair::calibrate(int32_t seq, int32_t max_rows, int32_t reps) 
     cal.reps = reps;
     cal.verify_rows = calibration_sizes(max_rows);
     // a drafter pass drafts every sequence's block at once: up to n_seq blocks
-    if (drafter_) cal.draft_rows = calibration_sizes(std::min(max_rows, spec_.block_size * params_.n_seq));
+    // (DFlash2 / DSpark graphs slice a pass into equal blocks: one block of one sequence at most)
+    const int32_t draft_limit =
+        spec_.equal_blocks() ? spec_.lead_rows() + std::max(1, draft_max_) : spec_.block_size * params_.n_seq;
+    if (drafter_) cal.draft_rows = calibration_sizes(std::min(max_rows, draft_limit));
+    if (spec_.equal_blocks()) {  // and never a block without a drafted row, which draft_blocks never sends
+        const int32_t least = spec_.lead_rows() + 1;
+        cal.draft_rows.erase(
+            std::remove_if(cal.draft_rows.begin(), cal.draft_rows.end(), [&](int32_t r) { return r < least; }),
+            cal.draft_rows.end());
+    }
     std::vector<std::vector<double>> tv(cal.verify_rows.size()), td(cal.draft_rows.size());
     target_pass(max_rows);  // warm-up: first-use allocations, caches
     if (drafter_) drafter_pass(cal.draft_rows.back());

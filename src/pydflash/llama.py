@@ -125,19 +125,22 @@ class Llama:
         self._engine: Engine | None = None
         self._chat_template_source = chat_template  # None: the GGUF's own (ChatML if none)
         self._chat_template: ChatTemplate | None = None
-        cfg = self.config
-        try:
-            self._target = _core.Model.load(os.fspath(model_path), cfg.model_params("target"), "target")
-            self._draft = (
-                None if draft is None else _core.Model.load_drafter(os.fspath(draft), cfg.model_params("drafter"))
-            )
-            self._pair_core = _core.ContextPair(self._target, self._draft, cfg.pair_params())
-        finally:
-            _logging.flush()
+        self._pair_core = self._load(model_path, draft)
         self._pair = ContextPair(self._pair_core)
         self._engine = Engine(self._pair_core, self._pair, self._pair_core.n_batch)
         # an object dropped without close(), or alive at exit: its engine thread ends
         weakref.finalize(self, self._engine.close)
+
+    def _load(self, model_path: str | os.PathLike[str], draft: str | os.PathLike[str] | None) -> _core.ContextPair:
+        """Both models and their contexts (llama.cpp's log flushed either way)."""
+        cfg = self.config
+        try:
+            self._target = _core.Model.load(os.fspath(model_path), cfg.model_params("target"), "target")
+            if draft is not None:
+                self._draft = _core.Model.load_drafter(os.fspath(draft), cfg.model_params("drafter"))
+            return _core.ContextPair(self._target, self._draft, cfg.pair_params())
+        finally:
+            _logging.flush()
 
     # -- lifecycle -----------------------------------------------------------
 

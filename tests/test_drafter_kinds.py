@@ -19,7 +19,6 @@ tests skip, unless PYDFLASH_REQUIRE_NATIVE=1, when they fail.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 import subprocess
 import sys
@@ -30,8 +29,8 @@ import pytest
 
 from pydflash import DraftCompatibilityError, Llama, testing
 from pydflash.bench.engines import parse_native_output
+from native_loop import speculative_simple
 
-ROOT = Path(__file__).resolve().parent.parent
 V = testing.DrafterVariant
 KINDS = {
     "dflash": V(),
@@ -277,16 +276,6 @@ def test_sampled_blocks_keep_the_target_distribution(tmp_path_factory, setting):
 # -- the same counts as llama.cpp's own loop ------------------------------------------
 
 
-def native_exe() -> Path:
-    exe = Path(os.environ.get("PYDFLASH_NATIVE_BIN_DIR", ROOT / "build" / "native" / "bin")) / "llama-speculative-simple"
-    if not os.access(exe, os.X_OK):
-        why = f"{exe} not found (python tools/build_native.py builds it; PYDFLASH_NATIVE_BIN_DIR points elsewhere)"
-        if os.environ.get("PYDFLASH_REQUIRE_NATIVE") == "1":
-            pytest.fail("PYDFLASH_REQUIRE_NATIVE=1 but " + why)
-        pytest.skip(why)
-    return exe
-
-
 STEP_LINE = re.compile(r"draft candidate\s+0, pos\s+\d+:\s+(\d+)|accepted (\d+)/(\d+) draft tokens")
 
 
@@ -351,7 +340,7 @@ NATIVE_CASES = [pytest.param(t, k, id=f"{t}-{k}") for t in ("qwen3", "qwen3-vari
 
 @pytest.mark.parametrize("target,kind", NATIVE_CASES)
 def test_counts_equal_llama_cpp_native(kind_models, tmp_path, target, kind):
-    exe = native_exe()
+    exe = speculative_simple()
     t, d = kind_models[target, kind]
     distinct: set[int] = set()
     with Llama(t, draft=d, n_ctx=1024, n_threads=1) as llm:

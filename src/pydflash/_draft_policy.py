@@ -36,7 +36,8 @@ from __future__ import annotations
 import bisect
 import dataclasses
 from collections.abc import Sequence
-from typing import Protocol
+
+from ._core import Calibration
 
 __all__ = [
     "Acceptance",
@@ -74,19 +75,6 @@ def _gains(c: Sequence[float], k_max: int) -> list[float]:
         e += p
         out.append(e)
     return out
-
-
-class Calibration(Protocol):
-    """``_core.Calibration``'s fields (ms per pass size)."""
-
-    @property
-    def verify_rows(self) -> list[int]: ...
-    @property
-    def verify_ms(self) -> list[float]: ...
-    @property
-    def draft_rows(self) -> list[int]: ...
-    @property
-    def draft_ms(self) -> list[float]: ...
 
 
 def _table(rows: Sequence[int], ms: Sequence[float], n: int) -> list[float]:

@@ -13,11 +13,10 @@ did not train on (its held-out split, see workload.py).
 from __future__ import annotations
 
 import ast
-import sysconfig
 from collections.abc import Callable
-from pathlib import Path
 
-from .workload import heldout_stdlib_text, is_heldout, make_prompts, stdlib_files
+from .workload import WORKLOADS as CORPORA
+from .workload import is_heldout, make_prompts, stdlib_files
 
 WORKLOADS = ("code", "edit", "prose")
 EDIT_ASK = "\n\n# The same function again, unchanged:\n"
@@ -29,12 +28,10 @@ Detokenize = Callable[[list[int]], str]
 def prompts(kind: str, tokenize: Tokenize, detokenize: Detokenize, isl: int, count: int) -> list[str]:
     """``count`` prompts of one workload, about ``isl`` tokens each (exactly, for
     code and prose)."""
-    if kind == "code":
-        return make_prompts(tokenize, detokenize, isl, count, heldout_stdlib_text())
-    if kind == "prose":
-        return make_prompts(tokenize, detokenize, isl, count, prose_text())
     if kind == "edit":
         return edit_prompts(tokenize, isl, count)
+    if kind in CORPORA:
+        return make_prompts(tokenize, detokenize, isl, count, CORPORA[kind]())
     raise ValueError(f"unknown workload {kind!r}; choose from {', '.join(WORKLOADS)}")
 
 
@@ -68,15 +65,3 @@ def edit_prompts(tokenize: Tokenize, isl: int, count: int) -> list[str]:
     if len(scored) < count:
         raise RuntimeError(f"only {len(scored)} held-out functions make an edit prompt of about {isl} tokens")
     return [t for *_, t in sorted(scored)[:count]]
-
-
-def prose_text() -> str:
-    """pydoc's topic help texts (reStructuredText-like English prose)."""
-    path = Path(sysconfig.get_paths()["stdlib"]) / "pydoc_data" / "topics.py"
-    if not path.is_file():
-        raise RuntimeError(f"{path} is missing: the prose workload needs this Python's pydoc topics")
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:  # `topics = {...}`, a literal
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "topics" for t in node.targets):
-            topics = ast.literal_eval(node.value)
-            return "\n\n".join(str(topics[k]) for k in sorted(topics))
-    raise RuntimeError(f"{path} has no `topics` dict")

@@ -22,9 +22,9 @@ from . import _core
 from ._text import TextAssembler
 from .config import ModelConfig, SamplingConfig
 from .errors import ContextLimitError, GenerationInterrupted
-from .openai_types import CompletionUsage, DraftSourceTimings, Timings
+from .openai_types import CompletionUsage, Timings
 from .pair import ContextPair
-from .results import FinishReason, GenerationResult, GenerationStats, StreamStep, TokenLogprob
+from .results import FinishReason, GenerationResult, GenerationStats, StreamStep, TokenLogprob, by_source
 
 __all__ = ["Generation", "GenerationHost", "Prompt"]
 
@@ -347,17 +347,8 @@ class Generation:
             "draft_n_accepted": sum(s.n_accepted for s in self.steps),
             "n_steps": len(self.steps),
             "accepted_lengths": [s.n_accepted for s in self.steps],
-            "draft_sources": _by_source(self.steps),
+            "draft_sources": {
+                k: {"n_drafts": v.n_drafts, "draft_n": v.n_drafted, "draft_n_accepted": v.n_accepted}
+                for k, v in by_source(self.steps).items()
+            },
         }
-
-
-def _by_source(steps: Sequence[_core.StepResult]) -> dict[str, DraftSourceTimings]:
-    """Drafted and accepted tokens per draft source ("draft-dflash", "ngram-mod", ...)."""
-    out: dict[str, DraftSourceTimings] = {}
-    for s in steps:
-        if s.source:
-            t = out.setdefault(s.source, {"n_drafts": 0, "draft_n": 0, "draft_n_accepted": 0})
-            t["n_drafts"] += 1
-            t["draft_n"] += s.n_drafted
-            t["draft_n_accepted"] += s.n_accepted
-    return out

@@ -38,6 +38,18 @@ class SourceStats:
         return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
 
 
+def by_source(steps: Sequence[StepResult]) -> dict[str, SourceStats]:
+    """Steps' drafts and accepted tokens summed per source."""
+    acc: dict[str, list[int]] = {}
+    for s in steps:
+        if s.source:
+            a = acc.setdefault(s.source, [0, 0, 0])
+            a[0] += 1
+            a[1] += s.n_drafted
+            a[2] += s.n_accepted
+    return {k: SourceStats(*v) for k, v in acc.items()}
+
+
 @dataclasses.dataclass(frozen=True)
 class GenerationStats:
     """What one generation cost and how well the drafter did."""
@@ -71,14 +83,7 @@ class GenerationStats:
     @property
     def by_source(self) -> dict[str, SourceStats]:
         """Drafted and accepted tokens per draft source (steps without a draft are left out)."""
-        acc: dict[str, list[int]] = {}
-        for s in self.steps:
-            if s.source:
-                a = acc.setdefault(s.source, [0, 0, 0])
-                a[0] += 1
-                a[1] += s.n_drafted
-                a[2] += s.n_accepted
-        return {k: SourceStats(*v) for k, v in acc.items()}
+        return by_source(self.steps)
 
     @property
     def decode_tokens_per_second(self) -> float:

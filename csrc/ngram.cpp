@@ -107,8 +107,7 @@ void check_speculative_types(const std::vector<std::string>& names) {
 }
 
 NgramDrafters::NgramDrafters(const std::vector<std::string>& types, const NgramParams& params, int32_t n_seq)
-    : last_(static_cast<size_t>(n_seq), -1) {
-    params.validate();
+    : last_(static_cast<size_t>(n_seq), -1) {  // `params` were checked with the pair's (PairParams::validate)
     // llama.cpp's priority order, whatever the order of `types`
     for (const std::string& name : speculative_type_names()) {
         if (!is_ngram_type(name) || std::find(types.begin(), types.end(), name) == types.end()) continue;

@@ -30,7 +30,6 @@ public:
     NgramDrafters(const NgramDrafters&) = delete;
     NgramDrafters& operator=(const NgramDrafters&) = delete;
 
-    bool empty() const { return srcs_.empty(); }
     // A sequence's history was replaced (a prefill, a loaded slot, a reset).
     void begin(int32_t seq, const std::vector<llama_token>& history);
     // The first source's draft of at most n_max tokens after history + last

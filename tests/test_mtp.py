@@ -6,6 +6,7 @@ accepted often enough to exercise partial acceptance."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -166,3 +167,14 @@ def test_bad_values_say_what_to_do(models, model_dir):
         with pytest.raises(ValueError, match="use draft_p_min=0"):
             llm.generate(PROMPTS[0], max_tokens=4, draft_p_min=0.5)
         assert llm.generate(PROMPTS[0], max_tokens=4).tokens  # still usable
+
+
+def test_the_cli_drafts_with_the_head_and_info_counts_its_layers(models):
+    from test_cli import run
+
+    path = str(models / "qwen35.gguf")
+    proc = run("generate", "-m", path, "-p", PROMPTS[0], "-n", "24", "--spec-type", "draft-mtp", "--draft-max", "3",
+               "--threads", "1", "--temperature", "0")  # fmt: skip
+    assert "draft-mtp=" in proc.stderr  # the stats line
+    info = json.loads(run("info", "-m", path, "--json").stdout)
+    assert info["target"]["mtp_layers"] == 1

@@ -178,3 +178,22 @@ def test_the_cli_drafts_with_the_head_and_info_counts_its_layers(models):
     assert "draft-mtp=" in proc.stderr  # the stats line
     info = json.loads(run("info", "-m", path, "--json").stdout)
     assert info["target"]["mtp_layers"] == 1
+
+
+def test_the_server_reports_mtp_drafts_as_their_own_source(models):
+    import urllib.request
+
+    from test_server import metrics, serve
+
+    with serve("-m", str(models / "qwen35.gguf"), "--n-ctx", "512", "--spec-type", "draft-mtp", "--draft-max", "3",
+               "--threads", "1") as url:  # fmt: skip
+        body = json.dumps({"prompt": PROMPTS[0], "max_tokens": N, "temperature": 0, "ignore_eos": True}).encode()
+        req = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=300) as r:
+            out = json.loads(r.read())
+        m = metrics(url)
+    assert out["usage"]["completion_tokens"] == N
+    source = out["timings"]["draft_sources"]["draft-mtp"]
+    assert source["draft_n"] == out["timings"]["draft_n"] > 0
+    assert m['pydflash_draft_tokens_by_source_total{source="draft-mtp"}'] == source["draft_n"]
+    assert m['pydflash_draft_tokens_accepted_by_source_total{source="draft-mtp"}'] == source["draft_n_accepted"]

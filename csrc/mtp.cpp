@@ -50,7 +50,9 @@ MtpDrafter::MtpDrafter(const Model& target, llama_context* ctx_tgt, const PairPa
     // the head context as llama.cpp's common_speculative_init_result makes it
     llama_context_params cp = context_params(params, true);
     cp.ctx_type = LLAMA_CONTEXT_TYPE_MTP;
-    cp.n_ctx = llama_n_ctx(ctx_tgt);
+    // the target's cache, plus room for every sequence's draft: the head drafts its whole
+    // length even where fewer tokens fit the sequence's share (what is kept is cut)
+    cp.n_ctx = llama_n_ctx(ctx_tgt) + static_cast<uint32_t>(params.n_seq * n_max);
     cp.n_rs_seq = 0;
     cp.ctx_other = ctx_tgt;
     cp.n_outputs_max = static_cast<uint32_t>(params.n_seq);  // one drafted row per sequence per decode

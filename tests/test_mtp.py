@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pydflash import DraftCompatibilityError, Llama, ModelLoadError, NgramConfig, _core, testing
+from pydflash import DraftCompatibilityError, Grammar, Llama, ModelLoadError, NgramConfig, _core, testing
 from pydflash._testing_mtp import MtpSpec, write_mtp_target
 
 SPEC = testing.HybridSpec(embd_common=3.0)
@@ -110,6 +110,31 @@ def test_checkpoint_rollback_and_ngram_stack_are_lossless(models, references):
                 res = llm.generate(p, max_tokens=N, ignore_eos=True)
                 assert res.tokens == references["qwen35", p]
                 assert {s.source for s in res.stats.steps if s.n_drafted} <= {"draft-mtp", "ngram-mod"}
+
+
+def test_context_end_prompt_cache_stream_and_grammar_are_lossless(models):
+    # two sequences of 64 tokens each run into their ends (the head drafts past them);
+    # a follow-up prompt extends the cached history; a grammar rejects what it disallows
+    path = models / "qwen35.gguf"
+    kw = {"n_ctx": 128, "n_parallel": 2, "n_threads": T1}
+    with Llama(path, **kw) as base, Llama(path, speculative=["draft-mtp"], draft_max=3, **kw) as llm:
+        for p in PROMPTS:
+            res = llm.generate(p, max_tokens=200, ignore_eos=True)
+            assert res.tokens == base.generate(p, max_tokens=200, ignore_eos=True).tokens
+            assert res.finish_reason == "length" and len(res.tokens) < 64
+        first = llm.generate(PROMPTS[0], max_tokens=10, ignore_eos=True).tokens
+        follow = llm.tokenize(PROMPTS[0]) + first + llm.tokenize(" x")
+        assert (
+            llm.generate(follow, max_tokens=20, ignore_eos=True).tokens
+            == base.generate(follow, max_tokens=20, ignore_eos=True).tokens
+        )
+        steps = list(llm.stream(PROMPTS[1], max_tokens=30, ignore_eos=True))
+        assert [t for st in steps for t in st.tokens] == base.generate(
+            PROMPTS[1], max_tokens=30, ignore_eos=True
+        ).tokens
+        g = Grammar('root ::= ("ma" | " ma" | "x" | " whol")+')
+        res = llm.generate(PROMPTS[2], max_tokens=20, grammar=g)
+        assert res.tokens == base.generate(PROMPTS[2], max_tokens=20, grammar=g).tokens and res.stats.n_accepted > 0
 
 
 def test_sampled_drafts_are_verified_as_one_hot(models, references):

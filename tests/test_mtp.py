@@ -147,6 +147,23 @@ def test_sampled_drafts_are_verified_as_one_hot(models, references):
             assert res.stats.n_accepted > 0
 
 
+@pytest.mark.parametrize("verify", ["rejection", "match"])
+def test_sampled_generations_keep_the_target_distribution(tmp_path, verify):
+    # test_block_sampling's check: the first k + 1 tokens of N generations at T = 1
+    # against the target alone's exact distributions (the one-hot q is exact)
+    import numpy as np
+
+    import test_block_sampling as tb
+
+    path = write_mtp_target(tmp_path / "peaked.gguf", tb.QWEN35, HEAD)
+    kw = {"n_ctx": 256, "n_threads": T1}
+    with Llama(path, speculative=["draft-mtp"], draft_max=3, **kw) as llm, Llama(path, **kw) as base:
+        seqs, reach = tb.sample_blocks(llm, tb.N, 3, tb.PLAIN, verify)
+        pvals = tb.target_pvalues(base, seqs, tb.PLAIN)
+    assert tb.passes(pvals), np.round(pvals, 6).tolist()
+    assert reach[3] > 0.05 and reach[1] < 0.99, reach  # whole drafts kept, and rejections
+
+
 def test_a_saved_sequence_continues_losslessly(models, references, tmp_path):
     ref = references["qwen35", PROMPTS[1]]
     with Llama(models / "qwen35.gguf", speculative=["draft-mtp"], draft_max=3, n_ctx=512, n_threads=T1) as llm:

@@ -45,7 +45,9 @@ int32_t MtpDrafter::default_n_max() {
 }
 
 MtpDrafter::MtpDrafter(const Model& target, llama_context* ctx_tgt, const PairParams& params, int32_t n_max)
-    : n_max_(n_max), drafted_(static_cast<size_t>(params.n_seq), false) {
+    : n_max_(n_max),
+      drafted_(static_cast<size_t>(params.n_seq), false),
+      empty_(static_cast<size_t>(params.n_seq), true) {
     check_target(target);
     // the head context as llama.cpp's common_speculative_init_result makes it
     llama_context_params cp = context_params(params, true);
@@ -63,22 +65,31 @@ MtpDrafter::MtpDrafter(const Model& target, llama_context* ctx_tgt, const PairPa
         throw ModelLoadError(target.path() + ": failed to create the MTP head's context: " + take_thread_errors());
     }
     mirror_ = std::make_unique<common_batch>(ctx_tgt);
-    common_params_speculative sp;
-    sp.types = {COMMON_SPECULATIVE_TYPE_DRAFT_MTP};
-    sp.draft.n_max = n_max;
-    sp.draft.n_min = 0;  // draft_min is applied per step by the pair
-    sp.draft.p_min = 0.0f;
-    sp.draft.ctx_tgt = ctx_tgt;
-    sp.draft.ctx_dft = ctx_.get();
-    spec_ = common_speculative_init(sp, static_cast<uint32_t>(params.n_seq));
-    if (spec_ == nullptr) throw Error("llama.cpp could not create the 'draft-mtp' drafter");
+    sp_ = std::make_unique<common_params_speculative>();
+    sp_->types = {COMMON_SPECULATIVE_TYPE_DRAFT_MTP};
+    sp_->draft.n_max = n_max;
+    sp_->draft.n_min = 0;  // draft_min is applied per step by the pair
+    sp_->draft.p_min = 0.0f;
+    sp_->draft.ctx_tgt = ctx_tgt;
+    sp_->draft.ctx_dft = ctx_.get();
+    restart();
 }
 
 MtpDrafter::~MtpDrafter() { common_speculative_free(spec_); }
 
+void MtpDrafter::restart() {
+    common_speculative_free(spec_);  // first: it detaches its samplers from the context
+    spec_ = common_speculative_init(*sp_, static_cast<uint32_t>(drafted_.size()));
+    if (spec_ == nullptr) throw Error("llama.cpp could not create the 'draft-mtp' drafter");
+    std::fill(drafted_.begin(), drafted_.end(), false);
+}
+
 bool MtpDrafter::process(const std::vector<Entry>& entries) {
     mirror_->clear();
-    for (const Entry& e : entries) mirror_->add(e.token, e.pos, e.seq, false);
+    for (const Entry& e : entries) {
+        mirror_->add(e.token, e.pos, e.seq, false);
+        empty_[static_cast<size_t>(e.seq)] = false;
+    }
     return common_speculative_process(spec_, *mirror_);
 }
 
@@ -114,8 +125,17 @@ bool MtpDrafter::remove(int32_t seq, llama_pos p0) {
     return llama_memory_seq_rm(llama_get_memory(ctx_.get()), seq, p0, -1);
 }
 
-void MtpDrafter::clear() { llama_memory_clear(llama_get_memory(ctx_.get()), true); }
+void MtpDrafter::clear() {
+    llama_memory_clear(llama_get_memory(ctx_.get()), true);
+    std::fill(empty_.begin(), empty_.end(), true);
+    restart();
+}
 
-void MtpDrafter::clear(int32_t seq) { llama_memory_seq_rm(llama_get_memory(ctx_.get()), seq, -1, -1); }
+void MtpDrafter::clear(int32_t seq) {
+    llama_memory_seq_rm(llama_get_memory(ctx_.get()), seq, -1, -1);
+    if (empty_[static_cast<size_t>(seq)]) return;  // nothing to start over from
+    empty_[static_cast<size_t>(seq)] = true;
+    if (std::all_of(empty_.begin(), empty_.end(), [](bool e) { return e; })) restart();
+}
 
 }  // namespace pydflash

@@ -17,6 +17,7 @@
 
 struct common_speculative;
 struct common_batch;
+struct common_params_speculative;
 
 namespace pydflash {
 
@@ -64,15 +65,22 @@ public:
     // n_accepted tokens of the last verified batch of `seq` were kept.
     void accept(int32_t seq, int32_t n_accepted);
     bool remove(int32_t seq, llama_pos p0);  // the head's cache of `seq` from p0 on
+    // Emptied caches; once every sequence is empty the drafter starts over, so that a
+    // generation from an empty cache drafts as llama.cpp's loop does from its start
+    // (its hidden row carried from the last batch is private and cannot be reset alone).
     void clear();
     void clear(int32_t seq);
 
 private:
+    void restart();
+
     int32_t n_max_;
     ContextPtr ctx_;
-    std::unique_ptr<common_batch> mirror_;  // the target decode, as llama.cpp's process() reads it
-    common_speculative* spec_ = nullptr;    // freed before ctx_ (its samplers are attached to it)
-    std::vector<bool> drafted_;             // per sequence: the head has drafted for it
+    std::unique_ptr<common_batch> mirror_;           // the target decode, as llama.cpp's process() reads it
+    common_speculative* spec_ = nullptr;             // freed before ctx_ (its samplers are attached to it)
+    std::unique_ptr<common_params_speculative> sp_;  // how spec_ is made
+    std::vector<bool> drafted_;                      // per sequence: the head has drafted for it
+    std::vector<bool> empty_;                        // per sequence: nothing fed since it was cleared
 };
 
 }  // namespace pydflash

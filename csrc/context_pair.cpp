@@ -51,6 +51,14 @@ ContextPair::ContextPair(std::shared_ptr<Model> target, std::shared_ptr<Model> d
         draft_max_ = 0;
     }
     check_speculative_list();
+    if (mtp_listed()) {
+        MtpDrafter::check_target(*target_);  // before any context is made
+        mtp_n_max_ = params_.draft_max < 0 ? MtpDrafter::default_n_max() : params_.draft_max;
+        const int32_t need = (1 + mtp_n_max_) * params_.n_seq;  // a verification batch of every sequence
+        params_.n_batch = std::max(params_.n_batch, need);
+        params_.n_ubatch = std::max(params_.n_ubatch, need);
+        draft_max_ = mtp_n_max_;
+    }
     if (std::any_of(params_.speculative.begin(), params_.speculative.end(), is_ngram_type)) {
         ngram_ = std::make_unique<NgramDrafters>(params_.speculative, params_.ngram, params_.n_seq);
     }
@@ -81,8 +89,11 @@ ContextPair::ContextPair(std::shared_ptr<Model> target, std::shared_ptr<Model> d
         batch_dft_.reset(llama_batch_ext_init(ctx_dft_.get()));
         if (!batch_dft_) throw Error("llama_batch_ext_init failed for the drafter");
     }
+    // before the target's first decode: it turns on the target's hidden-state output
+    if (mtp_listed()) mtp_ = std::make_unique<MtpDrafter>(*target_, ctx_tgt_.get(), params_, std::max(1, mtp_n_max_));
     llama_set_abort_callback(ctx_tgt_.get(), &ContextPair::abort_callback, this);
     if (ctx_dft_) llama_set_abort_callback(ctx_dft_.get(), &ContextPair::abort_callback, this);
+    if (mtp_) llama_set_abort_callback(mtp_->ctx(), &ContextPair::abort_callback, this);
     batch_tgt_.reset(llama_batch_ext_init(ctx_tgt_.get()));
     if (!batch_tgt_) throw Error("llama_batch_ext_init failed for the target");
     seqs_.resize(static_cast<size_t>(params_.n_seq));
@@ -96,6 +107,11 @@ void ContextPair::check_speculative_list() const {
     const auto& types = params_.speculative;
     if (types.empty()) return;
     const bool none = types.size() == 1 && types[0] == "none";
+    if (mtp_listed() && drafter_) {
+        throw InvalidArgument(
+            "speculative lists 'draft-mtp' but a DFlash drafter is loaded: llama.cpp tries MTP first, so the "
+            "drafter would never draft; load the target alone for MTP, or list 'draft-dflash' instead");
+    }
     const bool model = std::find(types.begin(), types.end(), "draft-dflash") != types.end() ||
                        std::find(types.begin(), types.end(), "draft-dspark") != types.end();
     if (model && !drafter_) {
@@ -111,8 +127,19 @@ void ContextPair::check_speculative_list() const {
     }
 }
 
+bool ContextPair::mtp_listed() const {
+    return std::find(params_.speculative.begin(), params_.speculative.end(), "draft-mtp") != params_.speculative.end();
+}
+
+std::string ContextPair::drafter_description() const {
+    if (drafter_) return spec_.describe();
+    if (mtp_) return "mtp (the target's next-token-prediction head, draft length " + std::to_string(mtp_n_max_) + ")";
+    return "";
+}
+
 void ContextPair::history_replaced(int32_t seq) {
     if (ngram_) ngram_->begin(seq, seqs_[static_cast<size_t>(seq)].history);
+    if (mtp_) mtp_->begin(seq, seqs_[static_cast<size_t>(seq)].history);
 }
 
 void ContextPair::create_target_context() {
@@ -127,15 +154,15 @@ void ContextPair::create_target_context() {
                                       " keeps a recurrent state, which trimming the KV cache cannot roll "
                                       "back; use rollback 'auto'");
     }
-    if (want == "recurrent-planes" && !drafter_) {
+    if (want == "recurrent-planes" && !drafter_ && !mtp_listed()) {
         throw InvalidArgument("rollback 'recurrent-planes' is sized by a drafter's block; this pair has none");
     }
     // State planes for every draft length up to the block (draft_max may change
     // between calls); llama.cpp clamps the request to 0 where the architecture
     // has no partial rollback.
-    const bool planes = recurrent && drafter_ && (want == "auto" || want == "recurrent-planes");
+    const bool planes = recurrent && (drafter_ || mtp_listed()) && (want == "auto" || want == "recurrent-planes");
     llama_context_params cp = context_params(params_, false);
-    cp.n_rs_seq = planes ? static_cast<uint32_t>(spec_.max_draft()) : 0;
+    cp.n_rs_seq = planes ? static_cast<uint32_t>(max_draft()) : 0;
     take_thread_errors();
     ctx_tgt_.reset(llama_init_from_model(target_->get(), cp));
     if (!ctx_tgt_) {
@@ -171,7 +198,8 @@ void ContextPair::require_open() const {
 
 void ContextPair::close() {
     std::lock_guard<std::mutex> lock(mu_);
-    // the drafter context references the target's: free it first
+    // the drafter contexts reference the target's: free them first
+    mtp_.reset();
     batch_dft_.reset();
     batch_tgt_.reset();
     ctx_dft_.reset();
@@ -209,6 +237,7 @@ void forget(Sequence& s) {
 void ContextPair::clear_memory() {
     if (ctx_tgt_) llama_memory_clear(llama_get_memory(ctx_tgt_.get()), true);
     if (ctx_dft_) llama_memory_clear(llama_get_memory(ctx_dft_.get()), true);
+    if (mtp_) mtp_->clear();
     for (Sequence& s : seqs_) forget(s);
 }
 
@@ -216,6 +245,7 @@ void ContextPair::clear_sequence(int32_t seq) {
     // removing a whole sequence cannot fail (llama.cpp refuses only partial removals)
     if (ctx_tgt_) llama_memory_seq_rm(llama_get_memory(ctx_tgt_.get()), seq, -1, -1);
     if (ctx_dft_) llama_memory_seq_rm(llama_get_memory(ctx_dft_.get()), seq, -1, -1);
+    if (mtp_) mtp_->clear(seq);
     forget(seq_at(seq));
 }
 
@@ -241,6 +271,7 @@ std::vector<MemoryRow> ContextPair::memory() const {
     };
     add("target", ctx_tgt_.get());
     if (ctx_dft_) add("drafter", ctx_dft_.get());
+    if (mtp_) add("drafter", mtp_->ctx());
     return rows;
 }
 
@@ -382,6 +413,7 @@ int32_t ContextPair::keep_common_prefix(int32_t seq, const std::vector<llama_tok
         // K/V and the drafter's injected features are per position: drop the rest
         if (!llama_memory_seq_rm(llama_get_memory(ctx_tgt_.get()), seq, common, -1)) return 0;
         if (ctx_dft_ && !llama_memory_seq_rm(llama_get_memory(ctx_dft_.get()), seq, common, -1)) return 0;
+        if (mtp_ && !mtp_->remove(seq, common)) return 0;
     }
     s.history.resize(static_cast<size_t>(common));
     s.n_past = common;
@@ -447,6 +479,15 @@ double ContextPair::prefill_some(const std::vector<int32_t>& seqs, int32_t budge
     if (row == 0) return 0.0;
     decode_target_batch();
     if (drafter_) inject(spans);
+    if (mtp_) {
+        std::vector<MtpDrafter::Entry> entries;
+        for (const Span& sp : spans) {
+            const Sequence& s = seqs_[static_cast<size_t>(sp.seq)];
+            for (int32_t i = 0; i < sp.n; ++i)
+                entries.push_back({sp.seq, s.prompt[static_cast<size_t>(sp.pos0 + i)], sp.pos0 + i});
+        }
+        mtp_process(entries);
+    }
     for (const Span& sp : spans) {
         Sequence& s = seqs_[static_cast<size_t>(sp.seq)];
         s.history.insert(s.history.end(), s.prompt.begin() + s.n_past, s.prompt.begin() + s.n_past + sp.n);
@@ -499,6 +540,18 @@ std::vector<float> ContextPair::score(const std::vector<llama_token>& tokens) {
 
 void ContextPair::check(const DraftControl& control) const {
     control.validate();
+    if (mtp_) {
+        // llama.cpp's MTP drafter fixes its length and confidence cut when it is made
+        if (control.draft_max > mtp_n_max_) {
+            throw InvalidArgument("draft_max=" + std::to_string(control.draft_max) +
+                                  " exceeds the MTP draft length this pair was made with (" +
+                                  std::to_string(mtp_n_max_) + "); create it with a larger draft_max");
+        }
+        if (control.draft_p_min > 0.0f) {
+            throw InvalidArgument("draft_p_min=" + std::to_string(control.draft_p_min) +
+                                  ": llama.cpp's MTP drafter has no per-step confidence cut; use draft_p_min=0");
+        }
+    }
     if (!drafter_) return;
     check_draft_max(control.draft_max, spec_);
     if (spec_.kind == DrafterKind::DSpark && !spec_.confidence_head && control.draft_p_min > 0.0f) {

@@ -21,6 +21,7 @@
 #include "grammar.h"
 #include "handles.h"
 #include "model.h"
+#include "mtp.h"
 #include "ngram.h"
 #include "pair_params.h"
 #include "rollback.h"
@@ -32,10 +33,10 @@ struct StepResult {
     std::vector<llama_token> tokens;     // new tokens: the accepted drafts, then the target's own
     std::vector<llama_token> drafted;    // what the drafter proposed
     std::vector<TokenLogprob> logprobs;  // one per token, when SamplingParams::logprobs
-    std::string source;                  // who drafted: "draft-dflash", an n-gram type, "external"; "": nobody
-    int32_t seq = 0;                     // the sequence this step advanced
-    int32_t draft_max = 0;               // the block length this step asked for (after the block, context and
-                                         // draft_min rules; 0: plain decoding); n_drafted <= it (draft_p_min cuts)
+    std::string source;     // who drafted: "draft-dflash", "draft-mtp", an n-gram type, "external"; "": nobody
+    int32_t seq = 0;        // the sequence this step advanced
+    int32_t draft_max = 0;  // the block length this step asked for (after the block, context and
+                            // draft_min rules; 0: plain decoding); n_drafted <= it (draft_p_min cuts)
     int32_t n_drafted = 0;
     int32_t n_accepted = 0;
     int32_t n_past = 0;          // tokens in the target cache after the step
@@ -163,9 +164,10 @@ public:
     int32_t n_ctx() const { return params_.n_ctx; }
     int32_t n_ctx_seq() const { return params_.n_ctx / params_.n_seq; }  // one sequence's limit
     int32_t block_size() const { return drafter_ ? spec_.block_size : 0; }
-    int32_t max_draft() const { return drafter_ ? spec_.max_draft() : 0; }
-    std::string drafter_kind() const { return drafter_ ? drafter_kind_name(spec_.kind) : ""; }
-    std::string drafter_description() const { return drafter_ ? spec_.describe() : ""; }
+    // the longest model draft: the drafter's block, or the MTP head's length fixed at creation
+    int32_t max_draft() const { return drafter_ ? spec_.max_draft() : mtp_n_max_; }
+    std::string drafter_kind() const { return drafter_ ? drafter_kind_name(spec_.kind) : mtp_ ? "mtp" : ""; }
+    std::string drafter_description() const;
     int32_t default_draft_max() const { return draft_max_; }
     bool has_pending(int32_t seq) const { return seq_at(seq).pending.has_value(); }
     std::vector<llama_token> tokens(int32_t seq) const;  // cached tokens + the pending one
@@ -214,6 +216,11 @@ private:
     std::vector<StepResult> commit(std::vector<Work>& work, const StepTimes& t);
 
     void check_speculative_list() const;
+    bool mtp_listed() const;  // speculative lists 'draft-mtp'
+    // The MTP head's drafts of the steps that asked for a model draft.
+    void draft_mtp(std::vector<Work>& work);
+    // Feeds the head the tokens of the target pass just decoded (verify or prefill).
+    void mtp_process(const std::vector<MtpDrafter::Entry>& entries);
     // A sequence's history was replaced (prefill done, slot loaded): the n-gram drafters start over.
     void history_replaced(int32_t seq);
     // The n-gram drafters' drafts, where they have one, replace the drafter's blocks.
@@ -271,6 +278,8 @@ private:
     ContextPtr ctx_dft_;
     BatchPtr batch_tgt_;
     BatchPtr batch_dft_;
+    int32_t mtp_n_max_ = 0;            // the MTP head's draft length (0: no MTP)
+    std::unique_ptr<MtpDrafter> mtp_;  // null: 'draft-mtp' not listed; freed before the target context
     std::vector<Sequence> seqs_;
     std::vector<float> features_;
     Distribution dist_;

@@ -239,6 +239,7 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& p
     mp.n_gpu_layers = params.n_gpu_layers;
     if (!params.use_mmap) mp.load_mode = LLAMA_LOAD_MODE_NONE;
     mp.main_gpu = params.main_gpu;
+    mp.load_mtp = params.load_mtp;
     mp.split_mode = parse_split_mode(params.split_mode);
     std::vector<float> split = tensor_split_array(params.tensor_split);
     if (!split.empty()) mp.tensor_split = split.data();
@@ -256,11 +257,13 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& p
     if (m->vocab_ == nullptr) throw ModelLoadError(path + ": model has no vocabulary");
     m->path_ = path;
     m->info_ = std::move(info);
+    m->mtp_loaded_ = params.load_mtp && m->n_layer_nextn() > 0;
     return m;
 }
 
 int32_t Model::n_embd() const { return llama_model_n_embd(model_.get()); }
 int32_t Model::n_layer() const { return llama_model_n_layer(model_.get()); }
+int32_t Model::n_layer_nextn() const { return llama_model_n_layer_nextn(model_.get()); }
 int32_t Model::n_vocab() const { return llama_vocab_n_tokens(vocab_); }
 int32_t Model::n_ctx_train() const { return llama_model_n_ctx_train(model_.get()); }
 uint64_t Model::n_params() const { return llama_model_n_params(model_.get()); }

@@ -19,6 +19,7 @@ struct ModelParams {
     std::string split_mode = "layer";      // "none", "layer" or "row" (across GPUs)
     std::vector<float> tensor_split;       // share per device; empty: by free memory
     std::vector<std::string> rpc_servers;  // "host:port" of llama.cpp RPC servers
+    bool load_mtp = false;                 // also load next-token-prediction (MTP) layers, for draft-mtp
 
     void validate() const;  // InvalidArgument naming the first bad value
 };
@@ -47,6 +48,8 @@ public:
 
     int32_t n_embd() const;
     int32_t n_layer() const;
+    int32_t n_layer_nextn() const;                   // next-token-prediction (MTP) layers in the file
+    bool mtp_loaded() const { return mtp_loaded_; }  // ... and loaded (ModelParams::load_mtp)
     int32_t n_vocab() const;
     int32_t n_ctx_train() const;
     uint64_t n_params() const;
@@ -70,6 +73,7 @@ private:
     const llama_vocab* vocab_ = nullptr;
     std::string path_;
     GgufInfo info_;
+    bool mtp_loaded_ = false;
 };
 
 }  // namespace pydflash

@@ -95,10 +95,11 @@ void check_speculative_types(const std::vector<std::string>& names) {
             throw InvalidArgument("speculative type '" + n + "' is unknown; llama.cpp's names are " + all);
         }
         if (!seen.insert(n).second) throw InvalidArgument("speculative type '" + n + "' is listed twice");
-        if (n == "draft-simple" || n == "draft-eagle3" || n == "draft-mtp") {
+        if (n == "draft-simple" || n == "draft-eagle3") {
             throw InvalidArgument("speculative type '" + n +
                                   "' is not supported by pydflash; use 'draft-dflash' with a DFlash drafter "
-                                  "(draft=...) and/or the n-gram types");
+                                  "(draft=...), 'draft-mtp' with a target that has an MTP head, and/or the "
+                                  "n-gram types");
         }
         if (n == "none" && names.size() > 1) {
             throw InvalidArgument("speculative type 'none' cannot be combined with other types");

@@ -44,8 +44,9 @@ struct PairParams {
     std::string draft_type_k = "f16";  // the drafter's
     std::string draft_type_v = "f16";
     // llama.cpp's --spec-type list: n-gram drafters and "draft-dflash" (the
-    // drafter), tried in llama.cpp's fixed priority order (n-gram first); empty:
-    // the drafter alone when there is one, else plain decoding
+    // drafter) or "draft-mtp" (the target's MTP head), tried in llama.cpp's fixed
+    // priority order (n-gram first); empty: the drafter alone when there is one,
+    // else plain decoding
     std::vector<std::string> speculative;
     NgramParams ngram;
 

@@ -65,8 +65,9 @@ std::vector<uint8_t> seq_state(llama_context* ctx, llama_seq_id seq) {
 }  // namespace
 
 std::string ContextPair::fingerprint() const {
-    return "target: " + describe(*target_) + "; drafter: " + (drafter_ ? describe(*drafter_) : "none") + "; rollback " +
-           rollback_name(rollback_) + ", n_rs_seq " + std::to_string(n_rs_seq_);
+    const std::string dft = drafter_ ? describe(*drafter_) : mtp_ ? "the target's MTP head" : "none";
+    return "target: " + describe(*target_) + "; drafter: " + dft + "; rollback " + rollback_name(rollback_) +
+           ", n_rs_seq " + std::to_string(n_rs_seq_);
 }
 
 void ContextPair::save_sequence(int32_t seq, const std::string& path) {
@@ -74,7 +75,10 @@ void ContextPair::save_sequence(int32_t seq, const std::string& path) {
     const Sequence& s = seq_at(seq);
     if (!s.prompt.empty()) throw InvalidArgument("sequence " + std::to_string(seq) + " is still evaluating a prompt");
     const std::vector<uint8_t> tgt = seq_state(ctx_tgt_.get(), seq);
-    const std::vector<uint8_t> dft = ctx_dft_ ? seq_state(ctx_dft_.get(), seq) : std::vector<uint8_t>{};
+    // the MTP head's cache is saved as a drafter's (its carried hidden row is not: llama.cpp
+    // keeps it private, so the first draft after a load pairs with an older one)
+    llama_context* dctx = ctx_dft_ ? ctx_dft_.get() : mtp_ ? mtp_->ctx() : nullptr;
+    const std::vector<uint8_t> dft = dctx ? seq_state(dctx, seq) : std::vector<uint8_t>{};
     std::ofstream f(path, std::ios::binary | std::ios::trunc);
     if (!f) throw InvalidArgument(path + ": cannot write the slot file");
     f.write(kMagic, sizeof(kMagic));
@@ -124,13 +128,14 @@ void ContextPair::load_sequence(int32_t seq, const std::string& path) {
     if (pending >= 0) target_->check_token(pending);
     const std::vector<uint8_t> tgt = get_bytes(f, path, size);
     const std::vector<uint8_t> dft = get_bytes(f, path, size);
-    if (dft.empty() != !ctx_dft_) throw InvalidArgument(path + ": the drafter's part does not match this pair");
+    llama_context* dctx = ctx_dft_ ? ctx_dft_.get() : mtp_ ? mtp_->ctx() : nullptr;
+    if (dft.empty() != !dctx) throw InvalidArgument(path + ": the drafter's part does not match this pair");
 
     // from here the sequence is replaced: a failure leaves it empty
     clear_sequence(seq);
     Sequence& s = seqs_[static_cast<size_t>(seq)];
     if (llama_state_seq_set_data_ext(ctx_tgt_.get(), tgt.data(), tgt.size(), seq, 0) != tgt.size() ||
-        (ctx_dft_ && llama_state_seq_set_data_ext(ctx_dft_.get(), dft.data(), dft.size(), seq, 0) != dft.size())) {
+        (dctx && llama_state_seq_set_data_ext(dctx, dft.data(), dft.size(), seq, 0) != dft.size())) {
         clear_sequence(seq);
         throw InvalidArgument(path + ": llama.cpp refused the saved state: " + take_thread_errors());
     }

@@ -34,6 +34,7 @@ void push_recent(std::vector<llama_token>& win, llama_token t, int32_t last_n) {
 }  // namespace
 
 void ContextPair::draft_blocks(std::vector<Work>& work) {
+    if (mtp_) return draft_mtp(work);
     if (!drafter_) return;
     // As in llama.cpp, the drafter fills the pair's draft length (a drafter is trained on
     // whole blocks; attention inside the block is two-way, so a shorter block drafts

@@ -70,6 +70,18 @@ std::vector<StepResult> ContextPair::step_batch(const std::vector<SeqStep>& step
     t0 = Clock::now();
     verify(work);  // [pending, d1..dk] of every sequence in one target pass
     t.verify = ms_since(t0);
+    if (mtp_) {  // the head pairs each verified token with the target's hidden state before it
+        t0 = Clock::now();
+        std::vector<MtpDrafter::Entry> entries;
+        for (const Work& w : work) {
+            entries.push_back({w.seq, *w.s->pending, w.s->n_past});
+            for (size_t i = 0; i < w.draft.size(); ++i) {
+                entries.push_back({w.seq, w.draft[i], w.s->n_past + 1 + static_cast<llama_pos>(i)});
+            }
+        }
+        mtp_process(entries);
+        t.inject = ms_since(t0);
+    }
 
     // accept per sequence; one whose grammar allows nothing more fails alone
     for (Work& w : work) {
@@ -80,6 +92,7 @@ std::vector<StepResult> ContextPair::step_batch(const std::vector<SeqStep>& step
             w.n_keep = 1 + n_acc;
             w.r.n_accepted = n_acc;
             if (ngram_ && !w.req->external) ngram_->accept(w.seq, n_acc);
+            if (mtp_) mtp_->accept(w.seq, n_acc);  // whoever drafted: the head keeps the last kept row's state
         } catch (const GrammarError& e) {
             // its verified rows are in the caches but not committed: it starts clean
             w.r.error = std::string(e.what()) + "; the context was reset";
@@ -129,7 +142,7 @@ std::vector<ContextPair::Work> ContextPair::plan(const std::vector<SeqStep>& ste
             // drafter sees the block length it was asked for, as in llama.cpp
             k = std::min({k, max_draft(), room});
             if (st.control.budget == 0) k = 0;
-            if (drafter_ && k > 0 && k >= st.control.draft_min) w.k_draft = k;
+            if ((drafter_ || mtp_) && k > 0 && k >= st.control.draft_min) w.k_draft = k;
         }
         n_rows += 1 + std::max(w.k_draft, static_cast<int32_t>(w.draft.size()));
         work.push_back(std::move(w));
@@ -257,6 +270,7 @@ std::vector<StepResult> ContextPair::commit(std::vector<Work>& work, const StepT
             Sequence& s = *w.s;
             const int32_t new_past = s.n_past + w.n_keep;
             if (ctx_dft_) llama_memory_seq_rm(llama_get_memory(ctx_dft_.get()), w.seq, new_past, -1);
+            if (mtp_) mtp_->remove(w.seq, new_past);
             s.history.push_back(*s.pending);
             s.history.insert(s.history.end(), w.draft.begin(), w.draft.begin() + (w.n_keep - 1));
             s.n_past = new_past;

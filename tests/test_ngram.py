@@ -146,7 +146,7 @@ BAD = [
     (["ngram-bogus"], "speculative type 'ngram-bogus' is unknown"),
     (["ngram-mod", "ngram-mod"], "listed twice"),
     (["none", "ngram-mod"], "'none' cannot be combined"),
-    (["draft-mtp"], "'draft-mtp' is not supported"),
+    (["draft-simple"], "'draft-simple' is not supported"),
     (["draft-eagle3", "ngram-mod"], "'draft-eagle3' is not supported"),
 ]
 

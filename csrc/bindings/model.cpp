@@ -41,6 +41,7 @@ void register_model(py::module_& m) {
         .def_property_readonly("architecture", [](const Model& self) { return text(self.architecture()); })
         .def_property_readonly("n_embd", &Model::n_embd)
         .def_property_readonly("n_layer", &Model::n_layer)
+        .def_property_readonly("n_layer_nextn", &Model::n_layer_nextn)
         .def_property_readonly("n_vocab", &Model::n_vocab)
         .def_property_readonly("n_ctx_train", &Model::n_ctx_train)
         .def_property_readonly("n_params", &Model::n_params)

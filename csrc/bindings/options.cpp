@@ -131,6 +131,7 @@ void register_options(py::module_& m) {
         .def_readwrite("split_mode", &ModelParams::split_mode)
         .def_readwrite("tensor_split", &ModelParams::tensor_split)
         .def_readwrite("rpc_servers", &ModelParams::rpc_servers)
+        .def_readwrite("load_mtp", &ModelParams::load_mtp)
         .def("validate", &ModelParams::validate);
     def_fields_api(model, "ModelParams");
 }

@@ -124,7 +124,8 @@ def _add_workloads(b: argparse.ArgumentParser) -> None:
         "--stack",
         action="append",
         metavar="TYPES",
-        help=f"an n-gram + DFlash --spec-type list to compare (repeatable; default: {' '.join(STACKS)})",
+        help=f"an n-gram + DFlash --spec-type list to compare (repeatable; default: {' '.join(STACKS)}); "
+        "a list with draft-mtp drafts with the target's MTP head (no drafter)",
     )
     w.add_argument("--prompts", type=int, metavar="N", help="prompts per workload (default: 3)")
 

@@ -87,7 +87,7 @@ def add_common(p: argparse.ArgumentParser) -> None:
     add_speculative(p)
 
 
-UNSUPPORTED = ("draft-simple", "draft-eagle3", "draft-mtp")  # refused by the core, with a reason
+UNSUPPORTED = ("draft-simple", "draft-eagle3")  # refused by the core, with a reason
 
 
 def add_speculative(p: argparse.ArgumentParser) -> None:
@@ -99,7 +99,8 @@ def add_speculative(p: argparse.ArgumentParser) -> None:
         metavar="TYPES",
         help="comma-separated list of " + ",".join(t for t in SPEC_TYPES if t not in UNSUPPORTED) + "; n-gram "
         "types draft first, the drafter "
-        "otherwise, e.g. ngram-mod,draft-dflash (default: draft-dflash with -d, else none)",
+        "otherwise, e.g. ngram-mod,draft-dflash; draft-mtp drafts with the target's own MTP head "
+        "(Qwen3.5/3.6) (default: draft-dflash with -d, else none)",
     )
     for f in dataclasses.fields(NgramConfig):
         g.add_argument(

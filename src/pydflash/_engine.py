@@ -333,7 +333,7 @@ class Engine:
             policy.observe_step(rows, results[0].t_verify_ms, draft_rows, t_draft, wall)
 
 
-MODEL_SOURCES = ("draft-dflash", "draft-dspark", "")  # "": nothing drafted this step
+MODEL_SOURCES = ("draft-dflash", "draft-dspark", "draft-mtp", "")  # "": nothing drafted this step
 
 
 def _copy(exc: BaseException) -> BaseException:

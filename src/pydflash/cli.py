@@ -288,6 +288,7 @@ def _cmd_info(a: argparse.Namespace) -> int:
             target = _core.Model.load(a.model, _core.ModelParams(), "target")
             out["target"] = _model_summary(target)
             out["target"]["rollback"] = target.rollback_for_drafting()
+            out["target"]["mtp_layers"] = target.n_layer_nextn  # > 0: --spec-type draft-mtp drafts with them
         if a.draft:
             draft = _core.Model.load_drafter(a.draft, _core.ModelParams())
             out["drafter"] = _model_summary(draft)
@@ -335,6 +336,7 @@ def _cmd_info(a: argparse.Namespace) -> int:
                 "recurrent",
                 "hybrid",
                 "rollback",
+                "mtp_layers",
                 "chat_template",
             ):
                 if k in s:

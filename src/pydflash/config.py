@@ -181,6 +181,7 @@ class ModelConfig:
             split_mode=self.split_mode,
             tensor_split=list(self.tensor_split),
             rpc_servers=list(self.rpc_servers),
+            load_mtp=role == "target" and "draft-mtp" in self.speculative,  # the head's layers
         )
 
     def pair_params(self) -> _core.PairParams:

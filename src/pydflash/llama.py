@@ -233,7 +233,7 @@ class Llama:
 
     @property
     def drafter_kind(self) -> str:
-        """ "dflash", "dflash2" or "dspark" ("" without a drafter); see ContextPair.drafter_description."""
+        """ "dflash", "dflash2", "dspark" or "mtp" ("" without one); see ContextPair.drafter_description."""
         return self.pair.drafter_kind
 
     @property

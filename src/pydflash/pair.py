@@ -205,14 +205,15 @@ class ContextPair:
 
     @property
     def max_draft(self) -> int:
-        """Largest draft a step can propose: block_size - 1 (an anchor-first
-        DSpark drafter: block_size)."""
+        """Largest model draft a step can propose: block_size - 1 (an anchor-first
+        DSpark drafter: block_size; an MTP head: its length, fixed at creation)."""
         return self._core.max_draft
 
     @property
     def drafter_kind(self) -> str:
         """ "dflash", "dflash2" (selector lattice: tokens only, verified with a
-        one-hot q), "dspark" (Markov + confidence heads), or "" without a drafter."""
+        one-hot q), "dspark" (Markov + confidence heads), "mtp" (the target's own
+        next-token-prediction head, speculative 'draft-mtp'), or "" without a drafter."""
         return self._core.drafter_kind
 
     @property

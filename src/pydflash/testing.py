@@ -18,6 +18,7 @@ often enough to exercise partial acceptance.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import re
 from collections import Counter
@@ -207,7 +208,7 @@ def write_qwen3_gguf(
     """Write a target GGUF. ``tensors`` uses llama.cpp names (token_embd.weight,
     blk.N.attn_q.weight, ..., output.weight) with numpy shapes (rows, cols) =
     (out_features, in_features), as torch stores nn.Linear weights."""
-    return _write_gguf(path, architecture, name, hp, tok, tensors, mask_token=False, extra_kv=extra_kv)
+    return write_gguf(path, architecture, name, hp, tok, tensors, mask_token=False, extra_kv=extra_kv)
 
 
 def write_dflash_gguf(
@@ -241,12 +242,12 @@ def write_dflash_gguf(
         if rope_sections is not None:
             w.add_array(f"{architecture}.rope.dimension_sections", [int(x) for x in rope_sections])
 
-    return _write_gguf(
+    return write_gguf(
         path, architecture, name, hp, tok, tensors, mask_token=mask_token, extra_kv=extra_kv, arch_keys=dflash_keys
     )
 
 
-def _write_gguf(
+def write_gguf(
     path: str | Path,
     architecture: str,
     name: str,
@@ -258,6 +259,7 @@ def _write_gguf(
     extra_kv: dict[str, str] | None,
     arch_keys: Callable[[gguf.GGUFWriter], None] | None = None,
 ) -> Path:
+    """Write a GGUF: its hyper-parameters, ``arch_keys``' keys, the tokenizer and ``tensors``."""
     import gguf
 
     w = gguf.GGUFWriter(str(path), architecture)
@@ -478,52 +480,51 @@ def _hybrid_layer(rng: np.random.Generator, i: int, s: HybridSpec) -> dict[str, 
     return t
 
 
+def hybrid_keys(w: gguf.GGUFWriter, s: HybridSpec) -> None:
+    """The hybrid architecture's metadata keys (recurrent layers, RoPE sections, experts)."""
+    a = s.architecture
+    w.add_uint32(f"{a}.full_attention_interval", s.full_attention_interval)
+    w.add_uint32(f"{a}.ssm.conv_kernel", s.ssm_d_conv)
+    w.add_uint32(f"{a}.ssm.state_size", s.ssm_d_state)
+    w.add_uint32(f"{a}.ssm.group_count", s.ssm_n_group)
+    w.add_uint32(f"{a}.ssm.time_step_rank", s.ssm_dt_rank)
+    w.add_uint32(f"{a}.ssm.inner_size", s.ssm_d_state * s.ssm_dt_rank)
+    if a != "qwen3next":
+        w.add_array(f"{a}.rope.dimension_sections", [int(x) for x in s.rope_sections])
+    if a in _MOE:
+        w.add_uint32(f"{a}.expert_count", s.n_expert)
+        w.add_uint32(f"{a}.expert_used_count", s.n_expert_used)
+        w.add_uint32(f"{a}.expert_feed_forward_length", s.n_ff // s.n_expert_used)
+        w.add_uint32(f"{a}.expert_shared_feed_forward_length", s.n_ff)
+
+
 def write_hybrid_target(path: str | Path, spec: HybridSpec = HybridSpec()) -> Path:
     """Write a tiny random Gated-DeltaNet hybrid target: ``qwen35`` (the
     Qwen3.5/3.6 layout: IMRoPE, partial rollback in llama.cpp), ``qwen35moe``
     (the same with MoE FFNs) or ``qwen3next`` (MoE FFNs; llama.cpp has no
     partial rollback for it)."""
     s = spec
+    tensors, tok = hybrid_tensors(s)
+    hp = Hparams(s.n_ctx, s.n_embd, s.n_layer, s.n_head, s.n_head_kv, s.head_dim, s.n_ff)
+    name = f"pydflash tiny {s.architecture} target"
+    keys = functools.partial(hybrid_keys, s=s)
+    return write_gguf(path, s.architecture, name, hp, tok, tensors, mask_token=False, extra_kv=None, arch_keys=keys)
+
+
+def hybrid_tensors(s: HybridSpec) -> tuple[dict[str, np.ndarray], Tokenizer]:
+    """The hybrid target's tensors (random from ``s.seed``) and its tokenizer."""
     if s.architecture not in ("qwen35", "qwen35moe", "qwen3next"):
         raise ValueError(f"architecture must be 'qwen35', 'qwen35moe' or 'qwen3next', got {s.architecture!r}")
     if s.architecture != "qwen3next" and sum(s.rope_sections) * 2 > s.head_dim:
         raise ValueError("rope_sections count rope pairs: their sum must be <= head_dim / 2")
     rng = np.random.default_rng(s.seed)
     tok = tokenizer(s.n_vocab)
-    hp = Hparams(s.n_ctx, s.n_embd, s.n_layer, s.n_head, s.n_head_kv, s.head_dim, s.n_ff)
     tensors = {"token_embd.weight": _token_embd(rng, s)}
     for i in range(s.n_layer):
         tensors.update(_hybrid_layer(rng, i, s))
     tensors["output_norm.weight"] = _norm(rng, s.n_embd)
     tensors["output.weight"] = _head(rng, s, tok)
-
-    def hybrid_keys(w: gguf.GGUFWriter) -> None:
-        a = s.architecture
-        w.add_uint32(f"{a}.full_attention_interval", s.full_attention_interval)
-        w.add_uint32(f"{a}.ssm.conv_kernel", s.ssm_d_conv)
-        w.add_uint32(f"{a}.ssm.state_size", s.ssm_d_state)
-        w.add_uint32(f"{a}.ssm.group_count", s.ssm_n_group)
-        w.add_uint32(f"{a}.ssm.time_step_rank", s.ssm_dt_rank)
-        w.add_uint32(f"{a}.ssm.inner_size", s.ssm_d_state * s.ssm_dt_rank)
-        if a != "qwen3next":
-            w.add_array(f"{a}.rope.dimension_sections", [int(x) for x in s.rope_sections])
-        if a in _MOE:
-            w.add_uint32(f"{a}.expert_count", s.n_expert)
-            w.add_uint32(f"{a}.expert_used_count", s.n_expert_used)
-            w.add_uint32(f"{a}.expert_feed_forward_length", s.n_ff // s.n_expert_used)
-            w.add_uint32(f"{a}.expert_shared_feed_forward_length", s.n_ff)
-
-    return _write_gguf(
-        path,
-        s.architecture,
-        f"pydflash tiny {s.architecture} target",
-        hp,
-        tok,
-        tensors,
-        mask_token=False,
-        extra_kv=None,
-        arch_keys=hybrid_keys,
-    )
+    return tensors, tok
 
 
 def write_drafter(

@@ -89,18 +89,24 @@ def _start(
         WorkerEngine(ADAPTIVE, "pydflash", target, draft, n_ctx, threads, n_ctx, fa),
     ]
     engines += [
-        WorkerEngine(f"pydflash {s}", "pydflash", target, draft, n_ctx, threads, n_ctx, fa, spec_type=s)
+        WorkerEngine(f"pydflash {s}", "pydflash", target, _draft(s, draft), n_ctx, threads, n_ctx, fa, spec_type=s)
         for s in cfg.stacks
     ]
     skipped: dict[str, str] = {}
     exe = find_native(cfg.native)
     for s in ("draft-dflash", *cfg.stacks):
         try:
-            engines.append(NativeEngine(exe, target, draft, n_ctx, threads, fa, spec_type=s, name=f"llama.cpp {s}"))
+            d = _draft(s, draft)
+            engines.append(NativeEngine(exe, target, d, n_ctx, threads, fa, spec_type=s, name=f"llama.cpp {s}"))
         except EngineUnavailable as ex:
             skipped[f"llama.cpp {s}"] = str(ex)
             log(f"skipping llama.cpp {s}: {ex}")
     return engines, skipped
+
+
+def _draft(spec_type: str, draft: str) -> str | None:
+    """A draft-mtp stack drafts with the target's own MTP head: no drafter file."""
+    return None if "draft-mtp" in spec_type.split(",") else draft
 
 
 def _prompts(tokenizer_model: str, cfg: WorkloadConfig) -> dict[str, list[str]]:

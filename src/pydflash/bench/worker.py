@@ -36,15 +36,22 @@ def peak_rss_bytes() -> int:
 def pydflash_engine(a: argparse.Namespace) -> tuple[Callable[[Request], Reply], dict[str, Any]]:
     from pydflash import Llama
 
-    llm = Llama(
-        a.target,
-        draft=a.draft,
-        n_ctx=a.n_ctx,
-        n_threads=a.threads,
-        n_batch=a.n_batch,
-        flash_attn=a.flash_attn,
-        speculative=a.spec_type,
-    )
+    # an MTP head's draft length is fixed when the pair is made: remade for another one
+    mtp = "draft-mtp" in (a.spec_type or "").split(",")
+
+    def make(draft_max: int | None) -> Llama:
+        return Llama(
+            a.target,
+            draft=a.draft,
+            n_ctx=a.n_ctx,
+            n_threads=a.threads,
+            n_batch=a.n_batch,
+            flash_attn=a.flash_attn,
+            speculative=a.spec_type,
+            draft_max=draft_max,
+        )
+
+    llm = make(None)
     mem = llm.memory()
     info = {
         "memory": {
@@ -60,8 +67,12 @@ def pydflash_engine(a: argparse.Namespace) -> tuple[Callable[[Request], Reply], 
     }
 
     def run(req: Request) -> Reply:
+        nonlocal llm
         prompt = llm.tokenize(req["text"])
         dm = req.get("draft_max") if a.draft or a.spec_type else 0  # None: the adaptive draft length
+        if mtp and dm is not None and dm != llm.pair.max_draft:
+            llm.close()
+            llm = make(dm)
         # a cold prefill every time, as the other engines do (repeats reuse prompts)
         res = llm.generate(prompt, max_tokens=req["osl"], ignore_eos=True, draft_max=dm, cache_prompt=False)
         s = res.stats

@@ -43,6 +43,10 @@ struct PairParams {
     std::string type_v = "f16";
     std::string draft_type_k = "f16";  // the drafter's
     std::string draft_type_v = "f16";
+    // the drafter's context window (draft_window.cpp): its attention and KV cache hold the
+    // target features of the last draft_window positions only; 0: the whole context;
+    // -1: the drafter's own sliding window if it has one, else the whole context
+    int32_t draft_window = -1;
     // llama.cpp's --spec-type list: n-gram drafters and "draft-dflash" (the
     // drafter), tried in llama.cpp's fixed priority order (n-gram first); empty:
     // the drafter alone when there is one, else plain decoding

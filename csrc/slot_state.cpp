@@ -66,7 +66,8 @@ std::vector<uint8_t> seq_state(llama_context* ctx, llama_seq_id seq) {
 
 std::string ContextPair::fingerprint() const {
     return "target: " + describe(*target_) + "; drafter: " + (drafter_ ? describe(*drafter_) : "none") + "; rollback " +
-           rollback_name(rollback_) + ", n_rs_seq " + std::to_string(n_rs_seq_);
+           rollback_name(rollback_) + ", n_rs_seq " + std::to_string(n_rs_seq_) +
+           (view_ > 0 ? ", draft window " + std::to_string(view_) : "");
 }
 
 void ContextPair::save_sequence(int32_t seq, const std::string& path) {

@@ -88,6 +88,7 @@ void register_options(py::module_& m) {
         .def_readwrite("type_v", &PairParams::type_v)
         .def_readwrite("draft_type_k", &PairParams::draft_type_k)
         .def_readwrite("draft_type_v", &PairParams::draft_type_v)
+        .def_readwrite("draft_window", &PairParams::draft_window)
         .def_readwrite("speculative", &PairParams::speculative)
         .def_readwrite("ngram", &PairParams::ngram)
         .def("validate", &PairParams::validate, "ValueError naming the first bad value.");

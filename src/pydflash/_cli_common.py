@@ -30,6 +30,14 @@ def add_common(p: argparse.ArgumentParser) -> None:
         help="without --draft-max, draft block size - 1 tokens every step (the fixed length) instead of "
         "choosing each step's length",
     )
+    p.add_argument(
+        "--draft-window",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the drafter sees the target features of the last N positions only (flat drafter memory as the "
+        "context grows); 0: the whole context (default: the drafter's own sliding window, else the whole context)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
     dev = p.add_argument_group("devices and KV cache (as llama.cpp's options of the same names)")
     dev.add_argument(
@@ -133,6 +141,7 @@ def llama_options(a: argparse.Namespace) -> dict[str, Any]:
         type_v=a.cache_type_v,
         draft_type_k=a.cache_type_k_draft,
         draft_type_v=a.cache_type_v_draft,
+        draft_window=a.draft_window,
         speculative=a.spec_type,
         ngram=ngram_options(a),
     )

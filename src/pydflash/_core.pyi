@@ -67,6 +67,7 @@ class PairParams:
     type_v: str
     draft_type_k: str
     draft_type_v: str
+    draft_window: int
     speculative: list[str]
     ngram: NgramParams
     def __init__(self, **kwargs: object) -> None: ...
@@ -281,6 +282,8 @@ class ContextPair:
     def draft_vocab(self) -> int: ...
     @property
     def default_draft_max(self) -> int: ...
+    @property
+    def draft_window(self) -> int: ...
     @property
     def target_layer_ids(self) -> list[int]: ...
     @property

@@ -1,0 +1,77 @@
+// The drafter's context window: its attention and KV cache hold the target
+// features of the last `window` positions of each sequence only, so its memory
+// and its per-block attention cost stay flat as the context grows; the target
+// is untouched (a window changes what the drafter sees, never the output).
+//
+// Two sources: the drafter's own sliding window (llama.cpp's `dflash` loader
+// reads dflash.attention.sliding_window + its per-layer pattern and masks in
+// the graph; with swa_full off its SWA cache is window-sized), and the pair's
+// `draft_window`, a ring kept here: before features of positions [a, b) are
+// injected, positions below b - window leave the drafter's cache and only
+// positions >= b - window are injected, so a sequence's drafter memory is one
+// contiguous tail (llama.cpp's batch checks want Y = X + 1, or an empty
+// sequence). The block drafted at position p then attends to the features of
+// [p - window, p).
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <string>
+
+#include "context_pair.h"
+#include "errors.h"
+
+namespace pydflash {
+
+void ContextPair::configure_window() {
+    const int32_t want = params_.draft_window;  // validated: >= -1
+    const int32_t own = spec_.n_swa;
+    if (want > 0 && want < spec_.block_size) {
+        throw InvalidArgument("draft_window=" + std::to_string(want) + " is smaller than the drafter's block of " +
+                              std::to_string(spec_.block_size) + " tokens; use at least " +
+                              std::to_string(spec_.block_size) + ", or 0 for the whole context");
+    }
+    if (want > 0 && own > 0 && want > own) {
+        throw InvalidArgument("draft_window=" + std::to_string(want) + " is wider than this drafter's own sliding " +
+                              "window of " + std::to_string(own) + " (it was trained on that window); use at most " +
+                              std::to_string(own) + ", or leave draft_window unset");
+    }
+    // a window as wide as a sequence's context never drops anything: no ring
+    window_ = want > 0 && want < n_ctx_seq() ? want : 0;
+    view_ = window_ > 0 ? window_ : own;
+}
+
+uint32_t ContextPair::drafter_n_ctx(uint32_t full) const {
+    if (window_ == 0) return full;
+    // a sequence holds at most the window plus one block (noise rows, removed after the draft)
+    const int64_t per_seq = static_cast<int64_t>(window_) + spec_.lead_rows() + spec_.block_size;
+    return static_cast<uint32_t>(std::min<int64_t>(full, per_seq * params_.n_seq));
+}
+
+std::vector<llama_pos> ContextPair::trim_window(const std::vector<Span>& spans) {
+    std::vector<llama_pos> first(spans.size());
+    for (size_t i = 0; i < spans.size(); ++i) first[i] = spans[i].pos0;
+    if (window_ == 0) return first;
+    std::map<int32_t, llama_pos> end;  // per sequence: the position after its last injected row
+    for (const Span& sp : spans) end[sp.seq] = std::max(end[sp.seq], sp.pos0 + sp.n);
+    llama_memory_t mem = llama_get_memory(ctx_dft_.get());
+    for (const auto& [seq, e] : end) {
+        const llama_pos from = e - window_;
+        // removing a sequence's oldest positions cannot fail in a KV cache
+        if (from > 0 && !llama_memory_seq_rm(mem, seq, 0, from)) fail_decode("trimming the drafter's window", -1);
+    }
+    for (size_t i = 0; i < spans.size(); ++i) first[i] = std::max(first[i], end[spans[i].seq] - window_);
+    return first;
+}
+
+int32_t ContextPair::window_reuse(int32_t seq, int32_t common, int32_t n_hist, int32_t n) {
+    // A cut inside a history that already outgrew the window: the drafter no longer
+    // holds the positions before the cut that the prompt's first block will need
+    // (and a sliding-window cache may keep stray older cells), so its sequence
+    // starts over and the target re-evaluates from n - window: the drafter then
+    // sees the same window as after a fresh prefill (at most `window` more tokens).
+    if (!ctx_dft_ || view_ == 0 || common >= n_hist || n_hist < view_) return common;
+    llama_memory_seq_rm(llama_get_memory(ctx_dft_.get()), seq, -1, -1);
+    return std::min(common, std::max(0, n - view_));
+}
+
+}  // namespace pydflash

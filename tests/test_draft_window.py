@@ -1,0 +1,264 @@
+"""The drafter's context window (``Llama(..., draft_window=N)``): the drafter
+attends to, and keeps in its KV cache, the target features of the last N
+positions only. It changes what the drafter sees, never the output: greedy
+decoding stays the target's own at every context length, with one or several
+sequences, through the prompt cache and slot files, on a hybrid target; the
+drafter's memory stays flat as n_ctx grows. A drafter that carries its own
+sliding window (llama.cpp's converter writes dflash.attention.sliding_window
+for use_swa checkpoints) gets a window-sized cache without being asked."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+
+import pytest
+
+from conftest import HYBRID_DRAFTERS, HYBRID_TARGETS
+from pydflash import Llama, cli, testing
+from pydflash.config import ModelConfig
+
+TARGET = testing.TargetSpec()
+B8 = testing.DrafterSpec()  # block 8
+SWA = 64  # the sliding window of the drafter that carries one
+N_OUT = 48
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("window")
+    testing.write_pair(d, TARGET, B8)
+    swa = dataclasses.replace(B8, n_layer=2, variant=testing.DrafterVariant(sliding_window=SWA))
+    testing.write_drafter(d / "swa-drafter.gguf", TARGET, swa)
+    for kind in ("dflash2", "dspark"):
+        testing.write_drafter(
+            d / f"{kind}-drafter.gguf", TARGET, dataclasses.replace(B8, variant=testing.DrafterVariant(kind=kind))
+        )
+    testing.write_hybrid_pair(d, HYBRID_TARGETS["qwen35"], HYBRID_DRAFTERS["b8"])
+    return d
+
+
+def prompt_of(n: int, seed: int = 0) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(2, 300) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def reference(models):
+    """The target's own greedy continuation of a prompt (cached)."""
+    llms: dict[str, Llama] = {}
+    cache: dict[tuple[str, int, int], list[int]] = {}
+
+    def ref(n: int, seed: int = 0, target: str = "tiny-target.gguf") -> list[int]:
+        if (target, n, seed) not in cache:
+            if target not in llms:
+                llms[target] = Llama(models / target, n_ctx=4096, n_threads=1)
+            res = llms[target].generate(prompt_of(n, seed), max_tokens=N_OUT, ignore_eos=True)
+            cache[(target, n, seed)] = res.tokens
+        return cache[(target, n, seed)]
+
+    yield ref
+    for llm in llms.values():
+        llm.close()
+
+
+def open_pair(models, drafter: str = "tiny-drafter.gguf", target: str = "tiny-target.gguf", **kw) -> Llama:
+    kw.setdefault("n_ctx", 4096)
+    return Llama(models / target, draft=models / drafter, n_threads=1, draft_adaptive=False, **kw)
+
+
+def drafter_memory(llm: Llama) -> tuple[int, int]:
+    rows = [r for r in llm.memory().rows if r.role == "drafter"]
+    return sum(r.context for r in rows), sum(r.compute for r in rows)
+
+
+@pytest.mark.parametrize("window", [8, 24, 200])
+@pytest.mark.parametrize("n_prompt", [40, 300, 1500])
+def test_lossless_at_every_context_length(models, reference, window, n_prompt):
+    with open_pair(models, draft_window=window) as llm:
+        assert llm.pair.draft_window == window
+        res = llm.generate(prompt_of(n_prompt), max_tokens=N_OUT, ignore_eos=True)
+    assert res.tokens == reference(n_prompt)
+    assert res.stats.n_drafted > 0
+
+
+def test_a_window_changes_what_the_drafter_sees_only_once_it_cuts(models, reference):
+    def run(window):
+        with open_pair(models, draft_window=window) as llm:
+            res = llm.generate(prompt_of(600), max_tokens=N_OUT, ignore_eos=True)
+        assert res.tokens == reference(600)
+        return [(s.n_drafted, s.n_accepted) for s in res.stats.steps]
+
+    whole = run(0)
+    assert run(None) == whole  # a drafter without its own window: the whole context by default
+    assert run(1024) == whole  # wider than prompt + output: nothing ever leaves the window
+    assert run(16) != whole  # 16 positions: the drafter's blocks are drafted on less
+
+
+@pytest.mark.parametrize("drafter", ["dflash2-drafter.gguf", "dspark-drafter.gguf"])
+def test_lossless_for_the_other_drafter_kinds(models, drafter):
+    with Llama(models / "tiny-target.gguf", n_ctx=2048, n_threads=1) as base:
+        want = base.generate(prompt_of(700), max_tokens=N_OUT, ignore_eos=True).tokens
+    with open_pair(models, drafter, n_ctx=2048, draft_window=32) as llm:
+        res = llm.generate(prompt_of(700), max_tokens=N_OUT, ignore_eos=True)
+    assert res.tokens == want and res.stats.n_drafted > 0
+
+
+def test_several_sequences(models, reference):
+    prompts = [prompt_of(n, seed) for n, seed in ((900, 0), (50, 1), (400, 2))]
+    with open_pair(models, n_ctx=4096, n_parallel=3, draft_window=32) as llm:
+        results = llm.generate_batch(prompts, max_tokens=N_OUT, ignore_eos=True)
+    for (n, seed), res in zip(((900, 0), (50, 1), (400, 2)), results, strict=True):
+        assert res.tokens == reference(n, seed)
+
+
+def test_hybrid_target(models):
+    prompt = prompt_of(500)
+    with Llama(models / "hybrid-target.gguf", n_ctx=1024, n_threads=1) as base:
+        want = base.generate(prompt, max_tokens=N_OUT, ignore_eos=True).tokens
+    for rollback in ("auto", "checkpoint"):
+        with open_pair(
+            models, "hybrid-drafter.gguf", "hybrid-target.gguf", n_ctx=1024, draft_window=24, rollback=rollback
+        ) as llm:
+            res = llm.generate(prompt, max_tokens=N_OUT, ignore_eos=True)
+        assert res.tokens == want, rollback
+        assert res.stats.n_drafted > 0
+
+
+def test_drafter_memory_is_flat_as_n_ctx_grows(models):
+    windowed, whole = [], []
+    for n_ctx in (1024, 4096, 16384):
+        with open_pair(models, n_ctx=n_ctx, draft_window=64) as llm:
+            windowed.append(drafter_memory(llm))
+        with open_pair(models, n_ctx=n_ctx) as llm:
+            whole.append(drafter_memory(llm))
+    assert windowed[0] == windowed[1] == windowed[2]
+    assert whole[0][0] < whole[1][0] < whole[2][0]  # the KV cache of the whole context
+    assert windowed[2][0] * 16 <= whole[2][0]
+    with open_pair(models, n_ctx=4096, n_parallel=4, draft_window=64) as llm:  # one ring per sequence
+        assert windowed[0][0] < drafter_memory(llm)[0] < whole[1][0]
+
+
+def greedy_after(pair, prompt: list[int], *, reuse: bool) -> tuple[list, int]:
+    """The next tokens and each step's accepted count (test_prompt_cache.py: drafted
+    tokens may differ at a near-tie, the target's features coming from other
+    batches), and n_cached."""
+    pair.prefill(prompt, reuse=reuse)
+    cached = pair.n_cached
+    out: list[int] = []
+    accepted: list[int] = []
+    while len(out) < 24:
+        step = pair.step()
+        out += step.tokens
+        accepted.append(step.n_accepted)
+    return [out[:24], accepted], cached
+
+
+@pytest.mark.parametrize("drafter", ["tiny-drafter.gguf", "swa-drafter.gguf"])
+def test_prompt_cache_keeps_the_drafters_window_whole(models, drafter):
+    # whatever the next prompt keeps of the history, the drafter sees what a prefill
+    # from empty caches shows it: a cut in a history longer than the window keeps at
+    # most n - window tokens, so the drafter's window is evaluated again
+    rng = random.Random(3)
+    window = 24 if drafter == "tiny-drafter.gguf" else SWA
+    kinds = set()
+    with (
+        open_pair(models, drafter, n_ctx=1024, draft_window=window) as llm,
+        open_pair(models, drafter, n_ctx=1024, draft_window=window) as fresh,
+    ):
+        pair = llm.pair
+        for _ in range(10):
+            pair.prefill(prompt_of(rng.randint(10, 200), rng.randrange(99)))
+            for _ in range(rng.randint(0, 5)):
+                pair.step()
+            held = pair.tokens
+            kind = rng.choice(["extend", "cut", "shorter"])
+            kinds.add(kind)
+            if kind == "extend":
+                prompt = held + prompt_of(rng.randint(1, 60), rng.randrange(99))
+            elif kind == "shorter":
+                prompt = held[: rng.randint(2, len(held))]
+            else:
+                prompt = held[: rng.randrange(1, len(held))] + prompt_of(rng.randint(1, 40), rng.randrange(99))
+            got, cached = greedy_after(pair, prompt, reuse=True)
+            want, _ = greedy_after(fresh.pair, prompt, reuse=False)
+            assert got == want, kind
+            n, n_hist = len(prompt) - 1, len(held) - 1
+            if kind == "extend":
+                assert cached == n_hist  # a conversation's next turn keeps everything
+            else:  # a cut: at most what keeps the window whole
+                assert cached <= max(n - window, 0) or n_hist < window
+    assert kinds == {"extend", "cut", "shorter"}
+
+
+def test_slot_files_carry_the_window(models, tmp_path):
+    prompt = prompt_of(300)
+    with open_pair(models, n_ctx=1024, draft_window=32) as a:
+        a.pair.prefill(prompt)
+        a.save_slot(0, tmp_path / "slot")
+        want = [a.pair.step().tokens for _ in range(6)]
+    with open_pair(models, n_ctx=1024, draft_window=32) as b:
+        b.load_slot(0, tmp_path / "slot")
+        assert [b.pair.step().tokens for _ in range(6)] == want
+    with open_pair(models, n_ctx=1024) as c, pytest.raises(ValueError, match="draft window 32"):
+        c.load_slot(0, tmp_path / "slot")
+
+
+def test_a_drafter_with_its_own_sliding_window_gets_a_window_sized_cache(models, reference, caplog):
+    mem = []
+    with caplog.at_level(logging.INFO, logger="pydflash"):
+        for n_ctx in (1024, 4096, 16384):
+            with open_pair(models, "swa-drafter.gguf", n_ctx=n_ctx, verbose=True) as llm:
+                assert llm.pair.draft_window == SWA  # its own window by default
+                mem.append(drafter_memory(llm))
+                if n_ctx == 4096:
+                    res = llm.generate(prompt_of(300), max_tokens=N_OUT, ignore_eos=True)
+                    assert res.tokens == reference(300) and res.stats.n_drafted > 0
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "creating     SWA KV cache" in logged
+    assert "full-size SWA cache" not in logged
+    assert mem[0] == mem[1] == mem[2]
+    # a narrower window on top of it; never a wider one
+    with open_pair(models, "swa-drafter.gguf", n_ctx=4096, draft_window=16) as llm:
+        assert llm.pair.draft_window == 16
+        assert drafter_memory(llm)[0] <= mem[0][0]
+        assert llm.generate(prompt_of(300), max_tokens=N_OUT, ignore_eos=True).tokens == reference(300)
+    with open_pair(models, "swa-drafter.gguf", draft_window=0) as llm:
+        assert llm.pair.draft_window == SWA  # 0 adds no window of ours; its own stays
+    with pytest.raises(ValueError, match=f"wider than this drafter's own sliding window of {SWA}"):
+        open_pair(models, "swa-drafter.gguf", draft_window=SWA + 1)
+
+
+def test_bad_windows_are_typed_errors(models):
+    target = models / "tiny-target.gguf"
+    with pytest.raises(ValueError, match="draft_window must be >= 0"):
+        Llama(target, draft=models / "tiny-drafter.gguf", draft_window=-1)
+    with pytest.raises(TypeError, match="draft_window must be an int"):
+        ModelConfig(draft_window=1.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="draft_window must be an int"):
+        ModelConfig(draft_window=True)
+    with pytest.raises(ValueError, match="smaller than the drafter's block of 8 tokens; use at least 8"):
+        open_pair(models, draft_window=7)
+    with pytest.raises(ValueError, match="no drafter is loaded: pass draft="):
+        Llama(target, n_ctx=256, draft_window=64)
+    with Llama(target, n_ctx=256, draft_window=0) as llm:  # 0 and None mean no window: fine alone
+        assert llm.pair.draft_window == 0
+
+
+def test_cli_flag_reaches_the_config(models, monkeypatch, capsys):
+    seen = []
+    init = Llama.__init__
+
+    def recording_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        seen.append(self.config)
+
+    monkeypatch.setattr(Llama, "__init__", recording_init)
+    t, d = str(models / "tiny-target.gguf"), str(models / "tiny-drafter.gguf")
+    for flags, want in (([], None), (["--draft-window", "64"], 64)):
+        assert (
+            cli.main(["generate", "-m", t, "-d", d, "-p", "x", "-n", "4", "--ignore-eos", "--n-ctx", "512", *flags])
+            == 0
+        ), capsys.readouterr().err
+        assert seen.pop().draft_window == want

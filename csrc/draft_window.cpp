@@ -35,8 +35,10 @@ void ContextPair::configure_window() {
                               "window of " + std::to_string(own) + " (it was trained on that window); use at most " +
                               std::to_string(own) + ", or leave draft_window unset");
     }
-    // a window as wide as a sequence's context never drops anything: no ring
-    window_ = want > 0 && want < n_ctx_seq() ? want : 0;
+    // by default the drafter's own window, else ours; one as wide as a sequence's
+    // context never drops anything: no ring
+    const int32_t ring = want >= 0 ? want : (own > 0 ? 0 : kDefaultDraftWindow);
+    window_ = ring > 0 && ring < n_ctx_seq() ? ring : 0;
     view_ = window_ > 0 ? window_ : own;
 }
 

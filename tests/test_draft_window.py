@@ -16,7 +16,7 @@ import random
 import pytest
 
 from conftest import HYBRID_DRAFTERS, HYBRID_TARGETS
-from pydflash import Llama, cli, testing
+from pydflash import Llama, _core, cli, testing
 from pydflash.config import ModelConfig
 
 TARGET = testing.TargetSpec()
@@ -91,7 +91,7 @@ def test_a_window_changes_what_the_drafter_sees_only_once_it_cuts(models, refere
         return [(s.n_drafted, s.n_accepted) for s in res.stats.steps]
 
     whole = run(0)
-    assert run(None) == whole  # a drafter without its own window: the whole context by default
+    assert run(None) == whole  # the default window (4096) holds this whole context
     assert run(1024) == whole  # wider than prompt + output: nothing ever leaves the window
     assert run(16) != whole  # 16 positions: the drafter's blocks are drafted on less
 
@@ -138,6 +138,22 @@ def test_drafter_memory_is_flat_as_n_ctx_grows(models):
     assert windowed[2][0] * 16 <= whole[2][0]
     with open_pair(models, n_ctx=4096, n_parallel=4, draft_window=64) as llm:  # one ring per sequence
         assert windowed[0][0] < drafter_memory(llm)[0] < whole[1][0]
+
+
+def test_the_default_window(models, reference):
+    assert _core.DEFAULT_DRAFT_WINDOW == 4096
+    mem = {}
+    for n_ctx in (2048, 4096, 8192, 16384):
+        with open_pair(models, n_ctx=n_ctx) as llm:
+            # a slot no longer than the window: no window at all (nothing would leave it)
+            assert llm.pair.draft_window == (4096 if n_ctx > 4096 else 0)
+            mem[n_ctx] = drafter_memory(llm)
+            if n_ctx == 8192:
+                assert llm.generate(prompt_of(300), max_tokens=N_OUT, ignore_eos=True).tokens == reference(300)
+    assert mem[2048][0] < mem[4096][0]
+    assert mem[8192] == mem[16384]  # flat past the window
+    with open_pair(models, n_ctx=8192, n_parallel=2) as llm:  # 4096 per sequence: within the window
+        assert llm.pair.draft_window == 0
 
 
 def greedy_after(pair, prompt: list[int], *, reuse: bool) -> tuple[list, int]:

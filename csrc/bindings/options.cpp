@@ -74,6 +74,7 @@ void register_options(py::module_& m) {
         .def("validate", &NgramParams::validate);
     def_fields_api(ngram, "NgramParams");
     m.attr("SPECULATIVE_TYPES") = py::tuple(py::cast(speculative_type_names()));
+    m.attr("DEFAULT_DRAFT_WINDOW") = kDefaultDraftWindow;
 
     py::class_<PairParams> pair(m, "PairParams", "Options of a ContextPair, fixed at creation.");
     pair.def_readwrite("n_ctx", &PairParams::n_ctx)

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 from typing import Any
 
+from . import _core
 from .config import CACHE_TYPES, FLASH_ATTN, SPEC_TYPES, SPLIT_MODES, ModelConfig, NgramConfig
 from .results import GenerationResult
 
@@ -36,7 +37,8 @@ def add_common(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N",
         help="the drafter sees the target features of the last N positions only (flat drafter memory as the "
-        "context grows); 0: the whole context (default: the drafter's own sliding window, else the whole context)",
+        "context grows); 0: the whole context (default: the drafter's own sliding window, else "
+        f"{_core.DEFAULT_DRAFT_WINDOW})",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
     dev = p.add_argument_group("devices and KV cache (as llama.cpp's options of the same names)")

@@ -28,6 +28,7 @@ def inspect_gguf(path: str) -> dict[str, object]: ...
 # raises ValueError naming the first bad value.
 CHOICES: dict[str, tuple[str, ...]]
 SPECULATIVE_TYPES: tuple[str, ...]
+DEFAULT_DRAFT_WINDOW: int
 
 class ModelParams:
     n_gpu_layers: int

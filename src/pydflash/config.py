@@ -124,7 +124,7 @@ class ModelConfig:
     draft_type_v: str = _PAIR.draft_type_v
     # the drafter sees (attends to, keeps in its KV cache) the target features of the last
     # draft_window positions only; 0: the whole context; None: the drafter's own sliding
-    # window if it has one, else the whole context. Never changes the output
+    # window if it has one, else _core.DEFAULT_DRAFT_WINDOW. Never changes the output
     draft_window: int | None = None
     n_threads: int | None = None  # None: all hardware threads
     # None: each step's draft length is chosen (draft_adaptive), else block size - 1; an int pins it

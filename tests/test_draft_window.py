@@ -10,8 +10,12 @@ for use_swa checkpoints) gets a window-sized cache without being asked."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -278,3 +282,91 @@ def test_cli_flag_reaches_the_config(models, monkeypatch, capsys):
             == 0
         ), capsys.readouterr().err
         assert seen.pop().draft_window == want
+
+
+# A drafter as a new user gets it: an HF-format DFlash checkpoint with use_swa /
+# swa_window_size, converted by the vendored llama.cpp converter (its
+# tokenizer-hash check patched: this tiny BPE is not one it knows).
+LLAMA_CPP = Path(__file__).resolve().parents[1] / "vendor" / "llama.cpp"
+CONVERT = """import runpy, sys
+sys.path[:0] = [sys.argv[1] + "/gguf-py", sys.argv[1]]
+import conversion.base as b
+b.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"
+ll, ddir, tdir, out = sys.argv[1:5]
+sys.argv = ["convert_hf_to_gguf.py", ddir, "--target-model-dir", tdir, "--outfile", out, "--outtype", "f32"]
+runpy.run_path(ll + "/convert_hf_to_gguf.py", run_name="__main__")
+"""
+
+
+def write_hf_checkpoint(d: Path, window: int) -> tuple[Path, Path]:
+    """The tiny target's tokenizer and config in HF format, and a random 2-layer
+    DFlash drafter checkpoint for it (safetensors) with a sliding window."""
+    torch = pytest.importorskip("torch")
+    tokenizers = pytest.importorskip("tokenizers")
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    tdir, ddir = d / "target-hf", d / "drafter-hf"
+    tdir.mkdir()
+    ddir.mkdir()
+    tok = testing.tokenizer(TARGET.n_vocab)
+    bpe = tokenizers.models.BPE(
+        vocab={t: i for i, t in enumerate(tok.tokens[: tok.eos])}, merges=[tuple(m.split(" ")) for m in tok.merges]
+    )
+    hf = tokenizers.Tokenizer(bpe)
+    hf.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = tokenizers.decoders.ByteLevel()
+    hf.add_special_tokens([tokenizers.AddedToken(t, special=True) for t in tok.tokens[tok.eos :]])
+    hf.save(str(tdir / "tokenizer.json"))
+    eos = tok.tokens[tok.eos]
+    (tdir / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos})
+    )
+    s = TARGET
+    cfg = dict(hidden_size=s.n_embd, num_attention_heads=s.n_head, num_key_value_heads=s.n_head_kv, head_dim=s.head_dim,
+               intermediate_size=s.n_ff, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=s.n_ctx,
+               vocab_size=s.n_vocab, tie_word_embeddings=False, hidden_act="silu", model_type="qwen3")  # fmt: skip
+    target_cfg = {**cfg, "architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": s.n_layer}
+    (tdir / "config.json").write_text(json.dumps(target_cfg))
+    dflash = {"mask_token_id": tok.mask, "target_layer_ids": [0, 2], "block_size": 8, "use_swa": True,
+              "swa_window_size": window}  # fmt: skip
+    drafter_cfg = {**cfg, "architectures": ["DFlashDraftModel"], "num_hidden_layers": 2, "dflash_config": dflash}
+    (ddir / "config.json").write_text(json.dumps(drafter_cfg))
+    g = torch.Generator().manual_seed(0)
+    E, H, KV, D, F = s.n_embd, s.n_head, s.n_head_kv, s.head_dim, s.n_ff
+    shapes = {"self_attn.q_proj": (H * D, E), "self_attn.k_proj": (KV * D, E), "self_attn.v_proj": (KV * D, E),
+              "self_attn.o_proj": (E, H * D), "mlp.gate_proj": (F, E), "mlp.up_proj": (F, E),
+              "mlp.down_proj": (E, F)}  # fmt: skip
+    norms = {"input_layernorm": E, "post_attention_layernorm": E, "self_attn.q_norm": D, "self_attn.k_norm": D}
+    t = {"fc.weight": torch.randn(E, 2 * E, generator=g) * 0.1, "hidden_norm.weight": torch.ones(E),
+         "norm.weight": torch.ones(E)}  # fmt: skip
+    for i in range(2):
+        t.update({f"layers.{i}.{k}.weight": torch.randn(*v, generator=g) * 0.2 for k, v in shapes.items()})
+        t.update({f"layers.{i}.{k}.weight": torch.ones(n) for k, n in norms.items()})
+    safetensors_torch.save_file(t, str(ddir / "model.safetensors"))
+    return tdir, ddir
+
+
+def test_a_drafter_converted_by_llama_cpps_converter(tmp_path, caplog):
+    for module in ("transformers", "sentencepiece"):  # the converter's own requirements
+        pytest.importorskip(module)
+    if not (LLAMA_CPP / "convert_hf_to_gguf.py").is_file():
+        pytest.skip("no vendored llama.cpp converter (vendor/llama.cpp)")
+    tdir, ddir = write_hf_checkpoint(tmp_path, window=SWA)
+    drafter = tmp_path / "drafter.gguf"
+    run = subprocess.run([sys.executable, "-c", CONVERT, str(LLAMA_CPP), str(ddir), str(tdir), str(drafter)],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    target = testing.write_target(tmp_path / "target.gguf", TARGET)
+    prompt = prompt_of(300)
+    with Llama(target, n_ctx=1024, n_threads=1) as base:
+        want = base.generate(prompt, max_tokens=N_OUT, ignore_eos=True).tokens
+    mem = []
+    with caplog.at_level(logging.INFO, logger="pydflash"):
+        for n_ctx in (1024, 4096):
+            with Llama(target, draft=drafter, n_ctx=n_ctx, n_threads=1, draft_adaptive=False, verbose=True) as llm:
+                assert llm.pair.draft_window == SWA
+                res = llm.generate(prompt, max_tokens=N_OUT, ignore_eos=True)
+                assert res.tokens == want and res.stats.n_drafted > 0
+                mem.append(drafter_memory(llm))
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "creating     SWA KV cache" in logged and "full-size SWA cache" not in logged
+    assert mem[0] == mem[1]

@@ -30,8 +30,9 @@ struct NgramParams {
     void validate() const;  // its ranges; InvalidArgument naming the option
 };
 
-// The default drafter window of a drafter without its own sliding window: the context
-// published DFlash drafters are trained on (README "Drafter window" has the measurements).
+// The default window of a drafter without its own sliding window: the training context of
+// the published Qwen3.5-27B DFlash drafter, past which its acceptance collapses (README
+// "Drafter window"; tools/draft_window_bench.py measures a pair).
 constexpr int32_t kDefaultDraftWindow = 4096;
 
 struct PairParams {

@@ -117,6 +117,32 @@ def test_several_sequences(models, reference):
         assert res.tokens == reference(n, seed)
 
 
+def test_stacked_drafting_adaptive_lengths_and_external_drafts(models, reference):
+    # n-gram drafts first, the drafter otherwise; the default adaptive draft length
+    # (a calibration pass on the windowed drafter context); DSpark blocks padded
+    # to one length across two sequences
+    prompts = [prompt_of(700, 0), prompt_of(50, 1)]
+    kw = dict(n_ctx=2048, n_threads=1, draft_window=16)
+    with Llama(models / "tiny-target.gguf", draft=models / "tiny-drafter.gguf", **kw,
+               speculative=["ngram-simple", "draft-dflash"]) as llm:  # fmt: skip
+        assert llm.generate(prompts[0], max_tokens=N_OUT, ignore_eos=True).tokens == reference(700)
+    with Llama(models / "tiny-target.gguf", draft=models / "dspark-drafter.gguf", n_parallel=2, **kw,
+               speculative=["draft-dspark"]) as llm:  # fmt: skip
+        results = llm.generate_batch(prompts, max_tokens=N_OUT, ignore_eos=True)
+    assert [r.tokens for r in results] == [reference(700), reference(50, 1)]
+    # an external draft longer than the window: its kept rows still leave a window of 16
+    with open_pair(models, n_ctx=2048, draft_window=16) as llm:
+        pair = llm.pair
+        pair.prefill(prompt_of(700))
+        want = reference(700)
+        step = pair.step(draft=want[:39])  # the target's own next tokens: all accepted
+        assert step.tokens == want[:40] and step.n_accepted == 39
+        out = list(step.tokens)
+        while len(out) < N_OUT:
+            out += pair.step().tokens
+        assert out[:N_OUT] == want
+
+
 def test_hybrid_target(models):
     prompt = prompt_of(500)
     with Llama(models / "hybrid-target.gguf", n_ctx=1024, n_threads=1) as base:
@@ -212,16 +238,21 @@ def test_prompt_cache_keeps_the_drafters_window_whole(models, drafter):
     assert kinds == {"extend", "cut", "shorter"}
 
 
-def test_slot_files_carry_the_window(models, tmp_path):
+@pytest.mark.parametrize("drafter, window", [("tiny-drafter.gguf", 32), ("swa-drafter.gguf", None)])
+def test_slot_files_carry_the_window(models, tmp_path, drafter, window):
     prompt = prompt_of(300)
-    with open_pair(models, n_ctx=1024, draft_window=32) as a:
+    with open_pair(models, drafter, n_ctx=1024, draft_window=window) as a:
         a.pair.prefill(prompt)
         a.save_slot(0, tmp_path / "slot")
         want = [a.pair.step().tokens for _ in range(6)]
-    with open_pair(models, n_ctx=1024, draft_window=32) as b:
+    with open_pair(models, drafter, n_ctx=1024, draft_window=window) as b:
         b.load_slot(0, tmp_path / "slot")
         assert [b.pair.step().tokens for _ in range(6)] == want
-    with open_pair(models, n_ctx=1024) as c, pytest.raises(ValueError, match="draft window 32"):
+    seen = window or SWA
+    with (
+        open_pair(models, drafter, n_ctx=1024, draft_window=16) as c,
+        pytest.raises(ValueError, match=f"draft window {seen}"),
+    ):
         c.load_slot(0, tmp_path / "slot")
 
 

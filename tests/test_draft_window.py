@@ -17,10 +17,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+import pydflash
 from conftest import HYBRID_DRAFTERS, HYBRID_TARGETS
 from pydflash import Llama, _core, cli, testing
+from pydflash.bench import workload
 from pydflash.config import ModelConfig
 
 TARGET = testing.TargetSpec()
@@ -401,3 +404,46 @@ def test_a_drafter_converted_by_llama_cpps_converter(tmp_path, caplog):
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert "creating     SWA KV cache" in logged and "full-size SWA cache" not in logged
     assert mem[0] == mem[1]
+
+
+def with_sliding_window(src: str, dst: Path, window: int) -> Path:
+    """A copy of drafter ``src`` with its own sliding window on every layer (the
+    keys llama.cpp's converter writes for a use_swa checkpoint)."""
+    import gguf
+
+    from pydflash.padding import _copy_field
+
+    r = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(str(dst), "dflash")
+    for name, field in r.fields.items():
+        if not name.startswith("GGUF.") and name != "general.architecture":
+            _copy_field(w, name, field)
+    w.add_sliding_window(window)
+    w.add_sliding_window_pattern([True] * int(r.fields["dflash.block_count"].parts[-1][0]))
+    for t in r.tensors:
+        w.add_tensor(t.name, np.ascontiguousarray(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+def test_a_sliding_window_drafter_drafts_as_llama_cpps_own_loop(tmp_path):
+    # llama.cpp's loop gives a drafter's own sliding window a window-sized cache too
+    # (common's swa_full is off): on the embedded pair (clear margins) with its
+    # drafter given a 64-position window, every step drafts and accepts what
+    # llama.cpp's does, over a prompt several windows long
+    from native_loop import matches_native, native_steps
+
+    target, drafter = pydflash.embedded_pair()
+    swa = with_sliding_window(drafter, tmp_path / "swa.gguf", SWA)
+    prompt = workload.heldout_stdlib_text()[:3000]
+    with Llama(target, draft=swa, n_ctx=2048, n_threads=1) as llm:
+        assert llm.pair.draft_window == SWA and len(llm.tokenize(prompt)) > 4 * SWA
+        res = llm.generate(prompt, max_tokens=100, draft_max=7, ignore_eos=True)
+        with Llama(target, draft=drafter, n_ctx=2048, n_threads=1) as whole:
+            other = whole.generate(prompt, max_tokens=100, draft_max=7, ignore_eos=True)
+    ours = [(s.n_accepted, s.n_drafted) for s in res.stats.steps]
+    assert res.tokens == other.tokens and ours != [(s.n_accepted, s.n_drafted) for s in other.stats.steps]
+    matches_native(ours, native_steps(target, prompt, 100, "draft-dflash", draft=swa))

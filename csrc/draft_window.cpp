@@ -13,7 +13,6 @@
 // sequence). The block drafted at position p then attends to the features of
 // [p - window, p).
 #include <algorithm>
-#include <limits>
 #include <map>
 #include <string>
 

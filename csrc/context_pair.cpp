@@ -47,8 +47,14 @@ ContextPair::ContextPair(std::shared_ptr<Model> target, std::shared_ptr<Model> d
         params_.n_ubatch = std::max(params_.n_ubatch, need);
         check_draft_max(params_.draft_max, spec_);
         draft_max_ = params_.draft_max < 0 ? spec_.max_draft() : params_.draft_max;
+        configure_window();
     } else {
         draft_max_ = 0;
+        if (params_.draft_window > 0) {
+            throw InvalidArgument("draft_window=" + std::to_string(params_.draft_window) +
+                                  " limits a drafter's context, but no drafter is loaded: pass draft= or leave "
+                                  "draft_window unset");
+        }
     }
     check_speculative_list();
     if (mtp_listed()) {
@@ -73,6 +79,10 @@ ContextPair::ContextPair(std::shared_ptr<Model> target, std::shared_ptr<Model> d
         }
         llama_context_params dp = context_params(params_, true);
         dp.ctx_other = ctx_tgt_.get();  // the drafter borrows the target's embeddings and head
+        // a drafter with its own sliding window gets a window-sized SWA cache (llama.cpp's
+        // default, swa_full, sizes it for the whole context); the pair's ring sizes the rest
+        dp.swa_full = false;
+        dp.n_ctx = drafter_n_ctx(dp.n_ctx);
         // DFlash2 / DSpark blocks of one pass are padded to one length (drafter.h): a
         // padded block may reach past its sequence's share of the cache
         if (spec_.equal_blocks()) dp.n_ctx += static_cast<uint32_t>(params_.n_seq * spec_.block_size);
@@ -376,8 +386,10 @@ void ContextPair::inject(const std::vector<Span>& spans) {
         n_chunk = 0;
     };
     features_.resize(static_cast<size_t>(chunk_max) * n_enc);
-    for (const Span& sp : spans) {
-        for (int32_t i = 0; i < sp.n; ++i) {
+    const std::vector<llama_pos> first = trim_window(spans);  // positions the drafter's window keeps
+    for (size_t j = 0; j < spans.size(); ++j) {
+        const Span& sp = spans[j];
+        for (int32_t i = first[j] - sp.pos0; i < sp.n; ++i) {
             if (n_chunk == 0) llama_batch_ext_clear(b);
             float* dst = features_.data() + static_cast<size_t>(n_chunk) * n_enc;
             const auto row = static_cast<size_t>(sp.row0 + i);
@@ -412,7 +424,7 @@ int32_t ContextPair::keep_common_prefix(int32_t seq, const std::vector<llama_tok
     if (common < n_hist) {
         // K/V and the drafter's injected features are per position: drop the rest
         if (!llama_memory_seq_rm(llama_get_memory(ctx_tgt_.get()), seq, common, -1)) return 0;
-        if (ctx_dft_ && !llama_memory_seq_rm(llama_get_memory(ctx_dft_.get()), seq, common, -1)) return 0;
+        if (ctx_dft_ && !cut_drafter(seq, common)) return 0;
         if (mtp_ && !mtp_->remove(seq, common)) return 0;
     }
     s.history.resize(static_cast<size_t>(common));

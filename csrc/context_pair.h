@@ -169,6 +169,8 @@ public:
     std::string drafter_kind() const { return drafter_ ? drafter_kind_name(spec_.kind) : mtp_ ? "mtp" : ""; }
     std::string drafter_description() const;
     int32_t default_draft_max() const { return draft_max_; }
+    // the positions before a block that the drafter sees (draft_window.cpp); 0: the whole context
+    int32_t draft_window() const { return drafter_ ? view_ : 0; }
     bool has_pending(int32_t seq) const { return seq_at(seq).pending.has_value(); }
     std::vector<llama_token> tokens(int32_t seq) const;  // cached tokens + the pending one
     const DraftSpec& spec() const { return spec_; }
@@ -237,6 +239,13 @@ private:
     // A target pass over the batch already filled in batch_tgt_.
     void decode_target_batch();
     void inject(const std::vector<Span>& spans);
+    // the drafter's window (draft_window.cpp): checks draft_window and sets window_ / view_
+    void configure_window();
+    uint32_t drafter_n_ctx(uint32_t full) const;  // the drafter context's size under the ring
+    // drops positions the ring no longer keeps; per span, the first position to inject
+    std::vector<llama_pos> trim_window(const std::vector<Span>& spans);
+    // the drafter's part of a prompt-cache cut at `common`; false: llama.cpp refused the removal
+    bool cut_drafter(int32_t seq, int32_t common);
     // Picks the rollback for this target, creating the target context.
     void create_target_context();
     void draft_blocks(std::vector<Work>& work);
@@ -273,6 +282,8 @@ private:
     int32_t draft_max_ = 0;
     RollbackKind rollback_ = RollbackKind::KvTrim;
     uint32_t n_rs_seq_ = 0;                 // rollback depth of the target's state planes
+    int32_t window_ = 0;                    // the ring's width (draft_window.cpp); 0: no ring
+    int32_t view_ = 0;                      // what the drafter sees: window_ or its own sliding window; 0: all
     std::unique_ptr<NgramDrafters> ngram_;  // null: no n-gram type listed
     ContextPtr ctx_tgt_;
     ContextPtr ctx_dft_;

@@ -230,6 +230,7 @@ DraftSpec check_drafter(const Model& target, const Model& drafter) {
 
     spec.n_embd_target = target.n_embd();
     spec.n_embd_draft = llama_model_n_embd_out(drafter.get());
+    spec.n_swa = std::max(0, llama_model_n_swa(drafter.get()));
     if (spec.kind != DrafterKind::DFlash && spec.n_embd_draft != drafter.n_embd()) {
         // the lattice / confidence rows are n_embd wide; llama.cpp copies n_embd_out per row
         fail(std::string(drafter_kind_name(spec.kind)) + " drafter's output width " +

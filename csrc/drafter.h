@@ -39,6 +39,7 @@ struct DraftSpec {
     bool anchor_first = false;     // DSpark sample_from_anchor: block [last, mask x (n - 1)], read from row 0
     bool confidence_head = false;  // DSpark: a confidence per position (draft_p_min cuts on it)
     int32_t n_vocab_draft = 0;     // > 0: reduced drafter vocabulary (d2t)
+    int32_t n_swa = 0;             // > 0: the drafter's own sliding window (dflash.attention.sliding_window)
 
     // drafted tokens per block: anchor-first DSpark predicts from the anchor row too
     int32_t max_draft() const { return anchor_first ? block_size : block_size - 1; }

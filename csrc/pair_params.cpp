@@ -42,6 +42,7 @@ void PairParams::validate() const {
     at_least("n_ubatch", n_ubatch, 1);
     at_least("n_threads", n_threads, 0);
     at_least("draft_max", draft_max, -1);
+    at_least("draft_window", draft_window, -1);
     check_choice("rollback", rollback);
     check_choice("flash_attn", flash_attn);
     check_choice("type_k", type_k);

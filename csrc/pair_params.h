@@ -30,6 +30,11 @@ struct NgramParams {
     void validate() const;  // its ranges; InvalidArgument naming the option
 };
 
+// The default window of a drafter without its own sliding window: the training context of
+// the published Qwen3.5-27B DFlash drafter, past which its acceptance collapses (README
+// "Drafter window"; tools/draft_window_bench.py measures a pair).
+constexpr int32_t kDefaultDraftWindow = 4096;
+
 struct PairParams {
     int32_t n_ctx = 4096;             // all sequences together; each gets n_ctx / n_seq (llama.cpp's -c, -np)
     int32_t n_seq = 1;                // sequences decoded together (llama.cpp's -np)
@@ -43,6 +48,10 @@ struct PairParams {
     std::string type_v = "f16";
     std::string draft_type_k = "f16";  // the drafter's
     std::string draft_type_v = "f16";
+    // the drafter's context window (draft_window.cpp): its attention and KV cache hold the
+    // target features of the last draft_window positions only; 0: the whole context;
+    // -1: the drafter's own sliding window if it has one, else kDefaultDraftWindow
+    int32_t draft_window = -1;
     // llama.cpp's --spec-type list: n-gram drafters and "draft-dflash" (the
     // drafter) or "draft-mtp" (the target's MTP head), tried in llama.cpp's fixed
     // priority order (n-gram first); empty: the drafter alone when there is one,

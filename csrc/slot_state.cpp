@@ -67,7 +67,7 @@ std::vector<uint8_t> seq_state(llama_context* ctx, llama_seq_id seq) {
 std::string ContextPair::fingerprint() const {
     const std::string dft = drafter_ ? describe(*drafter_) : mtp_ ? "the target's MTP head" : "none";
     return "target: " + describe(*target_) + "; drafter: " + dft + "; rollback " + rollback_name(rollback_) +
-           ", n_rs_seq " + std::to_string(n_rs_seq_);
+           ", n_rs_seq " + std::to_string(n_rs_seq_) + (view_ > 0 ? ", draft window " + std::to_string(view_) : "");
 }
 
 void ContextPair::save_sequence(int32_t seq, const std::string& path) {

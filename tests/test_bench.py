@@ -93,6 +93,22 @@ def test_cli_writes_json_csv(tmp_path, capsys):
         assert len(list(csv.DictReader(f))) == len(data["rows"])
 
 
+def test_draft_window_reaches_the_pydflash_engines(tmp_path, capsys):
+    j = tmp_path / "b.json"
+    rc = cli(["bench", "--isl", "16", "--repeats", "1", "--warmup", "0", "--draft-max", "2", "--pad-ffn", "0",
+              "--engines", "pydflash-target,pydflash-dflash", "--no-bandwidth", "--draft-window", "16",
+              "--json", str(j)])
+    assert rc == 0, capsys.readouterr().err
+    meta = json.loads(j.read_text())["meta"]
+    assert meta["command_config"]["draft_window"] == 16
+    assert meta["engines"]["pydflash-dflash"]["draft_window"] == 16  # what the pair applied
+    for extra in (["--serving"], ["--workloads", "code"]):
+        assert cli(["bench", "--draft-window", "16", *extra]) == 2
+        assert "--draft-window" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="draft_window must be >= 0"):
+        BenchConfig(draft_window=-1).validate()
+
+
 def test_target_only_engines(tmp_path, capsys):
     # no engine drafts: there is no draft_max sweep to run (was a ZeroDivisionError)
     j = tmp_path / "b.json"

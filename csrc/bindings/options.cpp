@@ -74,6 +74,7 @@ void register_options(py::module_& m) {
         .def("validate", &NgramParams::validate);
     def_fields_api(ngram, "NgramParams");
     m.attr("SPECULATIVE_TYPES") = py::tuple(py::cast(speculative_type_names()));
+    m.attr("DEFAULT_DRAFT_WINDOW") = kDefaultDraftWindow;
 
     py::class_<PairParams> pair(m, "PairParams", "Options of a ContextPair, fixed at creation.");
     pair.def_readwrite("n_ctx", &PairParams::n_ctx)
@@ -88,6 +89,7 @@ void register_options(py::module_& m) {
         .def_readwrite("type_v", &PairParams::type_v)
         .def_readwrite("draft_type_k", &PairParams::draft_type_k)
         .def_readwrite("draft_type_v", &PairParams::draft_type_v)
+        .def_readwrite("draft_window", &PairParams::draft_window)
         .def_readwrite("speculative", &PairParams::speculative)
         .def_readwrite("ngram", &PairParams::ngram)
         .def("validate", &PairParams::validate, "ValueError naming the first bad value.");

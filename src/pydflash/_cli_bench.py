@@ -67,6 +67,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "default block size - 1)",
     )
     b.add_argument("--ctx-draft-max", type=int, help="draft_max of the context sweep (default: block size - 1)")
+    b.add_argument("--draft-window", type=int, metavar="N", help="pydflash's drafter window (0: all, as llama.cpp's)")
     b.add_argument(
         "--workload",
         choices=sorted(WORKLOADS),
@@ -133,6 +134,8 @@ def _add_workloads(b: argparse.ArgumentParser) -> None:
 def _run_workloads(a: argparse.Namespace) -> int:
     from .bench import report, stacks
 
+    if a.draft_window is not None:
+        raise ValueError("--draft-window: not with --workloads (it applies to the ISL sweep)")
     changes: dict[str, Any] = {"workloads": a.workloads}
     for name in ("isl", "osl", "draft_max"):
         values = getattr(a, name)
@@ -196,7 +199,7 @@ def _add_serving(b: argparse.ArgumentParser) -> None:
 
 
 SERVING_ONLY = ("concurrency", "requests", "turns", "history", "turn_tokens", "llama_server", "log_dir")
-NOT_SERVING = ("native", "ctx_draft_max", "csv", "charts", "workload")
+NOT_SERVING = ("native", "ctx_draft_max", "csv", "charts", "workload", "draft_window")
 
 
 def _command_line(a: argparse.Namespace) -> str:
@@ -229,6 +232,7 @@ def run(a: argparse.Namespace) -> int:
             osl=a.osl,
             draft_max=a.draft_max,
             ctx_draft_max=a.ctx_draft_max,
+            draft_window=a.draft_window,
             repeats=a.repeats,
             warmup=a.warmup,
             engines=a.engines,

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 from typing import Any
 
+from . import _core
 from .config import CACHE_TYPES, FLASH_ATTN, SPEC_TYPES, SPLIT_MODES, ModelConfig, NgramConfig
 from .results import GenerationResult
 
@@ -29,6 +30,15 @@ def add_common(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="without --draft-max, draft block size - 1 tokens every step (the fixed length) instead of "
         "choosing each step's length",
+    )
+    p.add_argument(
+        "--draft-window",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the drafter sees the target features of the last N positions only (flat drafter memory as the "
+        "context grows); 0: the whole context (default: the drafter's own sliding window, else "
+        f"{_core.DEFAULT_DRAFT_WINDOW})",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
     dev = p.add_argument_group("devices and KV cache (as llama.cpp's options of the same names)")
@@ -134,6 +144,7 @@ def llama_options(a: argparse.Namespace) -> dict[str, Any]:
         type_v=a.cache_type_v,
         draft_type_k=a.cache_type_k_draft,
         draft_type_v=a.cache_type_v_draft,
+        draft_window=a.draft_window,
         speculative=a.spec_type,
         ngram=ngram_options(a),
     )

@@ -28,6 +28,7 @@ def inspect_gguf(path: str) -> dict[str, object]: ...
 # raises ValueError naming the first bad value.
 CHOICES: dict[str, tuple[str, ...]]
 SPECULATIVE_TYPES: tuple[str, ...]
+DEFAULT_DRAFT_WINDOW: int
 
 class ModelParams:
     n_gpu_layers: int
@@ -68,6 +69,7 @@ class PairParams:
     type_v: str
     draft_type_k: str
     draft_type_v: str
+    draft_window: int
     speculative: list[str]
     ngram: NgramParams
     def __init__(self, **kwargs: object) -> None: ...
@@ -284,6 +286,8 @@ class ContextPair:
     def draft_vocab(self) -> int: ...
     @property
     def default_draft_max(self) -> int: ...
+    @property
+    def draft_window(self) -> int: ...
     @property
     def target_layer_ids(self) -> list[int]: ...
     @property

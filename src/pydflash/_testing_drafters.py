@@ -49,6 +49,10 @@ class DrafterVariant:
     confidence_head: bool = True
     sample_from_anchor: bool = True  # anchor-first blocks (False: a bonus anchor, DFlash's layout)
     d2t_vocab: int = 0  # > 0: a reduced drafter vocabulary of this many target tokens
+    # > 0: the drafter's own sliding window (dflash.attention.sliding_window, as llama.cpp's
+    # converter writes it for use_swa checkpoints) on the layers swa_layers marks ((): all)
+    sliding_window: int = 0
+    swa_layers: tuple[bool, ...] = ()
     # broken variants, for tests of the load checks
     d2t_dtype: str = "int64"  # "int32": not the I64 llama.cpp asserts
     d2t_offsets: bool = False  # HF's offsets (target = i + d2t[i]) instead of absolute ids
@@ -138,10 +142,15 @@ def variant_tensors(
     return t
 
 
-def variant_keys(v: DrafterVariant, architecture: str = "dflash") -> Callable[[gguf.GGUFWriter], None]:
+def variant_keys(
+    v: DrafterVariant, architecture: str = "dflash", n_layer: int = 1
+) -> Callable[[gguf.GGUFWriter], None]:
     """Writes the metadata keys ``v`` adds (``dflash.*``)."""
 
     def keys(w: gguf.GGUFWriter) -> None:
+        if v.sliding_window > 0:
+            w.add_sliding_window(v.sliding_window)
+            w.add_sliding_window_pattern(list(v.swa_layers) or [True] * n_layer)
         u32: dict[str, int] = {}
         flags: dict[str, bool] = {}
         if v.kind == "dflash2":

@@ -122,6 +122,10 @@ class ModelConfig:
     type_v: str = _PAIR.type_v
     draft_type_k: str = _PAIR.draft_type_k  # the drafter's
     draft_type_v: str = _PAIR.draft_type_v
+    # the drafter sees (attends to, keeps in its KV cache) the target features of the last
+    # draft_window positions only; 0: the whole context; None: the drafter's own sliding
+    # window if it has one, else _core.DEFAULT_DRAFT_WINDOW. Never changes the output
+    draft_window: int | None = None
     n_threads: int | None = None  # None: all hardware threads
     # None: each step's draft length is chosen (draft_adaptive), else block size - 1; an int pins it
     draft_max: int | None = None
@@ -144,6 +148,10 @@ class ModelConfig:
                 int_option(name, getattr(self, name))
         if self.draft_max is not None:
             int_option("draft_max", self.draft_max, 0)  # None is the default, not -1
+        if self.draft_window is not None and int_option("draft_window", self.draft_window) < 0:
+            raise ValueError(
+                f"draft_window must be >= 0 (0: the whole context, None: the default), got {self.draft_window}"
+            )
         if not isinstance(self.draft_adaptive, bool):
             raise TypeError(
                 f"draft_adaptive must be a bool (False: a fixed draft length of block size - 1), "
@@ -199,6 +207,7 @@ class ModelConfig:
             type_v=self.type_v,
             draft_type_k=self.draft_type_k,
             draft_type_v=self.draft_type_v,
+            draft_window=-1 if self.draft_window is None else self.draft_window,
             speculative=list(self.speculative),
             ngram=self.ngram.core(),
         )

@@ -74,6 +74,7 @@ class Llama:
         type_v: str = _DEFAULTS.type_v,
         draft_type_k: str = _DEFAULTS.draft_type_k,
         draft_type_v: str = _DEFAULTS.draft_type_v,
+        draft_window: int | None = None,
         n_threads: int | None = None,
         draft_max: int | None = None,
         draft_adaptive: bool = _DEFAULTS.draft_adaptive,
@@ -88,16 +89,16 @@ class Llama:
         """Options: see ``ModelConfig`` (devices: ``n_gpu_layers``/``draft_n_gpu_layers``
         (-1 = all), ``main_gpu``, ``split_mode``, ``tensor_split``, ``rpc_servers``;
         attention and KV cache: ``flash_attn``, ``type_k``/``type_v`` for the target and
-        ``draft_type_k``/``draft_type_v`` for the drafter; draft length: ``draft_max`` None
-        chooses each step's length, ``draft_adaptive=False`` drafts block size - 1 instead,
-        an int pins it; speculation: ``speculative``, llama.cpp's ``--spec-type`` list
-        such as ``["ngram-mod", "draft-dflash"]``, with ``ngram`` its n-gram settings)."""
+        ``draft_type_k``/``draft_type_v`` and ``draft_window`` (its context window) for the
+        drafter; draft length: ``draft_max`` None chooses each step's length,
+        ``draft_adaptive=False`` drafts block size - 1 instead, an int pins it; speculation:
+        ``speculative``, llama.cpp's ``--spec-type`` list such as ``["ngram-mod", "draft-dflash"]``,
+        with ``ngram`` its n-gram settings)."""
         self._pair_core: _core.ContextPair | None = None
         self._target: _core.Model | None = None
         self._draft: _core.Model | None = None
-        # ModelConfig's field types are the normalised ones: its __post_init__ turns any
-        # sequence of numbers into the tensor_split tuple, "a:1,b:2" into the rpc_servers
-        # tuple and a bool flash_attn into "on"/"off" (and checks them, with typed errors)
+        # ModelConfig's __post_init__ normalises (and checks, with typed errors) any numbers into
+        # the tensor_split tuple, "a:1,b:2" into the rpc_servers tuple, a bool flash_attn to "on"/"off"
         self.config = ModelConfig(
             n_ctx=n_ctx,
             n_parallel=n_parallel,
@@ -113,6 +114,7 @@ class Llama:
             type_v=type_v,
             draft_type_k=draft_type_k,
             draft_type_v=draft_type_v,
+            draft_window=draft_window,
             n_threads=n_threads,
             draft_max=draft_max,
             draft_adaptive=draft_adaptive,

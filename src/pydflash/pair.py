@@ -227,6 +227,12 @@ class ContextPair:
         return self._core.default_draft_max
 
     @property
+    def draft_window(self) -> int:
+        """Positions before a block whose features the drafter sees (its window:
+        ``draft_window`` or the drafter's own sliding window); 0: the whole context."""
+        return self._core.draft_window
+
+    @property
     def target_layer_ids(self) -> list[int]:
         return self._core.target_layer_ids
 

@@ -562,7 +562,7 @@ def write_drafter(
         mask_token=s.mask_token,
         architecture=s.architecture,
         rope_sections=s.rope_sections,
-        more_keys=variant_keys(v, s.architecture),
+        more_keys=variant_keys(v, s.architecture, s.n_layer),
     )
 
 

@@ -48,6 +48,7 @@ class WorkerEngine:
         n_batch: int,
         flash_attn: str,
         spec_type: str | None = None,
+        draft_window: int | None = None,
     ):
         self.name = name
         self.uses_draft = draft is not None or spec_type is not None
@@ -72,6 +73,8 @@ class WorkerEngine:
             cmd += ["--draft", draft]
         if spec_type:
             cmd += ["--spec-type", spec_type]
+        if draft_window is not None:
+            cmd += ["--draft-window", str(draft_window)]
         # a pipe nobody reads could fill up and block; the file lives as long as the engine (close())
         self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
         self.proc = subprocess.Popen(

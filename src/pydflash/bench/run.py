@@ -35,6 +35,9 @@ class BenchConfig:
     osl: tuple[int, ...] | None = None  # None: OSL = ISL
     draft_max: tuple[int, ...] | None = None  # None: DRAFT_MAX_SWEEP as the block allows
     ctx_draft_max: int | None = None  # draft_max of the context sweep (None: block_size - 1)
+    # the pydflash engines' drafter window (None: pydflash's default; 0: the whole context,
+    # as llama-speculative-simple's drafter sees it)
+    draft_window: int | None = None
     repeats: int = 3
     warmup: int = 1
     engines: tuple[str, ...] = ENGINES
@@ -57,6 +60,8 @@ class BenchConfig:
             raise ValueError("osl: give one per isl (or none for OSL = ISL)")
         if self.repeats < 1 or self.warmup < 0:
             raise ValueError("repeats must be >= 1 and warmup >= 0")
+        if self.draft_window is not None and self.draft_window < 0:
+            raise ValueError("draft_window must be >= 0 (0: the whole context)")
         unknown = set(self.engines) - set(ENGINES)
         if unknown:
             raise ValueError(f"unknown engines {sorted(unknown)}; choose from {list(ENGINES)}")
@@ -156,7 +161,17 @@ def _start(
             if name == report.TARGET_ONLY:
                 e = WorkerEngine(name, "pydflash", target, None, n_ctx, threads, n_ctx, cfg.flash_attn)
             elif name in (report.DFLASH, report.ADAPTIVE):
-                e = WorkerEngine(name, "pydflash", target, draft, n_ctx, threads, n_ctx, cfg.flash_attn)
+                e = WorkerEngine(
+                    name,
+                    "pydflash",
+                    target,
+                    draft,
+                    n_ctx,
+                    threads,
+                    n_ctx,
+                    cfg.flash_attn,
+                    draft_window=cfg.draft_window,
+                )
             elif name == report.NATIVE:
                 e = NativeEngine(find_native(cfg.native), target, draft, n_ctx, threads, cfg.flash_attn)
             else:

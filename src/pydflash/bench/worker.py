@@ -49,6 +49,7 @@ def pydflash_engine(a: argparse.Namespace) -> tuple[Callable[[Request], Reply], 
             flash_attn=a.flash_attn,
             speculative=a.spec_type,
             draft_max=draft_max,
+            draft_window=a.draft_window,
         )
 
     llm = make(None)
@@ -64,6 +65,7 @@ def pydflash_engine(a: argparse.Namespace) -> tuple[Callable[[Request], Reply], 
         },
         "block_size": llm.pair.block_size,
         "max_draft": llm.pair.max_draft,
+        "draft_window": llm.pair.draft_window,
     }
 
     def run(req: Request) -> Reply:
@@ -151,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--flash-attn", choices=FLASH_ATTN, default="auto")
     ap.add_argument("--threads", type=int, required=True)
     ap.add_argument("--spec-type", help="llama.cpp's --spec-type list (pydflash engine)")
+    ap.add_argument("--draft-window", type=int, help="the drafter's window (pydflash engine; default: pydflash's)")
     a = ap.parse_args(argv)
     out = sys.stdout
     sys.stdout = sys.stderr  # a chatty library must not corrupt the protocol

@@ -16,13 +16,16 @@ from . import bpe
 from .models import Drafter
 from .pipeline import BLOCK, TAPS, load_target, log
 
+CONTEXTS = (512, 1024, 2048, 4096, 8192)  # the card's per-context rows
+
 TARGET_NAME = "stdlib-code-target.gguf"
 DRAFTER_NAME = "stdlib-code-dflash.gguf"
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def heldout_prompts(out: Path, n: int, length: int, seed: int = 11) -> list[list[int]]:
-    """Windows of the held-out token stream that contain no end-of-text."""
+def heldout_prompts(out: Path, n: int, length: int, seed: int = 11, allow_eos: bool = False) -> list[list[int]]:
+    """Windows of the held-out token stream that contain no end-of-text (long
+    windows, `allow_eos`: file boundaries as the target was trained on them)."""
     held = np.load(out / "heldout.npy")
     eos = bpe.load(out / "tokenizer.json").token_to_id(bpe.EOS)
     rng = np.random.default_rng(seed)
@@ -30,7 +33,7 @@ def heldout_prompts(out: Path, n: int, length: int, seed: int = 11) -> list[list
     while len(prompts) < n:
         s = int(rng.integers(0, len(held) - length))
         w = held[s: s + length]
-        if eos not in w:
+        if allow_eos or eos not in w:
             prompts.append(w.tolist())
     return prompts
 
@@ -86,36 +89,96 @@ def measure(target: Path, drafter: Path, prompts: list[list[int]], max_tokens: i
     return {"baseline_decode_tok_s": base_tps, "by_draft_max": rows}
 
 
-def install(out: Path, dest: Path) -> None:
+@torch.no_grad()
+def heldout_loss_at(out: Path, length: int, tail: int = 256, tokens: int = 16384) -> float:
+    """Mean loss of the last `tail` tokens of held-out windows of `length` tokens:
+    the loss at about `length` tokens of context."""
+    target, _ = load_target(out)
+    held = np.load(out / "heldout.npy").astype(np.int64)
+    rng = np.random.default_rng(31)
+    losses = []
+    for _ in range(max(2, tokens // length)):
+        s = int(rng.integers(0, len(held) - length - 1))
+        x = torch.from_numpy(held[s : s + length + 1])
+        logits, _ = target(x[None, :-1])
+        losses.append(torch.nn.functional.cross_entropy(logits[0, -tail:], x[-tail:]).item())
+    return statistics.mean(losses)
+
+
+def measure_contexts(out: Path, target: Path, drafter: Path, lengths=CONTEXTS, n: int = 6,
+                     max_tokens: int = 128, windows: tuple[int | None, ...] = (None,)) -> dict:
+    """tau and acceptance at draft_max = block - 1 on held-out prompts of each
+    length (pydflash, greedy), output checked against the target alone; with
+    `windows`, once per drafter window (None: pydflash's default)."""
+    from pydflash import Llama
+
+    rows: dict = {}
+    for length in lengths:
+        prompts = heldout_prompts(out, n, length, seed=41, allow_eos=True)
+        n_ctx = length + max_tokens + 64
+        row: dict = {"heldout_loss": heldout_loss_at(out, length)}
+        with Llama(target, n_ctx=n_ctx) as base:
+            refs = [base.generate(p, max_tokens=max_tokens, ignore_eos=True).tokens for p in prompts]
+        for win in windows:
+            extra = {} if win is None else {"draft_window": win}
+            with Llama(target, draft=drafter, n_ctx=n_ctx, **extra) as spec:
+                res = [spec.generate(p, max_tokens=max_tokens, ignore_eos=True, draft_max=BLOCK - 1) for p in prompts]
+            row[str(win)] = {"tau": statistics.mean(r.stats.mean_accepted_length for r in res),
+                             "acceptance": statistics.mean(r.stats.acceptance_rate for r in res),
+                             "identical": all(r.tokens == w for r, w in zip(res, refs))}
+        rows[str(length)] = row
+        log(f"context {length}: {row}")
+    return rows
+
+
+def install(out: Path, dest: Path, windows: tuple[int | None, ...] = (None,)) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(out / "target.gguf", dest / TARGET_NAME)
     shutil.copyfile(out / "drafter.gguf", dest / DRAFTER_NAME)
     log("measuring the pair with pydflash on held-out prompts")
     prompts = heldout_prompts(out, 20, 64)
     m = measure(dest / TARGET_NAME, dest / DRAFTER_NAME, prompts)
+    ctx = measure_contexts(out, dest / TARGET_NAME, dest / DRAFTER_NAME, windows=windows)
+    (out / "contexts.json").write_text(json.dumps(ctx, indent=1))
     ref = torch_reference(out)
     ref["heldout_prompts"] = prompts
     ref["measured"] = m
+    ref["contexts"] = ctx
     data_dir = ROOT / "tests" / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
     (data_dir / "embedded_reference.json").write_text(json.dumps(ref))
-    write_card(out, dest, m)
+    write_card(out, dest, m, ctx)
     log("installed " + ", ".join(p.name for p in dest.iterdir()))
 
 
-def write_card(out: Path, dest: Path, m: dict) -> None:
+def _context_table(ctx: dict) -> str:
+    wins = [k for k in next(iter(ctx.values())) if k != "heldout_loss"]
+    name = {"None": "default window", "0": "no window"}
+    head = "| context | held-out loss | " + " | ".join(f"tau ({name.get(w, f'window {w}')})" for w in wins)
+    head += " | output identical |\n|---|---|" + "---|" * len(wins) + "---|"
+    rows = [f"| {length} | {r['heldout_loss']:.3f} | " + " | ".join(f"{r[w]['tau']:.2f}" for w in wins)
+            + f" | {'yes' if all(r[w]['identical'] for w in wins) else 'NO'} |" for length, r in ctx.items()]
+    return "\n".join([head, *rows])
+
+
+def write_card(out: Path, dest: Path, m: dict, ctx: dict) -> None:
     tck = torch.load(out / "target.pt", weights_only=False)
     dck = torch.load(out / "drafter.pt", weights_only=False)
     c = tck["cfg"]
     t_mb = (dest / TARGET_NAME).stat().st_size / 1e6
     d_mb = (dest / DRAFTER_NAME).stat().st_size / 1e6
+    seq, bs = tck.get("seq", 256), tck.get("batch", 16)
+    t_init = f" continuing `{Path(tck['init']).name}` (pair v1)" if tck.get("init") else " from scratch"
+    d_init = f", continuing `{Path(dck['init']).name}` (pair v1)" if dck.get("init") else ""
+    n_seq, ctx_max = dck.get("n_sequences", 3000), dck.get("context_max", 160)
     rows = "\n".join(
         f"| {dm} | {r['tau']:.2f} | {r['acceptance']:.3f} | {r['decode_tok_s']:.0f} | "
         f"{r['decode_tok_s'] / m['baseline_decode_tok_s']:.2f}x | {'yes' if r['identical'] else 'NO'} |"
         for dm, r in m["by_draft_max"].items())
     (dest / "MODEL_CARD.md").write_text(f"""# Embedded pair: stdlib-code target + DFlash drafter
 
-Trained on this machine by `python tools/train_pair.py` ({time.strftime('%Y-%m-%d')}), fixed seeds, CPU only.
+Trained on this machine by `python tools/train_pair.py` ({time.strftime('%Y-%m-%d')}), fixed seeds, CPU only;
+the README's "Training the embedded pair" gives the exact commands.
 
 - **Data**: Python's own standard library source (PSF licence), `*.py` files without tests
   (`site-packages`, `test`, `idle_test`, `lib2to3` excluded), split by file: 95% train
@@ -123,14 +186,16 @@ Trained on this machine by `python tools/train_pair.py` ({time.strftime('%Y-%m-%
 - **Tokenizer**: byte-level BPE, {c['n_vocab']} tokens (GPT-2 pre-tokenizer), `<|endoftext|>` and
   `<|mask|>` specials; llama.cpp reproduces it exactly on every held-out file.
 - **Target** (`{TARGET_NAME}`, {t_mb:.1f} MB, F16): qwen3, {c['n_layer']} layers, hidden {c['n_embd']},
-  {c['n_head']} heads x {c['head_dim']} ({c['n_head_kv']} KV heads), FFN {c['n_ff']}, untied head;
-  {sum(v.numel() for v in tck['state'].values()) / 1e6:.1f}M parameters. {tck['steps']} AdamW steps of 16 x 256 tokens
+  {c['n_head']} heads x {c['head_dim']} ({c['n_head_kv']} KV heads), FFN {c['n_ff']}, untied head, RoPE base
+  {c['rope_theta']:g}, trained context {c['n_ctx']}; {sum(v.numel() for v in tck['state'].values()) / 1e6:.1f}M
+  parameters. {tck['steps']} AdamW steps of {bs} x {seq} tokens{t_init}
   ({tck['tokens'] / 1e6:.1f}M tokens, {tck['seconds'] / 60:.0f} min): train loss {tck['train_loss']:.3f},
-  held-out loss {tck['heldout_loss']:.3f} nats/token.
+  held-out loss {tck['heldout_loss']:.3f} nats/token (windows of {seq}).
 - **Drafter** (`{DRAFTER_NAME}`, {d_mb:.1f} MB, F16): DFlash, {dck['n_layer']} layer, block size {BLOCK},
   target layers {list(TAPS)} (llama.cpp ids: inputs of those layers), KV injection, target's
-  embeddings and head. Trained on the target's own greedy continuations (3,000 prompts of 64
-  tokens + 96 generated), 16 random anchors per sequence, slot-weighted CE (gamma 4):
+  embeddings and head. Trained on the target's own greedy continuations ({n_seq:,} training-text
+  prompts{' of 64 tokens' if ctx_max <= 160 else f' of 64 to {ctx_max - 96} tokens (log-uniform)'} + 96 generated),
+  16 random anchors per sequence in the generated part, slot-weighted CE (gamma 4){d_init}:
   {dck['steps']} steps ({dck['seconds'] / 60:.0f} min), train loss {dck['train_loss']:.3f}; offline tau
   estimate {dck['tau_offline']:.2f}.
 
@@ -142,4 +207,11 @@ Target alone: {m['baseline_decode_tok_s']:.0f} tok/s (median). Speed-ups are med
 | draft_max | tau | acceptance | DFlash tok/s | speed-up | output identical |
 |---|---|---|---|---|---|
 {rows}
+
+## Per context length (6 held-out prompts of each length, 128 new tokens, draft_max {BLOCK - 1})
+
+Held-out loss: the last 256 tokens of held-out windows of that length (about that much
+context), torch. tau: pydflash, greedy, output compared with the target alone's.
+
+{_context_table(ctx)}
 """)

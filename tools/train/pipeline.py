@@ -20,17 +20,9 @@ import torch
 import torch.nn.functional as F
 
 from . import bpe, corpus
+from .drafting import BLOCK, TAPS, log, stage_continuations, stage_drafter
 from .models import Config, Drafter, Target
-
-TAPS = (1, 2, 3)        # llama.cpp ids: inputs of target layers 1..3 (= outputs of layers 0..2)
-BLOCK = 8
-GAMMA = 4.0             # slot-loss decay for B = 8 (DFlash paper)
-PROMPT_LEN = 64
-CONT_LEN = 96
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+from .warmstart import load_into
 
 
 # -- data -------------------------------------------------------------------------------
@@ -94,16 +86,21 @@ def optimize(model, opt, loss_fn, peak_lr: float, warm: int, minutes: float, ste
     return step, losses
 
 
-def stage_target(out: Path, cfg: Config, minutes: float, seed: int, steps: int | None = None) -> None:
+def stage_target(out: Path, cfg: Config, minutes: float, seed: int, steps: int | None = None, *, seq: int = 256,
+                 bs: int = 16, peak_lr: float = 2e-3, init: Path | None = None) -> None:
+    """Train the target on windows of `seq` tokens; `init` (a target GGUF)
+    continues an earlier pair's target instead of starting from scratch."""
     if (out / "target.pt").exists():
         return
     torch.manual_seed(seed)
     model = Target(cfg)
+    if init is not None:
+        load_into(model, init)
+        log(f"target: warm start from {init}")
     data = np.load(out / "train.npy")
     held = np.load(out / "heldout.npy")
     rng = np.random.default_rng(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, betas=(0.9, 0.95), weight_decay=0.1)
-    seq, bs = 256, 16
+    opt = torch.optim.AdamW(model.parameters(), lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1)
     data_iter = batches(data, bs, seq, rng)
 
     def loss_fn() -> torch.Tensor:
@@ -112,9 +109,10 @@ def stage_target(out: Path, cfg: Config, minutes: float, seed: int, steps: int |
         return F.cross_entropy(logits.reshape(-1, cfg.n_vocab), y.reshape(-1))
 
     t0 = time.time()
-    step, losses = optimize(model, opt, loss_fn, 2e-3, 100, minutes, steps, f"target ({seq * bs} tokens/step)")
+    step, losses = optimize(model, opt, loss_fn, peak_lr, 100 if init is None else 30, minutes, steps,
+                            f"target ({bs} x {seq} tokens/step)")
     model.eval()
-    held_loss = eval_loss(model, held, cfg)
+    held_loss = eval_loss(model, held, cfg, n=max(2, 32 * 256 // seq), seq=seq)
     log(f"target: train loss {np.mean(losses[-100:]):.3f}, held-out loss {held_loss:.3f}")
     # round to the exported precision so torch and GGUF compute the same model
     with torch.no_grad():
@@ -123,7 +121,8 @@ def stage_target(out: Path, cfg: Config, minutes: float, seed: int, steps: int |
                 p.copy_(p.half().float())
     torch.save({"state": model.state_dict(), "cfg": cfg.__dict__, "steps": step,
                 "train_loss": float(np.mean(losses[-100:])), "heldout_loss": held_loss,
-                "seconds": time.time() - t0, "tokens": step * seq * bs}, out / "target.pt")
+                "seconds": time.time() - t0, "tokens": step * seq * bs, "seq": seq, "batch": bs,
+                "init": str(init) if init else None}, out / "target.pt")
 
 
 @torch.no_grad()
@@ -163,120 +162,6 @@ def stage_export_target(out: Path) -> None:
     log(f"target.gguf: {(out / 'target.gguf').stat().st_size / 1e6:.1f} MB")
 
 
-# -- continuations ---------------------------------------------------------------------------
-
-def stage_continuations(out: Path, n_prompts: int, seed: int) -> None:
-    if (out / "sequences.npy").exists():
-        return
-    from pydflash import Llama
-
-    data = np.load(out / "train.npy")
-    rng = np.random.default_rng(seed + 1)
-    seqs = np.zeros((n_prompts, PROMPT_LEN + CONT_LEN), dtype=np.int32)
-    t0 = time.time()
-    with Llama(out / "target.gguf", n_ctx=512) as llm:
-        for i in range(n_prompts):
-            s = int(rng.integers(0, len(data) - PROMPT_LEN))
-            prompt = data[s: s + PROMPT_LEN].tolist()
-            cont = llm.generate(prompt, max_tokens=CONT_LEN, ignore_eos=True).tokens
-            seqs[i] = prompt + cont
-            if (i + 1) % 500 == 0:
-                log(f"continuations {i + 1}/{n_prompts} ({time.time() - t0:.0f} s)")
-    np.save(out / "sequences.npy", seqs)
-
-
-# -- drafter ------------------------------------------------------------------------------
-
-def block_batch(seqs: torch.Tensor, n_anchor: int, rng: np.random.Generator):
-    """Anchors, block tokens/positions, labels and the attention mask for a batch."""
-    b, s = seqs.shape
-    lo, hi = PROMPT_LEN - 1, s - BLOCK  # predicted tokens a+1.. lie in the continuation
-    anchors = np.sort(np.stack([rng.choice(np.arange(lo, hi + 1), n_anchor, replace=False) for _ in range(b)]), 1)
-    anchors = torch.from_numpy(anchors)                                   # (B, A)
-    offs = torch.arange(BLOCK)
-    pos = (anchors.unsqueeze(-1) + offs).reshape(b, -1)                   # (B, A*BLOCK)
-    labels = torch.gather(seqs, 1, pos)                                   # x_{a+k}
-    tokens = torch.full_like(labels, 0)
-    tokens.view(b, n_anchor, BLOCK)[:, :, 0] = labels.view(b, n_anchor, BLOCK)[:, :, 0]
-    n = n_anchor * BLOCK
-    ctx_ok = torch.arange(s).view(1, 1, s) < anchors.repeat_interleave(BLOCK, 1).unsqueeze(-1)  # kv_pos < anchor
-    blk_id = torch.arange(n) // BLOCK
-    self_ok = (blk_id.view(-1, 1) == blk_id.view(1, -1)).expand(b, n, n)
-    mask = torch.cat([ctx_ok, self_ok], -1).unsqueeze(1)                  # (B,1,N,S+N)
-    return tokens, pos, labels, mask
-
-
-def stage_drafter(out: Path, n_layer: int, minutes: float, seed: int, mask_id: int, resume: bool = False,
-                  steps: int | None = None) -> None:
-    """Train (or with `resume`, continue training) the drafter for `minutes`."""
-    prev = None
-    if (out / "drafter.pt").exists():
-        if not resume:
-            return
-        prev = torch.load(out / "drafter.pt", weights_only=False)
-        seed += prev["steps"]  # fresh anchors and batches for the continued run
-    torch.manual_seed(seed)
-    target, _ = load_target(out)
-    for p in target.parameters():
-        p.requires_grad_(False)
-    cfg = target.c
-    seqs = torch.from_numpy(np.load(out / "sequences.npy").astype(np.int64))
-    n_val = min(200, len(seqs) // 10)
-    val, train = seqs[:n_val], seqs[n_val:]
-    log("drafter: extracting target features")
-    with torch.no_grad():
-        feats = torch.cat([target(train[i: i + 64], TAPS)[1] for i in range(0, len(train), 64)])
-        vfeats = torch.cat([target(val[i: i + 64], TAPS)[1] for i in range(0, len(val), 64)])
-    model = Drafter(cfg, len(TAPS), n_layer)
-    if prev is not None:
-        model.load_state_dict(prev["state"])
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
-    w = torch.exp(-(torch.arange(1, BLOCK) - 1) / GAMMA)
-    rng = np.random.default_rng(seed)
-    bs, n_anchor = 16, 16
-
-    def loss_fn() -> torch.Tensor:
-        idx = rng.integers(0, len(train), bs)
-        return drafter_loss(model, target, feats[idx], train[idx], n_anchor, w, rng, mask_id)[0]
-
-    t0 = time.time()
-    step, losses = optimize(model, opt, loss_fn, 1e-3, 50, minutes, steps, "drafter")
-    model.eval()
-    with torch.no_grad():
-        _, acc = drafter_loss(model, target, vfeats, val, 16, w, np.random.default_rng(7), mask_id)
-    tau_est = 1 + sum(np.prod(acc[: k + 1]) for k in range(len(acc)))  # prefix-acceptance estimate
-    log(f"drafter: val per-slot accuracy {np.round(acc, 3).tolist()}, offline tau ~ {tau_est:.2f}")
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.copy_(p.half().float())
-    done = (prev["steps"] if prev else 0) + step
-    secs = (prev["seconds"] if prev else 0.0) + time.time() - t0
-    torch.save({"state": model.state_dict(), "n_layer": n_layer, "steps": done, "runs": (prev or {}).get("runs", 1) + (1 if prev else 0),
-                "train_loss": float(np.mean(losses[-100:])), "val_slot_acc": acc.tolist(),
-                "tau_offline": float(tau_est), "seconds": secs}, out / "drafter.pt")
-
-
-def drafter_loss(model, target, feats, seqs, n_anchor, w, rng, mask_id):
-    tokens, pos, labels, mask = block_batch(seqs, n_anchor, rng)
-    tokens = torch.where(torch.arange(tokens.shape[1]) % BLOCK == 0, tokens, torch.full_like(tokens, mask_id))
-    h = model(target, feats, tokens, pos, mask)
-    slot = torch.arange(h.shape[1]) % BLOCK
-    keep = slot > 0                                    # slot 0 (the anchor) has no loss
-    logits = target.head(h[:, keep])                   # (B, A*(BLOCK-1), V)
-    lab = labels[:, keep]
-    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), lab.reshape(-1), reduction="none")
-    ww = w.repeat(n_anchor).repeat(h.shape[0])
-    loss = (ce * ww).sum() / ww.sum()
-    with torch.no_grad():
-        hit = (logits.argmax(-1) == lab).float().view(h.shape[0], n_anchor, BLOCK - 1)
-        # accuracy of slot k given all earlier slots right (what verification accepts)
-        prefix = torch.cumprod(hit, -1)
-        acc = np.array([prefix[..., k].sum().item() / max(1.0, (prefix[..., k - 1].sum().item() if k else hit[..., 0].numel()))
-                        for k in range(BLOCK - 1)])
-    return loss, acc
-
-
 def stage_export_drafter(out: Path) -> None:
     if (out / "drafter.gguf").exists():
         return
@@ -306,22 +191,31 @@ def main(argv=None) -> int:
     ap.add_argument("--drafter-steps", type=int, help="exact step count instead of --drafter-minutes")
     ap.add_argument("--drafter-resume", action="store_true",
                     help="continue training an existing drafter.pt for --drafter-minutes more")
+    ap.add_argument("--target-seq", type=int, default=256, help="target training window (tokens)")
+    ap.add_argument("--target-batch", type=int, default=16, help="windows per target step")
+    ap.add_argument("--target-lr", type=float, default=2e-3, help="peak learning rate of the target")
+    ap.add_argument("--rope-theta", type=float, default=10000.0, help="RoPE base of both models")
+    ap.add_argument("--context-max", type=int, default=0,
+                    help="drafter prompts of lengths spread up to this (0: 64-token prompts, pair v1)")
+    ap.add_argument("--target-init", type=Path, help="continue this target GGUF instead of starting from scratch")
+    ap.add_argument("--drafter-init", type=Path, help="start the drafter from this drafter GGUF")
     ap.add_argument("--install", type=Path, help="copy the pair + model card into this folder")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     random.seed(a.seed)
     a.out.mkdir(parents=True, exist_ok=True)
-    cfg = Config(n_vocab=a.vocab)
+    cfg = Config(n_vocab=a.vocab, n_ctx=max(4096, a.target_seq), rope_theta=a.rope_theta)
     t0 = time.time()
     stage_tokenizer(a.out, a.vocab)
-    stage_target(a.out, cfg, a.target_minutes, a.seed, a.target_steps)
+    stage_target(a.out, cfg, a.target_minutes, a.seed, a.target_steps, seq=a.target_seq, bs=a.target_batch,
+                 peak_lr=a.target_lr, init=a.target_init)
     stage_export_target(a.out)
-    stage_continuations(a.out, a.prompts, a.seed)
+    stage_continuations(a.out, a.prompts, a.seed, a.context_max)
     mask_id = bpe.load(a.out / "tokenizer.json").token_to_id(bpe.MASK)
     if a.drafter_resume and (a.out / "drafter.gguf").exists():
         (a.out / "drafter.gguf").unlink()  # re-export after the continued run
-    stage_drafter(a.out, a.drafter_layers, a.drafter_minutes, a.seed, mask_id, resume=a.drafter_resume,
-                  steps=a.drafter_steps)
+    stage_drafter(a.out, load_target, optimize, a.drafter_layers, a.drafter_minutes, a.seed, mask_id,
+                  resume=a.drafter_resume, steps=a.drafter_steps, init=a.drafter_init)
     stage_export_drafter(a.out)
     log(f"pipeline done in {(time.time() - t0) / 60:.1f} min")
     if a.install:

@@ -239,12 +239,18 @@ def _chart(
 
 
 def write_charts(directory: Path, rows: list[Row], ctx_draft_max: int) -> list[Path]:
-    """speedup_vs_context.png and tok_s_vs_draft_max.png; needs matplotlib."""
+    """speedup_vs_context.png, tau_vs_context.png and tok_s_vs_draft_max.png; needs matplotlib."""
     speedup = {
         e: sorted(
             (r["isl"], r["speedup"])
             for r in rows
             if r["engine"] == e and r["draft_max"] == ctx_draft_max and r["speedup"]
+        )
+        for e in (DFLASH, NATIVE)
+    }
+    tau = {
+        e: sorted(
+            (r["isl"], r["tau"]) for r in rows if r["engine"] == e and r["draft_max"] == ctx_draft_max and r["tau"]
         )
         for e in (DFLASH, NATIVE)
     }
@@ -262,6 +268,15 @@ def write_charts(directory: Path, rows: list[Row], ctx_draft_max: int) -> list[P
             "context (ISL = OSL, tokens)",
             "decode speed-up over target-only",
             f"DFlash speed-up vs context (draft_max {ctx_draft_max})",
+            log_x=True,
+        ),
+        _chart(
+            directory / "tau_vs_context.png",
+            tau,
+            None,
+            "context (ISL = OSL, tokens)",
+            "tau (tokens per target pass)",
+            f"DFlash tau vs context (draft_max {ctx_draft_max})",
             log_x=True,
         ),
         _chart(

@@ -17,6 +17,7 @@ from .models import Drafter
 from .pipeline import BLOCK, TAPS, load_target, log
 
 CONTEXTS = (512, 1024, 2048, 4096, 8192)  # the card's per-context rows
+WINDOWS = (0, 2048, None)  # drafter windows of those rows: the whole context, 2048, pydflash's default
 
 TARGET_NAME = "stdlib-code-target.gguf"
 DRAFTER_NAME = "stdlib-code-dflash.gguf"
@@ -131,7 +132,7 @@ def measure_contexts(out: Path, target: Path, drafter: Path, lengths=CONTEXTS, n
     return rows
 
 
-def install(out: Path, dest: Path, windows: tuple[int | None, ...] = (None,)) -> None:
+def install(out: Path, dest: Path, windows: tuple[int | None, ...] = WINDOWS) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(out / "target.gguf", dest / TARGET_NAME)
     shutil.copyfile(out / "drafter.gguf", dest / DRAFTER_NAME)
@@ -178,7 +179,7 @@ def write_card(out: Path, dest: Path, m: dict, ctx: dict) -> None:
     (dest / "MODEL_CARD.md").write_text(f"""# Embedded pair: stdlib-code target + DFlash drafter
 
 Trained on this machine by `python tools/train_pair.py` ({time.strftime('%Y-%m-%d')}), fixed seeds, CPU only;
-the README's "Training the embedded pair" gives the exact commands.
+the README's "The embedded pair" gives the exact commands.
 
 - **Data**: Python's own standard library source (PSF licence), `*.py` files without tests
   (`site-packages`, `test`, `idle_test`, `lib2to3` excluded), split by file: 95% train
@@ -211,7 +212,10 @@ Target alone: {m['baseline_decode_tok_s']:.0f} tok/s (median). Speed-ups are med
 ## Per context length (6 held-out prompts of each length, 128 new tokens, draft_max {BLOCK - 1})
 
 Held-out loss: the last 256 tokens of held-out windows of that length (about that much
-context), torch. tau: pydflash, greedy, output compared with the target alone's.
+context), torch. tau: pydflash, greedy, output compared with the target alone's. The
+default window is pydflash's (4096 positions, so it cuts only at 8192). "NO": at least one
+prompt's output departs from the target-alone loop's; the README's "The embedded pair" gives
+where (a near-tie of the target's own logits, which batching decides either way).
 
 {_context_table(ctx)}
 """)

@@ -107,6 +107,20 @@ def embedded_target():
 SHARED_LLAMAS = ("baseline", "dflash", "dflash_b8", "embedded_dflash", "embedded_target")
 
 
+@pytest.fixture
+def llama_configs(monkeypatch: pytest.MonkeyPatch) -> list:
+    """The config of every Llama made while the test runs (what CLI flags reached)."""
+    seen: list = []
+    init = Llama.__init__
+
+    def recording_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        seen.append(self.config)
+
+    monkeypatch.setattr(Llama, "__init__", recording_init)
+    return seen
+
+
 @pytest.fixture(autouse=True)
 def fresh_shared_pairs(request: pytest.FixtureRequest):
     """pair.step() decodes with whatever sampler the last generate() set (a

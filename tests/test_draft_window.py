@@ -304,15 +304,8 @@ def test_bad_windows_are_typed_errors(models):
         assert llm.pair.draft_window == 0
 
 
-def test_cli_flag_reaches_the_config(models, monkeypatch, capsys):
-    seen = []
-    init = Llama.__init__
-
-    def recording_init(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        seen.append(self.config)
-
-    monkeypatch.setattr(Llama, "__init__", recording_init)
+def test_cli_flag_reaches_the_config(models, llama_configs, capsys):
+    seen = llama_configs
     t, d = str(models / "tiny-target.gguf"), str(models / "tiny-drafter.gguf")
     for flags, want in (([], None), (["--draft-window", "64"], 64)):
         assert (

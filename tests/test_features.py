@@ -48,15 +48,8 @@ def test_a_seed_reproduces_a_sampled_generation_across_processes(spread_files):
         assert first != " ".join(map(str, base.generate("x = 1", max_tokens=32, ignore_eos=True).tokens))
 
 
-def test_cli_device_flags_reach_model_config(monkeypatch, capsys):
-    seen = []
-    init = Llama.__init__
-
-    def recording_init(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        seen.append(self.config)
-
-    monkeypatch.setattr(Llama, "__init__", recording_init)
+def test_cli_device_flags_reach_model_config(llama_configs, capsys):
+    seen = llama_configs
     t, d = pydflash.embedded_pair()  # head size 64: quantized KV caches fit
     rc = cli.main(["generate", "-m", t, "-d", d, "-p", "x", "-n", "2", "--ignore-eos", "--n-ctx", "256",
                    "--threads", "1", "-ngl", "0", "-ngld", "0", "-sm", "none", "-mg", "0", "-ts", "3,1",

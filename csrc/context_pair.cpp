@@ -235,6 +235,9 @@ Sequence& ContextPair::seq_at(int32_t seq) {
 namespace {
 
 void forget(Sequence& s) {
+    s.deferred.clear();
+    s.n_deferred = 0;
+    s.deferred_pos0 = 0;
     s.pending.reset();
     s.history.clear();
     s.prompt.clear();
@@ -365,49 +368,6 @@ void ContextPair::decode_target_batch() {
     if (rc != 0) fail_decode("target decode", rc);
 }
 
-void ContextPair::inject(const std::vector<Span>& spans) {
-    // the spans' rows of the last target pass, into the drafter's cache at their positions
-    const auto n_ids = spec_.target_layer_ids.size();
-    const size_t n_embd = static_cast<size_t>(spec_.n_embd_target);
-    const size_t n_enc = n_ids * n_embd;
-    const auto chunk_max = static_cast<int32_t>(llama_n_ubatch(ctx_dft_.get()));
-    std::vector<const float*> layers(n_ids);
-    for (size_t k = 0; k < n_ids; ++k) {
-        layers[k] = llama_get_embeddings_layer_inp(ctx_tgt_.get(), static_cast<uint32_t>(spec_.target_layer_ids[k]));
-        if (layers[k] == nullptr) fail_decode("reading target layer features", -1);
-    }
-    llama_batch_ext* b = batch_dft_.get();
-    int32_t n_chunk = 0;
-    auto flush = [&]() {
-        if (n_chunk == 0) return;
-        const int32_t rc =
-            fault_.fire(FaultSite::DrafterDecode) ? -1 : llama_process(ctx_dft_.get(), LLAMA_PROCESS_TYPE_DECODE, b);
-        if (rc != 0) fail_decode("drafter feature injection", rc);
-        n_chunk = 0;
-    };
-    features_.resize(static_cast<size_t>(chunk_max) * n_enc);
-    const std::vector<llama_pos> first = trim_window(spans);  // positions the drafter's window keeps
-    for (size_t j = 0; j < spans.size(); ++j) {
-        const Span& sp = spans[j];
-        for (int32_t i = first[j] - sp.pos0; i < sp.n; ++i) {
-            if (n_chunk == 0) llama_batch_ext_clear(b);
-            float* dst = features_.data() + static_cast<size_t>(n_chunk) * n_enc;
-            const auto row = static_cast<size_t>(sp.row0 + i);
-            for (size_t k = 0; k < n_ids; ++k) {
-                std::memcpy(dst + k * n_embd, layers[k] + row * n_embd, n_embd * sizeof(float));
-            }
-            const llama_embd e{dst, 1, n_enc};
-            const int32_t idx = llama_batch_ext_add_embd(b, sp.seq, e);
-            if (idx < 0) fail_decode("building the feature batch", idx);
-            const llama_pos p = sp.pos0 + i;
-            const llama_pos p4[4] = {p, p, p, 0};  // M-RoPE drafters read 4 positions per embedding
-            if (!llama_batch_ext_set_pos(b, idx, p4)) fail_decode("setting feature positions", -1);
-            if (++n_chunk == chunk_max) flush();
-        }
-    }
-    flush();
-}
-
 int32_t ContextPair::keep_common_prefix(int32_t seq, const std::vector<llama_token>& tokens, int32_t n) {
     Sequence& s = seqs_[static_cast<size_t>(seq)];
     // the longest prefix of the cached history that the new prompt repeats
@@ -421,6 +381,10 @@ int32_t ContextPair::keep_common_prefix(int32_t seq, const std::vector<llama_tok
     // only when the whole history is a prefix (a conversation's next turn)
     const bool recurrent = rollback_ != RollbackKind::KvTrim;
     if (common == 0 || (recurrent && common < n_hist)) return 0;
+    if (drafter_) {  // the drafter's cache must end where the prompt's rows start
+        cut_deferred(s, common);
+        flush_deferred({seq});
+    }
     if (common < n_hist) {
         // K/V and the drafter's injected features are per position: drop the rest
         if (!llama_memory_seq_rm(llama_get_memory(ctx_tgt_.get()), seq, common, -1)) return 0;
@@ -489,6 +453,7 @@ double ContextPair::prefill_some(const std::vector<int32_t>& seqs, int32_t budge
         row += m;
     }
     if (row == 0) return 0.0;
+    if (drafter_) flush_deferred(seqs);  // none after prefill_begin; the prompt's rows follow them
     decode_target_batch();
     if (drafter_) inject(spans);
     if (mtp_) {

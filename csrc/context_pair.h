@@ -80,6 +80,11 @@ struct Sequence {
     int32_t n_past = 0;               // ... of which history holds the first n_past
     int32_t n_cached = 0;             // prompt tokens the last prefill took from the cache
     StateCheckpoint checkpoint;
+    // kept rows whose features wait to be injected (injection.cpp): positions
+    // deferred_pos0.. of n_deferred rows, each the target's layer features
+    std::vector<float> deferred;
+    llama_pos deferred_pos0 = 0;
+    int32_t n_deferred = 0;
 };
 
 class ContextPair {
@@ -169,6 +174,9 @@ public:
     std::string drafter_kind() const { return drafter_ ? drafter_kind_name(spec_.kind) : mtp_ ? "mtp" : ""; }
     std::string drafter_description() const;
     int32_t default_draft_max() const { return draft_max_; }
+    // rows of one sequence's drafter pass, whatever it keeps of the block (draft_blocks);
+    // 0: no drafter pass of fixed size (MTP drafts token by token)
+    int32_t draft_pass_rows() const { return drafter_ ? spec_.lead_rows() + draft_max_ : 0; }
     // the positions before a block that the drafter sees (draft_window.cpp); 0: the whole context
     int32_t draft_window() const { return drafter_ ? view_ : 0; }
     bool has_pending(int32_t seq) const { return seq_at(seq).pending.has_value(); }
@@ -238,7 +246,16 @@ private:
     int32_t keep_common_prefix(int32_t seq, const std::vector<llama_token>& tokens, int32_t n);
     // A target pass over the batch already filled in batch_tgt_.
     void decode_target_batch();
+    // feature injection (injection.cpp): the spans' rows of the last target pass now
     void inject(const std::vector<Span>& spans);
+    void inject_rows(const std::vector<Span>& spans, const std::function<void(size_t, int32_t, float*)>& fill);
+    // ... or when the drafter next drafts for the sequence (steps that do not use it)
+    void defer(const std::vector<Span>& spans);
+    void flush_deferred(const std::vector<int32_t>& seqs);
+    void cut_deferred(Sequence& s, llama_pos end);  // a prompt-cache cut: positions >= end leave
+    static void drop_deferred(Sequence& s);
+    size_t feature_width() const;                // floats per injected row
+    static constexpr int32_t kMaxDeferred = 64;  // rows a sequence defers at most (then injected)
     // the drafter's window (draft_window.cpp): checks draft_window and sets window_ / view_
     void configure_window();
     uint32_t drafter_n_ctx(uint32_t full) const;  // the drafter context's size under the ring

@@ -74,6 +74,7 @@ void ContextPair::save_sequence(int32_t seq, const std::string& path) {
     std::lock_guard<std::mutex> lock(mu_);
     const Sequence& s = seq_at(seq);
     if (!s.prompt.empty()) throw InvalidArgument("sequence " + std::to_string(seq) + " is still evaluating a prompt");
+    if (drafter_) flush_deferred({seq});  // the drafter's cache holds every kept position
     const std::vector<uint8_t> tgt = seq_state(ctx_tgt_.get(), seq);
     // the MTP head's cache is saved as a drafter's (its carried hidden row is not: llama.cpp
     // keeps it private, so the first draft after a load pairs with an older one)

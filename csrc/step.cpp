@@ -60,6 +60,15 @@ std::vector<StepResult> ContextPair::step_batch(const std::vector<SeqStep>& step
     StepTimes t;
 
     auto t0 = Clock::now();
+    if (drafter_) {  // features deferred by steps that did not draft, before the drafter reads them
+        std::vector<int32_t> drafting;
+        for (const Work& w : work) {
+            if (w.k_draft > 0) drafting.push_back(w.seq);
+        }
+        flush_deferred(drafting);
+        t.inject = ms_since(t0);
+    }
+    t0 = Clock::now();
     draft_blocks(work);  // one drafter pass over every sequence's block
     t.draft = ms_since(t0);
 
@@ -211,7 +220,9 @@ void ContextPair::roll_back_and_inject(std::vector<Work>& work, StepTimes& t) {
     // position, so this equals injecting all rows and trimming); checkpointed
     // sequences replay their kept tokens in one more target pass, injected after it
     auto t0 = Clock::now();
-    std::vector<Span> spans;
+    // a sequence that drafted with the drafter this step is injected now (it will likely
+    // draft again); the others defer (injection.cpp)
+    std::vector<Span> spans, later;
     std::vector<Work*> replay;
     for (Work& w : work) {
         if (!w.r.error.empty()) continue;
@@ -219,13 +230,14 @@ void ContextPair::roll_back_and_inject(std::vector<Work>& work, StepTimes& t) {
         if (roll_back_target(w, n_batch)) {
             replay.push_back(&w);
         } else {
-            spans.push_back({w.seq, w.row, w.n_keep, w.s->n_past});
+            (w.k_draft > 0 ? spans : later).push_back({w.seq, w.row, w.n_keep, w.s->n_past});
         }
     }
     t.rollback = ms_since(t0);
-    if (drafter_ && !spans.empty()) {
+    if (drafter_ && !(spans.empty() && later.empty())) {
         t0 = Clock::now();
-        inject(spans);
+        if (!spans.empty()) inject(spans);
+        if (!later.empty()) defer(later);
         t.inject += ms_since(t0);
     }
     if (replay.empty()) return;
@@ -233,20 +245,22 @@ void ContextPair::roll_back_and_inject(std::vector<Work>& work, StepTimes& t) {
     llama_batch_ext* b = batch_tgt_.get();
     llama_batch_ext_clear(b);
     spans.clear();
+    later.clear();
     int32_t row = 0;
     for (Work* w : replay) {
         add_token(b, w->seq, *w->s->pending, w->s->n_past, false);
         for (int32_t i = 0; i + 1 < w->n_keep; ++i) {
             add_token(b, w->seq, w->draft[static_cast<size_t>(i)], w->s->n_past + 1 + i, false);
         }
-        spans.push_back({w->seq, row, w->n_keep, w->s->n_past});
+        (w->k_draft > 0 ? spans : later).push_back({w->seq, row, w->n_keep, w->s->n_past});
         row += w->n_keep;
     }
     decode_target_batch();
     t.rollback += ms_since(t0);
     if (drafter_) {
         t0 = Clock::now();
-        inject(spans);
+        if (!spans.empty()) inject(spans);
+        if (!later.empty()) defer(later);
         t.inject += ms_since(t0);
     }
 }

@@ -36,7 +36,7 @@ def kv_bytes(llm: Llama, role: str) -> int:
 def test_lossless_under_each_option(pair, options):
     target, draft = pair
     with Llama(target, draft=draft, n_ctx=512, **options) as llm:
-        spec = llm.generate(PROMPT, max_tokens=N, ignore_eos=True)
+        spec = llm.generate(PROMPT, max_tokens=N, ignore_eos=True, draft_max=7)  # every step drafts
         alone = llm.generate(PROMPT, max_tokens=N, ignore_eos=True, draft_max=0)
     assert spec.tokens == alone.tokens
     assert spec.stats.n_accepted > 0  # the trained drafter still drafts something useful

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pydflash._draft_policy import (
+    PROBE_BUDGET,
     PROBE_FIRST,
     PROBE_MAX,
     Acceptance,
@@ -113,8 +114,13 @@ def test_the_joint_choice_is_no_worse_than_any_uniform_length():
 def test_recovery_after_a_probe():
     p, sts = policy(cost(0.5), acceptance=0.02)
     st = sts[0]
-    lengths = [p.choose(sts, [MAX_DRAFT], [0])[0] for _ in range(PROBE_FIRST)]
-    assert lengths[:-1] == [0] * (PROBE_FIRST - 1)
+    lengths = []
+    while not lengths or lengths[-1] == 0:
+        lengths.append(p.choose(sts, [MAX_DRAFT], [0])[0])
+        assert len(lengths) < 2000
+    # the first probe waits PROBE_FIRST steps, longer when probing costs much (here: ~7 ms
+    # lost against 10 ms plain steps, 2%: 35 steps)
+    assert len(lengths) >= PROBE_FIRST
     assert lengths[-1] == MAX_DRAFT and st.probing  # the probe: a full draft
     p.observe_sequence(st, MAX_DRAFT, MAX_DRAFT)  # the drafter agrees again
     assert p.choose(sts, [MAX_DRAFT], [0])[0] > 0
@@ -122,19 +128,38 @@ def test_recovery_after_a_probe():
     assert p.choose(sts, [MAX_DRAFT], [0])[0] >= MAX_DRAFT - 2
 
 
-def test_failed_probes_come_less_often():
-    p, sts = policy(cost(0.5), acceptance=0.02)
+def probe_gaps(c: CostModel, n_steps: int) -> tuple[list[int], float]:
+    """Steps between failed probes of a sequence whose drafts are all rejected, and the
+    share of the time the probes lost against plain steps (the costs as modelled)."""
+    p, sts = policy(c, acceptance=0.02)
     st = sts[0]
-    gaps, last = [], 0
-    for i in range(1, 400):
+    gaps, last, lost, total = [], 0, 0.0, 0.0
+    for i in range(1, n_steps):
         k = p.choose(sts, [MAX_DRAFT], [0])[0]
+        ms = c.step_ms(1 + k, 1 + k if k else 0)
+        total += ms
         if k:
             assert st.probing
-            p.observe_sequence(st, k, 0)  # still rejected at the first position
+            p.observe_sequence(st, k, 0)
+            lost += ms - c.step_ms(1, 0)  # it yielded the one token a plain step yields
             gaps.append(i - last)
             last = i
+    return gaps, lost / total
+
+
+def test_cheap_probes_double_their_wait_up_to_probe_max():
+    # memory-bound: a full draft costs little more than a plain step
+    gaps, share = probe_gaps(cost(0.02, draft_ms=0.3), 400)
     assert gaps[0] == PROBE_FIRST
     assert gaps == sorted(gaps) and max(gaps) == PROBE_MAX
+    assert share <= PROBE_BUDGET
+
+
+def test_costly_probes_stay_within_their_budget():
+    # compute-bound: a probe of 16 rows costs 2.5x a plain step, so probes come seldom
+    gaps, share = probe_gaps(cost(1.0, draft_ms=2.0), 3000)
+    assert gaps[0] > PROBE_MAX
+    assert 0 < share <= PROBE_BUDGET * 1.05, share
 
 
 def test_pinned_lengths_are_kept_and_draft_min_is_a_floor():
@@ -159,7 +184,14 @@ def test_the_cost_model_follows_measured_steps():
     for _ in range(100):  # steps take twice as long as calibrated (a longer context, a busy machine)
         c.observe(8, 2 * before, 0, 0.0, 3.0)
     assert c.verify_ms(8) == pytest.approx(2 * before, rel=1e-3)
-    assert c.overhead_ms == pytest.approx(3.0, rel=1e-3)
+    # the overhead of plain steps and of steps with a drafter pass are learned apart
+    assert c.plain_overhead_ms == pytest.approx(3.0, rel=1e-3)
+    assert c.overhead_ms == 0.0
+    for _ in range(100):
+        c.observe(8, 2 * before, 8, 0.2, 5.0)
+    assert c.overhead_ms == pytest.approx(5.0, rel=1e-3)
+    assert c.plain_overhead_ms == pytest.approx(3.0, rel=1e-3)
+    assert c.step_ms(8, 8) - c.step_ms(8, 0) == pytest.approx(c.draft_ms(8) + 2.0, rel=1e-3)
     # a slower verification shortens the choice (with the same acceptance)
     p, sts = policy(cost(0.5), acceptance=0.8)
     k_before = p.choose(sts, [MAX_DRAFT], [0])[0]
@@ -196,3 +228,17 @@ def test_acceptance_estimate():
     for _ in range(100):
         p.observe_sequence(p.new_sequence(), 4, 0)
     assert p.new_sequence().acceptance.conditional()[0] < 0.1
+
+
+def test_the_drafter_pass_costs_its_whole_block():
+    # a drafter pass computes the whole block whatever the step keeps of it: with a
+    # costly drafter (compute-bound) a short draft is charged 16 rows, not 1 + k
+    rows = list(range(1, 65))
+    c = CostModel(rows, [10.0 + 0.5 * (r - 1) for r in rows], rows, [0.5 * r for r in rows], 64)
+    choices = [Choice([expected_tokens([0.7] * MAX_DRAFT, k) for k in range(MAX_DRAFT + 1)], 0, MAX_DRAFT)]
+    by_k = choose_lengths(c, choices)[0]
+    whole = choose_lengths(c, choices, pass_rows=MAX_DRAFT + 1)[0]
+    assert by_k > 0
+    assert whole == 0 or whole > by_k  # paying for 16 rows anyway: none, or a longer draft
+    p = DraftPolicy(c, MAX_DRAFT, pass_rows=MAX_DRAFT + 1)
+    assert p.pass_rows == MAX_DRAFT + 1

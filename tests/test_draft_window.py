@@ -442,5 +442,7 @@ def test_a_sliding_window_drafter_drafts_as_llama_cpps_own_loop(tmp_path):
         with Llama(target, draft=drafter, n_ctx=2048, n_threads=1) as whole:
             other = whole.generate(prompt, max_tokens=100, draft_max=7, ignore_eos=True)
     ours = [(s.n_accepted, s.n_drafted) for s in res.stats.steps]
-    assert res.tokens == other.tokens and ours != [(s.n_accepted, s.n_drafted) for s in other.stats.steps]
+    assert res.tokens == other.tokens
+    # the window changes what is drafted (the counts may agree: acceptance is low here)
+    assert [s.drafted for s in res.stats.steps] != [s.drafted for s in other.stats.steps]
     matches_native(ours, native_steps(target, prompt, 100, "draft-dflash", draft=swa))

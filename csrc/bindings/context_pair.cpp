@@ -231,6 +231,7 @@ void register_context_pair(py::module_& m) {
             "draft_vocab", [](const ContextPair& s) { return s.spec().n_vocab_draft; },
             "Rows of a reduced drafter vocabulary (d2t); 0: the full vocabulary.")
         .def_property_readonly("default_draft_max", &ContextPair::default_draft_max)
+        .def_property_readonly("draft_pass_rows", &ContextPair::draft_pass_rows)
         .def_property_readonly("draft_window", &ContextPair::draft_window,
                                "Positions before a block the drafter sees (its window); 0: the whole context.")
         .def("has_pending", &ContextPair::has_pending, py::arg("seq") = 0)

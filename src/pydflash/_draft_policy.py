@@ -4,8 +4,11 @@ A step of k drafted tokens yields on average ``E(k) = 1 + sum_{j<=k} prod_{i<=j}
 tokens, c_i being the conditional acceptance of draft position i (the chance the
 i-th drafted token is kept when the ones before it were). It costs one target
 pass over every sequence's ``1 + k`` rows, one drafter pass over the blocks of
-the sequences that draft (none when no sequence drafts) and a per-step overhead
-(feature injection, sampling, the engine's own work). The policy picks the
+the sequences that draft (a whole block each, whatever k keeps of it; none when
+no sequence drafts) and a per-step overhead (feature injection, sampling, the
+engine's own work), measured apart for steps with and without a drafter pass: a
+plain step defers its feature injection (ContextPair), so it costs about what
+the target alone costs. The policy picks the
 lengths that maximise expected tokens per second over all the running sequences
 together, since they share both passes:
 
@@ -26,7 +29,9 @@ verification pass) a sequence's length is 0: plain target decoding, no drafter
 pass. While off, its estimate returns toward the pair's running one step by
 step (a burst of rejections does not stop it for good), and it probes now and
 then with a full draft, so the estimates can recover where the pair's is low
-too; a probe that does not resume speculation doubles the wait before the next.
+too; a probe that does not resume speculation doubles the wait before the next,
+and the waits are long enough that probes cost at most ``PROBE_BUDGET`` of the
+time (a probe's expected loss against plain steps, at the estimates of then).
 
 Pure Python without the model: tests drive it with synthetic costs and acceptances.
 """
@@ -35,6 +40,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import math
 from collections.abc import Sequence
 
 from ._core import Calibration
@@ -54,7 +60,9 @@ DECAY = 0.9  # a sequence's estimate: weight of the past per observation (about 
 POOLED_DECAY = 0.98  # the pair's running estimate (the prior of new sequences)
 PROBE_WEIGHT = 2.0  # a probe counts as this many steps (it is the only news while off)
 PROBE_FIRST = 4  # steps off before the first probe
-PROBE_MAX = 64  # the longest wait between probes
+PROBE_MAX = 64  # the longest doubling wait between probes (a costly probe waits longer)
+PROBE_BUDGET = 0.02  # probes cost at most this share of the time (their expected loss)
+PROBE_WAIT_MAX = 1024  # the longest wait between probes, whatever they cost
 COST_ALPHA = 0.1  # weight of each step's timings in the online cost correction
 
 
@@ -101,9 +109,11 @@ def _table(rows: Sequence[int], ms: Sequence[float], n: int) -> list[float]:
 
 
 class CostModel:
-    """Milliseconds of one step: ``verify_ms(rows) + draft_ms(rows drafted) + overhead_ms``.
-    Built from timed pass sizes (``from_calibration``); ``observe`` scales it by
-    what steps actually took."""
+    """Milliseconds of one step: ``verify_ms(rows) + draft_ms(drafter rows)`` plus
+    the overhead of a step with a drafter pass (``overhead_ms``) or without one
+    (``plain_overhead_ms``). Built from timed pass sizes (``from_calibration``);
+    ``observe`` scales it by what steps actually took. The plain overhead starts
+    at 0 (optimistic: the first plain step measures it)."""
 
     def __init__(
         self,
@@ -122,6 +132,7 @@ class CostModel:
         self.verify_scale = 1.0
         self.draft_scale = 1.0
         self.overhead_ms = overhead_ms
+        self.plain_overhead_ms = 0.0
 
     @classmethod
     def from_calibration(cls, cal: Calibration, max_rows: int) -> CostModel:
@@ -147,7 +158,9 @@ class CostModel:
         return self._at(self._d, rows) * self.draft_scale if rows > 0 else 0.0
 
     def step_ms(self, rows: int, draft_rows: int) -> float:
-        return self.verify_ms(rows) + self.draft_ms(draft_rows) + self.overhead_ms
+        if draft_rows > 0:
+            return self.verify_ms(rows) + self.draft_ms(draft_rows) + self.overhead_ms
+        return self.verify_ms(rows) + self.plain_overhead_ms
 
     def observe(self, rows: int, verify_ms: float, draft_rows: int, draft_ms: float, other_ms: float) -> None:
         """One step's measured times: the target pass over ``rows``, the drafter pass
@@ -159,7 +172,10 @@ class CostModel:
         base = self._at(self._d, draft_rows)
         if draft_rows > 0 and base > 0 and draft_ms > 0:
             self.draft_scale += a * (draft_ms / base - self.draft_scale)
-        self.overhead_ms += a * (max(other_ms, 0.0) - self.overhead_ms)
+        if draft_rows > 0:
+            self.overhead_ms += a * (max(other_ms, 0.0) - self.overhead_ms)
+        else:
+            self.plain_overhead_ms += a * (max(other_ms, 0.0) - self.plain_overhead_ms)
 
 
 class Acceptance:
@@ -220,15 +236,19 @@ class Choice:
         return [0, *range(max(self.lo, 1), self.hi + 1)]
 
 
-def choose_lengths(cost: CostModel, choices: Sequence[Choice]) -> list[int]:
+def choose_lengths(cost: CostModel, choices: Sequence[Choice], pass_rows: int = 0) -> list[int]:
     """The lengths (one per choice) that maximise expected tokens per ms of the
-    shared step: coordinate ascent (each sequence's best length given the
-    others', until none changes) from two starts, every adaptive sequence at 0 and
-    each at its best alone; the better result."""
+    shared step. A sequence that drafts adds ``pass_rows`` rows to the drafter
+    pass (its whole block; 0: ``1 + k``, a drafter whose pass follows k). One
+    sequence: every length tried. Several: coordinate ascent (each sequence's best
+    length given the others', until none changes) from two starts, every adaptive
+    sequence at 0 and each at its best alone; the better result."""
+    if len(choices) == 1:
+        return [_best_alone(cost, choices[0], pass_rows)]
 
     def rate(ks: list[int]) -> float:
         rows = sum(1 + k for k in ks)
-        drows = sum(1 + k for k in ks if k > 0)
+        drows = sum((pass_rows or 1 + k) for k in ks if k > 0)
         gain = sum(c.gains[k] if k < len(c.gains) else c.gains[-1] for c, k in zip(choices, ks, strict=True))
         return gain / max(cost.step_ms(rows, drows), 1e-9)
 
@@ -252,11 +272,22 @@ def choose_lengths(cost: CostModel, choices: Sequence[Choice]) -> list[int]:
 
     zero = [c.pinned if c.pinned is not None else 0 for c in choices]
     r0, k0 = ascend(list(zero))
-    if len(choices) == 1:
-        return k0
-    alone = [c.pinned if c.pinned is not None else choose_lengths(cost, [c])[0] for c in choices]
+    alone = [c.pinned if c.pinned is not None else _best_alone(cost, c, pass_rows) for c in choices]
     r1, k1 = ascend(alone)
     return k1 if r1 > r0 else k0
+
+
+def _best_alone(cost: CostModel, c: Choice, pass_rows: int) -> int:
+    """One sequence's best length (the engine's every step: kept cheap)."""
+    if c.pinned is not None:
+        return c.pinned
+    gains = c.gains
+    best_k, best = 0, gains[0] / max(cost.step_ms(1, 0), 1e-9)
+    for k in range(max(c.lo, 1), c.hi + 1):
+        r = gains[min(k, len(gains) - 1)] / max(cost.step_ms(1 + k, pass_rows or 1 + k), 1e-9)
+        if r > best * (1 + 1e-9):
+            best_k, best = k, r
+    return best_k
 
 
 @dataclasses.dataclass
@@ -265,7 +296,8 @@ class SequenceDraft:
 
     acceptance: Acceptance
     off_steps: int = 0  # steps in a row chosen 0 (not probing)
-    probe_wait: int = PROBE_FIRST  # off steps before the next probe
+    probe_wait: int = PROBE_FIRST  # off steps before the next probe (doubling while probes fail)
+    spacing: int = 0  # ... and at least this many: what keeps probes within PROBE_BUDGET
     probing: bool = False  # this step is a probe
 
 
@@ -273,9 +305,10 @@ class DraftPolicy:
     """The engine's adaptive draft length: per-sequence acceptance, the pair's
     cost model, probing. ``choose`` before a step, ``observe`` after it."""
 
-    def __init__(self, cost: CostModel, max_draft: int):
+    def __init__(self, cost: CostModel, max_draft: int, pass_rows: int = 0):
         self.cost = cost
         self.max_draft = max_draft
+        self.pass_rows = pass_rows  # drafter rows per drafting sequence (0: 1 + k)
         self.pooled = Acceptance(max_draft, PRIOR_ACCEPTANCE, POOLED_DECAY)
 
     def new_sequence(self) -> SequenceDraft:
@@ -286,14 +319,15 @@ class DraftPolicy:
         """This step's length per sequence. ``states[i]`` None: pinned to ``caps[i]``;
         otherwise chosen in 0..caps[i] (a length under ``floors[i]``, draft_min, is 0)."""
         choices: list[Choice] = []
-        pooled = self.pooled.conditional()
+        pooled: list[float] | None = None
         for st, cap, lo in zip(states, caps, floors, strict=True):
             cap = max(0, min(cap, self.max_draft))
             if st is None:  # its gain counts in the rate (the pair's estimate); its length is given
+                pooled = pooled or self.pooled.conditional()
                 choices.append(Choice(_gains(pooled, cap), 0, cap, pinned=cap))
             else:
                 choices.append(Choice(_gains(st.acceptance.conditional(), cap), lo, cap))
-        ks = choose_lengths(self.cost, choices)
+        ks = choose_lengths(self.cost, choices, self.pass_rows)
         for i, (st, c) in enumerate(zip(states, choices, strict=True)):
             if st is None or c.hi < max(c.lo, 1):
                 continue
@@ -303,10 +337,24 @@ class DraftPolicy:
                 continue
             st.off_steps += 1
             st.acceptance.forget()  # while off its estimate returns toward the pair's
-            if st.off_steps >= st.probe_wait:  # probe with the longest draft allowed
-                ks[i], st.probing, st.off_steps = c.hi, True, 0
+            if st.off_steps < max(st.probe_wait, st.spacing):
+                continue
+            st.spacing = self.probe_spacing(c)
+            if st.off_steps >= st.spacing:  # probe with the longest draft allowed
+                ks[i], st.probing, st.off_steps, st.spacing = c.hi, True, 0, 0
                 st.probe_wait = min(st.probe_wait * 2, PROBE_MAX)
         return ks
+
+    def probe_spacing(self, c: Choice) -> int:
+        """Plain steps per probe that keep probes within PROBE_BUDGET of the time: a
+        probe's expected loss against plain steps (its time less what its expected
+        tokens take plainly), at the current estimates and costs."""
+        plain = max(self.cost.step_ms(1, 0), 1e-9)
+        probe = self.cost.step_ms(1 + c.hi, self.pass_rows or 1 + c.hi)
+        loss = probe - c.gains[min(c.hi, len(c.gains) - 1)] * plain
+        if loss <= 0:
+            return 0
+        return min(math.ceil(loss / (PROBE_BUDGET * plain)), PROBE_WAIT_MAX)
 
     def observe_sequence(self, st: SequenceDraft, n_drafted: int, n_accepted: int) -> None:
         """One sequence's step (only steps that drafted say anything about acceptance)."""

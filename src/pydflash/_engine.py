@@ -277,7 +277,7 @@ class Engine:
                 _log.debug("draft-length calibration: %d pass sizes in %.3f s", len(cal.verify_rows), cal.seconds)
             except PyDFlashError as e:  # the guess is corrected online; nothing else depends on it
                 _log.warning("draft-length calibration failed (%s); starting from a guess", e)
-        return DraftPolicy(cost, core.max_draft)
+        return DraftPolicy(cost, core.max_draft, core.draft_pass_rows)
 
     def _step(self, slots: list[_Slot]) -> None:
         core = self._core
@@ -327,7 +327,8 @@ class Engine:
                     self._release(s)
         if policy is not None:
             rows = sum(1 + r.n_drafted for r in results)
-            draft_rows = sum(1 + r.draft_max for r in results if r.draft_max > 0 and r.t_draft_ms > 0)
+            pass_rows = policy.pass_rows
+            draft_rows = sum((pass_rows or 1 + r.draft_max) for r in results if r.draft_max > 0 and r.t_draft_ms > 0)
             t_draft = max(r.t_draft_ms for r in results)
             wall = (time.perf_counter() - t0) * 1e3
             policy.observe_step(rows, results[0].t_verify_ms, draft_rows, t_draft, wall)

@@ -1,0 +1,132 @@
+// Feature injection: the target's layer features of each kept position go into
+// the drafter's cache (its K/V of that position), which the drafter's next
+// block attends to. A step that does not use the drafter (plain decoding, an
+// n-gram or external draft) defers its rows: their features wait in the
+// sequence and are injected in one pass just before the drafter next drafts
+// for it. Features are per position, so this gives the drafter the same cache
+// as injecting every step; a run of plain steps then costs what the target
+// alone costs instead of one small drafter pass each.
+#include <algorithm>
+#include <cstring>
+
+#include "batch.h"
+#include "context_pair.h"
+#include "errors.h"
+#include "llama-ext.h"
+
+namespace pydflash {
+
+size_t ContextPair::feature_width() const {
+    return spec_.target_layer_ids.size() * static_cast<size_t>(spec_.n_embd_target);
+}
+
+void ContextPair::inject(const std::vector<Span>& spans) {
+    // the spans' rows of the last target pass
+    const auto n_ids = spec_.target_layer_ids.size();
+    const size_t n_embd = static_cast<size_t>(spec_.n_embd_target);
+    std::vector<const float*> layers(n_ids);
+    for (size_t k = 0; k < n_ids; ++k) {
+        layers[k] = llama_get_embeddings_layer_inp(ctx_tgt_.get(), static_cast<uint32_t>(spec_.target_layer_ids[k]));
+        if (layers[k] == nullptr) fail_decode("reading target layer features", -1);
+    }
+    inject_rows(spans, [&](size_t, int32_t row, float* dst) {
+        for (size_t k = 0; k < n_ids; ++k) {
+            std::memcpy(dst + k * n_embd, layers[k] + static_cast<size_t>(row) * n_embd, n_embd * sizeof(float));
+        }
+    });
+}
+
+void ContextPair::inject_rows(const std::vector<Span>& spans,
+                              const std::function<void(size_t, int32_t, float*)>& fill) {
+    // into the drafter's cache at the spans' positions, in passes of at most n_ubatch rows
+    const size_t n_enc = feature_width();
+    const auto chunk_max = static_cast<int32_t>(llama_n_ubatch(ctx_dft_.get()));
+    llama_batch_ext* b = batch_dft_.get();
+    int32_t n_chunk = 0;
+    auto flush = [&]() {
+        if (n_chunk == 0) return;
+        const int32_t rc =
+            fault_.fire(FaultSite::DrafterDecode) ? -1 : llama_process(ctx_dft_.get(), LLAMA_PROCESS_TYPE_DECODE, b);
+        if (rc != 0) fail_decode("drafter feature injection", rc);
+        n_chunk = 0;
+    };
+    features_.resize(static_cast<size_t>(chunk_max) * n_enc);
+    const std::vector<llama_pos> first = trim_window(spans);  // positions the drafter's window keeps
+    for (size_t j = 0; j < spans.size(); ++j) {
+        const Span& sp = spans[j];
+        for (int32_t i = first[j] - sp.pos0; i < sp.n; ++i) {
+            if (n_chunk == 0) llama_batch_ext_clear(b);
+            float* dst = features_.data() + static_cast<size_t>(n_chunk) * n_enc;
+            fill(j, sp.row0 + i, dst);
+            const llama_embd e{dst, 1, n_enc};
+            const int32_t idx = llama_batch_ext_add_embd(b, sp.seq, e);
+            if (idx < 0) fail_decode("building the feature batch", idx);
+            const llama_pos p = sp.pos0 + i;
+            const llama_pos p4[4] = {p, p, p, 0};  // M-RoPE drafters read 4 positions per embedding
+            if (!llama_batch_ext_set_pos(b, idx, p4)) fail_decode("setting feature positions", -1);
+            if (++n_chunk == chunk_max) flush();
+        }
+    }
+    flush();
+}
+
+void ContextPair::defer(const std::vector<Span>& spans) {
+    const auto n_ids = spec_.target_layer_ids.size();
+    const size_t n_embd = static_cast<size_t>(spec_.n_embd_target);
+    const size_t n_enc = feature_width();
+    std::vector<const float*> layers(n_ids);
+    for (size_t k = 0; k < n_ids; ++k) {
+        layers[k] = llama_get_embeddings_layer_inp(ctx_tgt_.get(), static_cast<uint32_t>(spec_.target_layer_ids[k]));
+        if (layers[k] == nullptr) fail_decode("reading target layer features", -1);
+    }
+    std::vector<int32_t> full;
+    for (const Span& sp : spans) {
+        Sequence& s = seq_at(sp.seq);
+        if (s.n_deferred > 0 && s.deferred_pos0 + s.n_deferred != sp.pos0) flush_deferred({sp.seq});  // not contiguous
+        if (s.n_deferred == 0) s.deferred_pos0 = sp.pos0;
+        s.deferred.resize((static_cast<size_t>(s.n_deferred) + static_cast<size_t>(sp.n)) * n_enc);
+        for (int32_t i = 0; i < sp.n; ++i) {
+            float* dst = s.deferred.data() + static_cast<size_t>(s.n_deferred + i) * n_enc;
+            const auto row = static_cast<size_t>(sp.row0 + i);
+            for (size_t k = 0; k < n_ids; ++k)
+                std::memcpy(dst + k * n_embd, layers[k] + row * n_embd, n_embd * sizeof(float));
+        }
+        s.n_deferred += sp.n;
+        // bounded: a long run of plain steps is injected in passes of kMaxDeferred rows
+        if (s.n_deferred >= kMaxDeferred) full.push_back(sp.seq);
+    }
+    if (!full.empty()) flush_deferred(full);
+}
+
+void ContextPair::flush_deferred(const std::vector<int32_t>& seqs) {
+    std::vector<Span> spans;
+    std::vector<const Sequence*> from;
+    for (int32_t seq : seqs) {
+        const Sequence& s = seq_at(seq);
+        if (s.n_deferred == 0) continue;
+        spans.push_back({seq, 0, s.n_deferred, s.deferred_pos0});
+        from.push_back(&s);
+    }
+    if (spans.empty()) return;
+    const size_t n_enc = feature_width();
+    inject_rows(spans, [&](size_t j, int32_t row, float* dst) {
+        std::memcpy(dst, from[j]->deferred.data() + static_cast<size_t>(row) * n_enc, n_enc * sizeof(float));
+    });
+    for (int32_t seq : seqs) drop_deferred(seq_at(seq));
+}
+
+void ContextPair::cut_deferred(Sequence& s, llama_pos end) {
+    // positions >= end leave (a prompt-cache cut)
+    const int32_t keep = std::clamp(end - s.deferred_pos0, 0, s.n_deferred);
+    s.n_deferred = keep;
+    s.deferred.resize(static_cast<size_t>(keep) * feature_width());
+    if (keep == 0) drop_deferred(s);
+}
+
+void ContextPair::drop_deferred(Sequence& s) {
+    s.deferred.clear();
+    s.n_deferred = 0;
+    s.deferred_pos0 = 0;
+}
+
+}  // namespace pydflash

@@ -1,0 +1,107 @@
+"""Deferred feature injection: a step that does not use the drafter (plain
+decoding, an n-gram or external draft) keeps its rows' target features and
+injects them just before the drafter next drafts, in one pass. The drafter then
+holds exactly what it would hold had every step injected its rows: its next
+block equals the one drafted after a fresh prefill of the same tokens. Checked
+through the paths that read or cut the drafter's cache: a long run of plain
+steps (injected in passes of at most 64 rows), a drafter window, a slot file
+and the prompt cache."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from pydflash import Llama, testing
+
+TARGET = testing.TargetSpec()
+B8 = testing.DrafterSpec()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("deferred")
+    testing.write_pair(d, TARGET, B8)
+    return d
+
+
+def open_pair(models, **kw) -> Llama:
+    return Llama(models / "tiny-target.gguf", draft=models / "tiny-drafter.gguf", n_ctx=2048, n_threads=1, **kw)
+
+
+def prompt_of(n: int, seed: int = 0) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(2, 300) for _ in range(n)]
+
+
+def fresh_block(pair, tokens: list[int]) -> list[int]:
+    """The drafter's block after a fresh prefill of ``tokens`` (every row injected at once)."""
+    pair.reset()
+    pair.prefill(tokens)
+    return list(pair.step().drafted)
+
+
+@pytest.mark.parametrize("n_plain", [1, 5, 70, 150])  # past 64: injected in passes midway
+@pytest.mark.parametrize("window", [0, 24])
+def test_a_run_of_plain_steps_leaves_the_drafter_as_injecting_every_step(models, n_plain, window):
+    with open_pair(models, draft_window=window, draft_adaptive=False) as llm:
+        pair = llm.pair
+        pair.prefill(prompt_of(40))
+        for _ in range(n_plain):
+            assert pair.step(draft_max=0).n_drafted == 0
+        context = pair.tokens
+        after = list(pair.step().drafted)
+        assert len(after) == B8.block_size - 1
+        assert after == fresh_block(pair, context)
+
+
+def test_external_drafts_defer_too(models):
+    with open_pair(models, draft_adaptive=False) as llm:
+        pair = llm.pair
+        pair.prefill(prompt_of(30, seed=1))
+        for _ in range(6):
+            ref = pair.step(draft_max=0).tokens
+            pair.step(draft=[(ref[-1] + 1) % 300, 5, 6])  # an outside draft, its first token likely rejected
+        context = pair.tokens
+        assert list(pair.step().drafted) == fresh_block(pair, context)
+
+
+def test_a_slot_file_saved_after_plain_steps_holds_every_position(models, tmp_path):
+    with open_pair(models, draft_adaptive=False) as llm:
+        pair = llm.pair
+        pair.prefill(prompt_of(30, seed=2))
+        for _ in range(12):
+            pair.step(draft_max=0)
+        context = pair.tokens
+        llm.save_slot(0, tmp_path / "slot.bin")
+        pair.reset()
+        llm.load_slot(0, tmp_path / "slot.bin")
+        assert pair.tokens == context
+        assert list(pair.step().drafted) == fresh_block(pair, context)
+
+
+def test_the_prompt_cache_cuts_deferred_rows(models):
+    # a new prompt shares the first 45 tokens of a context whose last 20 rows were deferred
+    with open_pair(models, draft_adaptive=False) as llm:
+        pair = llm.pair
+        pair.prefill(prompt_of(35, seed=3))
+        for _ in range(20):
+            pair.step(draft_max=0)
+        new = pair.tokens[:45] + prompt_of(10, seed=4)
+        pair.prefill(new, reuse=True)
+        assert pair.n_cached == 45
+        assert list(pair.step().drafted) == fresh_block(pair, new)
+
+
+def test_greedy_output_with_plain_and_drafting_steps_mixed_is_the_targets(models):
+    rng = random.Random(5)
+    with Llama(models / "tiny-target.gguf", n_ctx=2048, n_threads=1) as target:
+        want = target.generate(prompt_of(50, seed=5), max_tokens=160, ignore_eos=True).tokens
+    with open_pair(models, draft_adaptive=False) as llm:
+        pair = llm.pair
+        pair.prefill(prompt_of(50, seed=5))
+        out: list[int] = []
+        while len(out) < 160:
+            out += pair.step(draft_max=rng.choice([0, 0, 0, 3, 7])).tokens
+        assert out[:160] == want

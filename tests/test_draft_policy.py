@@ -9,6 +9,7 @@ from pydflash._draft_policy import (
     PROBE_BUDGET,
     PROBE_FIRST,
     PROBE_MAX,
+    RECHECK,
     Acceptance,
     Choice,
     CostModel,
@@ -195,10 +196,26 @@ def test_the_cost_model_follows_measured_steps():
     # a slower verification shortens the choice (with the same acceptance)
     p, sts = policy(cost(0.5), acceptance=0.8)
     k_before = p.choose(sts, [MAX_DRAFT], [0])[0]
-    for _ in range(100):
-        p.observe_step(9, 3 * p.cost.verify_ms(9), 0, 0.0, 3 * p.cost.verify_ms(9))
-        p.cost.observe(16, 10.0 + 0.5 * 15 * 4, 0, 0.0, 0.0)  # many rows cost 4x more than calibrated
+    v9, v16 = p.cost.verify_ms(9), p.cost.verify_ms(16)
+    for _ in range(100):  # many rows cost 3-4x more than calibrated
+        p.observe_step(9, 3 * v9, 0, 0.0, 3 * v9)
+        p.cost.observe(16, 4 * v16, 0, 0.0, 0.0)
     assert p.choose(sts, [MAX_DRAFT], [0])[0] <= k_before
+
+
+def test_each_pass_size_learns_its_own_time():
+    # a 1-row pass measured at half its calibrated time (llama.cpp reuses its graph
+    # over a run of plain steps): that size takes its own time; sizes not seen take
+    # their seen neighbours' measured / calibrated ratios, interpolated
+    c = cost(0.5)
+    v1, v3, v5, v9 = (c.verify_ms(r) for r in (1, 3, 5, 9))
+    for _ in range(200):
+        c.observe(1, v1 / 2, 0, 0.0, 0.0)
+    assert c.verify_ms(1) == pytest.approx(v1 / 2, rel=1e-3)
+    assert c.verify_ms(9) == pytest.approx(v9 / 2, rel=1e-3)  # beyond the seen sizes: the nearest's ratio
+    c.observe(5, 2 * v5, 8, 0.2, 0.0)  # a size's first measurement is taken as it is
+    assert c.verify_ms(5) == pytest.approx(2 * v5)
+    assert c.verify_ms(3) == pytest.approx(v3 * (0.5 + 0.5 * (2 - 0.5)), rel=1e-3)  # halfway between 1 and 5
 
 
 def test_cost_tables_interpolate_and_never_decrease():
@@ -242,3 +259,19 @@ def test_the_drafter_pass_costs_its_whole_block():
     assert whole == 0 or whole > by_k  # paying for 16 rows anyway: none, or a longer draft
     p = DraftPolicy(c, MAX_DRAFT, pass_rows=MAX_DRAFT + 1)
     assert p.pass_rows == MAX_DRAFT + 1
+
+
+def test_a_lone_sequence_that_is_off_still_forgets_every_step():
+    # between checks (every RECHECK steps) the choice is not weighed again, but the
+    # estimate's drift toward the pair's counts every step off, the probe's included
+    p, sts = policy(cost(0.5), acceptance=0.02)
+    st = sts[0]
+    ref = Acceptance(MAX_DRAFT, p.pooled)
+    ref._hit, ref._try = list(st.acceptance._hit), list(st.acceptance._try)
+    n_off = 0
+    while p.choose(sts, [MAX_DRAFT], [0])[0] == 0:
+        n_off += 1
+        assert n_off < 2000
+    assert st.probing and n_off >= RECHECK
+    ref.forget(n_off + 1)
+    assert st.acceptance.conditional() == pytest.approx(ref.conditional(), rel=1e-9)

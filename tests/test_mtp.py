@@ -245,3 +245,17 @@ def test_the_server_reports_mtp_drafts_as_their_own_source(models):
     assert source["draft_n"] == out["timings"]["draft_n"] > 0
     assert m['pydflash_draft_tokens_by_source_total{source="draft-mtp"}'] == source["draft_n"]
     assert m['pydflash_draft_tokens_accepted_by_source_total{source="draft-mtp"}'] == source["draft_n_accepted"]
+
+
+def test_the_adaptive_length_chooses_mtp_drafts_losslessly(models, references):
+    # draft_max None: the head's length is llama.cpp's default (3) and each step
+    # drafts 0 (plain decoding) to 3 of it, chosen as for a drafter
+    with Llama(models / "qwen35.gguf", speculative=["draft-mtp"], n_ctx=512, n_threads=T1) as llm:
+        assert llm.pair.max_draft == 3 and llm.pair.draft_pass_rows == 0  # the head's cost follows k
+        lengths = []
+        for p in PROMPTS:
+            res = llm.generate(p, max_tokens=N, ignore_eos=True)
+            assert res.tokens == references["qwen35", p]
+            lengths += res.stats.draft_lengths
+            assert all(s.n_drafted <= s.draft_max <= 3 for s in res.stats.steps)
+        assert max(lengths) > 0  # it drafted (the prior acceptance says drafting pays at first)

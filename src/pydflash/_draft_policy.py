@@ -63,6 +63,7 @@ PROBE_FIRST = 4  # steps off before the first probe
 PROBE_MAX = 64  # the longest doubling wait between probes (a costly probe waits longer)
 PROBE_BUDGET = 0.02  # probes cost at most this share of the time (their expected loss)
 PROBE_WAIT_MAX = 1024  # the longest wait between probes, whatever they cost
+RECHECK = 4  # a lone sequence that is off weighs drafting again every this many steps
 COST_ALPHA = 0.1  # weight of each step's timings in the online cost correction
 
 
@@ -133,6 +134,11 @@ class CostModel:
         self.draft_scale = 1.0
         self.overhead_ms = overhead_ms
         self.plain_overhead_ms = 0.0
+        # per row count once seen, measured / calibrated (a run of one size reuses
+        # llama.cpp's graph, a change of size rebuilds it: no one scale fits every size);
+        # an unseen size takes its seen neighbours' ratios, interpolated
+        self._ratio: dict[int, float] = {}
+        self._sizes: list[int] = []  # the keys of _ratio, sorted
 
     @classmethod
     def from_calibration(cls, cal: Calibration, max_rows: int) -> CostModel:
@@ -151,7 +157,23 @@ class CostModel:
         return table[self.max_rows] + slope * (rows - self.max_rows)
 
     def verify_ms(self, rows: int) -> float:
-        return self._at(self._v, rows) * self.verify_scale
+        return self._at(self._v, rows) * self._verify_ratio(rows)
+
+    def _verify_ratio(self, rows: int) -> float:
+        r = self._ratio.get(rows)
+        if r is not None:
+            return r
+        sizes = self._sizes
+        if not sizes:
+            return self.verify_scale
+        i = bisect.bisect_left(sizes, rows)
+        if i == 0:
+            return self._ratio[sizes[0]]
+        if i == len(sizes):
+            return self._ratio[sizes[-1]]
+        lo, hi = sizes[i - 1], sizes[i]
+        f = (rows - lo) / (hi - lo)
+        return self._ratio[lo] + f * (self._ratio[hi] - self._ratio[lo])
 
     def draft_ms(self, rows: int) -> float:
         """The drafter pass over ``rows`` block rows (0: no pass)."""
@@ -168,7 +190,14 @@ class CostModel:
         a = COST_ALPHA
         base = self._at(self._v, rows)
         if base > 0 and verify_ms > 0:
-            self.verify_scale += a * (verify_ms / base - self.verify_scale)
+            ratio = verify_ms / base
+            self.verify_scale += a * (ratio - self.verify_scale)
+            seen = self._ratio.get(rows)
+            if seen is None:
+                bisect.insort(self._sizes, rows)
+                self._ratio[rows] = ratio
+            else:
+                self._ratio[rows] = seen + a * (ratio - seen)
         base = self._at(self._d, draft_rows)
         if draft_rows > 0 and base > 0 and draft_ms > 0:
             self.draft_scale += a * (draft_ms / base - self.draft_scale)
@@ -200,10 +229,11 @@ class Acceptance:
             self._hit[i] = self._hit[i] * d + (weight if i < n_accepted else 0.0)
             self._try[i] = self._try[i] * d + weight
 
-    def forget(self) -> None:
-        """A step without news (not drafted): what was seen weighs less, the prior more."""
-        self._hit = [h * self.decay for h in self._hit]
-        self._try = [t * self.decay for t in self._try]
+    def forget(self, steps: int = 1) -> None:
+        """Steps without news (not drafted): what was seen weighs less, the prior more."""
+        d = self.decay**steps
+        self._hit = [h * d for h in self._hit]
+        self._try = [t * d for t in self._try]
 
     def conditional(self) -> list[float]:
         """c_1..c_n: each position's weighted rate shrunk toward its prior (an untried
@@ -298,6 +328,7 @@ class SequenceDraft:
     off_steps: int = 0  # steps in a row chosen 0 (not probing)
     probe_wait: int = PROBE_FIRST  # off steps before the next probe (doubling while probes fail)
     spacing: int = 0  # ... and at least this many: what keeps probes within PROBE_BUDGET
+    unforgotten: int = 0  # off steps skipped between checks whose forget() is still due
     probing: bool = False  # this step is a probe
 
 
@@ -318,6 +349,14 @@ class DraftPolicy:
     def choose(self, states: Sequence[SequenceDraft | None], caps: Sequence[int], floors: Sequence[int]) -> list[int]:
         """This step's length per sequence. ``states[i]`` None: pinned to ``caps[i]``;
         otherwise chosen in 0..caps[i] (a length under ``floors[i]``, draft_min, is 0)."""
+        lone = states[0] if len(states) == 1 else None
+        if lone is not None and lone.off_steps % RECHECK and lone.off_steps + 1 < max(lone.probe_wait, lone.spacing):
+            # off, alone, between checks, no probe due: only its estimate's drift toward
+            # the pair's could bring drafting back, weighed every RECHECK steps (a plain
+            # step of a small model takes ~0.2 ms, the choice ~0.02)
+            lone.off_steps += 1
+            lone.unforgotten += 1
+            return [0]
         choices: list[Choice] = []
         pooled: list[float] | None = None
         for st, cap, lo in zip(states, caps, floors, strict=True):
@@ -326,6 +365,9 @@ class DraftPolicy:
                 pooled = pooled or self.pooled.conditional()
                 choices.append(Choice(_gains(pooled, cap), 0, cap, pinned=cap))
             else:
+                if st.unforgotten:
+                    st.acceptance.forget(st.unforgotten)
+                    st.unforgotten = 0
                 choices.append(Choice(_gains(st.acceptance.conditional(), cap), lo, cap))
         ks = choose_lengths(self.cost, choices, self.pass_rows)
         for i, (st, c) in enumerate(zip(states, choices, strict=True)):

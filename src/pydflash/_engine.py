@@ -267,7 +267,8 @@ class Engine:
         """The adaptive draft length's policy, its costs timed on an empty slot
         (a guess, corrected online, when every slot holds a cached prompt)."""
         core = self._core
-        max_rows = max(1, min(core.n_seq * core.block_size, core.n_batch, core.n_ctx_seq))
+        block = core.block_size or core.max_draft + 1  # an MTP head has no block: its longest draft + 1
+        max_rows = max(1, min(core.n_seq * block, core.n_batch, core.n_ctx_seq))
         empty = [s.seq for s in self._slots if not s.reserved and not core.tokens(s.seq)]
         cost = CostModel.uncalibrated(max_rows)
         if empty:

@@ -144,7 +144,7 @@ class Generation:
         # reproduce: its random draws follow the draft lengths, which follow timings
         sampled_with_seed = config.temperature > 0 and config.top_k != 1 and seed >= 0
         self.adaptive = (
-            pair.has_drafter
+            (pair.has_drafter or pair.drafter_kind == "mtp")
             and config.draft_max is None
             and host.config.draft_max is None
             and host.config.draft_adaptive

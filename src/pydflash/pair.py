@@ -227,6 +227,12 @@ class ContextPair:
         return self._core.default_draft_max
 
     @property
+    def draft_pass_rows(self) -> int:
+        """Rows of one sequence's drafter pass, whatever a step keeps of the block
+        (0: no pass of fixed size, as an MTP head drafts token by token)."""
+        return self._core.draft_pass_rows
+
+    @property
     def draft_window(self) -> int:
         """Positions before a block whose features the drafter sees (its window:
         ``draft_window`` or the drafter's own sliding window); 0: the whole context."""

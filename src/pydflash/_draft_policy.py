@@ -113,8 +113,11 @@ class CostModel:
     """Milliseconds of one step: ``verify_ms(rows) + draft_ms(drafter rows)`` plus
     the overhead of a step with a drafter pass (``overhead_ms``) or without one
     (``plain_overhead_ms``). Built from timed pass sizes (``from_calibration``);
-    ``observe`` scales it by what steps actually took. The plain overhead starts
-    at 0 (optimistic: the first plain step measures it)."""
+    ``observe`` scales it by what steps actually took: each overhead is a running
+    average from 0 (optimistic, so both kinds of step are tried), each pass size's
+    measured / calibrated ratio a running average from 1 (the calibration times
+    each size as a run of that size; one slow pass, such as the first after a
+    change of size, moves it a tenth of the way)."""
 
     def __init__(
         self,
@@ -195,9 +198,8 @@ class CostModel:
             seen = self._ratio.get(rows)
             if seen is None:
                 bisect.insort(self._sizes, rows)
-                self._ratio[rows] = ratio
-            else:
-                self._ratio[rows] = seen + a * (ratio - seen)
+                seen = 1.0
+            self._ratio[rows] = seen + a * (ratio - seen)
         base = self._at(self._d, draft_rows)
         if draft_rows > 0 and base > 0 and draft_ms > 0:
             self.draft_scale += a * (draft_ms / base - self.draft_scale)

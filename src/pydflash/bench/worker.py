@@ -38,6 +38,10 @@ def pydflash_engine(a: argparse.Namespace) -> tuple[Callable[[Request], Reply], 
 
     # an MTP head's draft length is fixed when the pair is made: remade for another one
     mtp = "draft-mtp" in (a.spec_type or "").split(",")
+    # n-gram tables (ngram-mod's above all) outlive a generation: a pair is remade per run
+    # so each starts cold, as llama.cpp's loop does per prompt (a repeated prompt would
+    # otherwise be drafted whole from the last run's table)
+    ngram = any(t.startswith("ngram") for t in (a.spec_type or "").split(","))
 
     def make(draft_max: int | None) -> Llama:
         return Llama(
@@ -72,9 +76,9 @@ def pydflash_engine(a: argparse.Namespace) -> tuple[Callable[[Request], Reply], 
         nonlocal llm
         prompt = llm.tokenize(req["text"])
         dm = req.get("draft_max") if a.draft or a.spec_type else 0  # None: the adaptive draft length
-        if mtp and dm is not None and dm != llm.pair.max_draft:
+        if ngram or (mtp and dm is not None and dm != llm.pair.max_draft):
             llm.close()
-            llm = make(dm)
+            llm = make(dm if mtp else None)
         # a cold prefill every time, as the other engines do (repeats reuse prompts)
         res = llm.generate(prompt, max_tokens=req["osl"], ignore_eos=True, draft_max=dm, cache_prompt=False)
         s = res.stats

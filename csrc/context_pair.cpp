@@ -235,9 +235,7 @@ Sequence& ContextPair::seq_at(int32_t seq) {
 namespace {
 
 void forget(Sequence& s) {
-    s.deferred.clear();
-    s.n_deferred = 0;
-    s.deferred_pos0 = 0;
+    s.drop_deferred();
     s.pending.reset();
     s.history.clear();
     s.prompt.clear();

@@ -85,6 +85,11 @@ struct Sequence {
     std::vector<float> deferred;
     llama_pos deferred_pos0 = 0;
     int32_t n_deferred = 0;
+    void drop_deferred() {
+        deferred.clear();
+        deferred_pos0 = 0;
+        n_deferred = 0;
+    }
 };
 
 class ContextPair {
@@ -253,9 +258,9 @@ private:
     void defer(const std::vector<Span>& spans);
     void flush_deferred(const std::vector<int32_t>& seqs);
     void cut_deferred(Sequence& s, llama_pos end);  // a prompt-cache cut: positions >= end leave
-    static void drop_deferred(Sequence& s);
-    size_t feature_width() const;                // floats per injected row
-    static constexpr int32_t kMaxDeferred = 64;  // rows a sequence defers at most (then injected)
+    std::vector<const float*> target_features();    // per layer id: the last target pass's rows
+    size_t feature_width() const;                   // floats per injected row
+    static constexpr int32_t kMaxDeferred = 64;     // rows a sequence defers at most (then injected)
     // the drafter's window (draft_window.cpp): checks draft_window and sets window_ / view_
     void configure_window();
     uint32_t drafter_n_ctx(uint32_t full) const;  // the drafter context's size under the ring

@@ -20,20 +20,32 @@ size_t ContextPair::feature_width() const {
     return spec_.target_layer_ids.size() * static_cast<size_t>(spec_.n_embd_target);
 }
 
+std::vector<const float*> ContextPair::target_features() {
+    std::vector<const float*> layers;
+    for (int32_t id : spec_.target_layer_ids) {
+        layers.push_back(llama_get_embeddings_layer_inp(ctx_tgt_.get(), static_cast<uint32_t>(id)));
+        if (layers.back() == nullptr) fail_decode("reading target layer features", -1);
+    }
+    return layers;
+}
+
+namespace {
+
+// one row's features, layer after layer, as the drafter's fc reads them
+void pack_row(const std::vector<const float*>& layers, size_t n_embd, size_t row, float* dst) {
+    for (size_t k = 0; k < layers.size(); ++k) {
+        std::memcpy(dst + k * n_embd, layers[k] + row * n_embd, n_embd * sizeof(float));
+    }
+}
+
+}  // namespace
+
 void ContextPair::inject(const std::vector<Span>& spans) {
     // the spans' rows of the last target pass
-    const auto n_ids = spec_.target_layer_ids.size();
-    const size_t n_embd = static_cast<size_t>(spec_.n_embd_target);
-    std::vector<const float*> layers(n_ids);
-    for (size_t k = 0; k < n_ids; ++k) {
-        layers[k] = llama_get_embeddings_layer_inp(ctx_tgt_.get(), static_cast<uint32_t>(spec_.target_layer_ids[k]));
-        if (layers[k] == nullptr) fail_decode("reading target layer features", -1);
-    }
-    inject_rows(spans, [&](size_t, int32_t row, float* dst) {
-        for (size_t k = 0; k < n_ids; ++k) {
-            std::memcpy(dst + k * n_embd, layers[k] + static_cast<size_t>(row) * n_embd, n_embd * sizeof(float));
-        }
-    });
+    const std::vector<const float*> layers = target_features();
+    const auto n_embd = static_cast<size_t>(spec_.n_embd_target);
+    inject_rows(spans,
+                [&](size_t, int32_t row, float* dst) { pack_row(layers, n_embd, static_cast<size_t>(row), dst); });
 }
 
 void ContextPair::inject_rows(const std::vector<Span>& spans,
@@ -71,14 +83,9 @@ void ContextPair::inject_rows(const std::vector<Span>& spans,
 }
 
 void ContextPair::defer(const std::vector<Span>& spans) {
-    const auto n_ids = spec_.target_layer_ids.size();
-    const size_t n_embd = static_cast<size_t>(spec_.n_embd_target);
+    const std::vector<const float*> layers = target_features();
+    const auto n_embd = static_cast<size_t>(spec_.n_embd_target);
     const size_t n_enc = feature_width();
-    std::vector<const float*> layers(n_ids);
-    for (size_t k = 0; k < n_ids; ++k) {
-        layers[k] = llama_get_embeddings_layer_inp(ctx_tgt_.get(), static_cast<uint32_t>(spec_.target_layer_ids[k]));
-        if (layers[k] == nullptr) fail_decode("reading target layer features", -1);
-    }
     std::vector<int32_t> full;
     for (const Span& sp : spans) {
         Sequence& s = seq_at(sp.seq);
@@ -86,10 +93,8 @@ void ContextPair::defer(const std::vector<Span>& spans) {
         if (s.n_deferred == 0) s.deferred_pos0 = sp.pos0;
         s.deferred.resize((static_cast<size_t>(s.n_deferred) + static_cast<size_t>(sp.n)) * n_enc);
         for (int32_t i = 0; i < sp.n; ++i) {
-            float* dst = s.deferred.data() + static_cast<size_t>(s.n_deferred + i) * n_enc;
-            const auto row = static_cast<size_t>(sp.row0 + i);
-            for (size_t k = 0; k < n_ids; ++k)
-                std::memcpy(dst + k * n_embd, layers[k] + row * n_embd, n_embd * sizeof(float));
+            pack_row(layers, n_embd, static_cast<size_t>(sp.row0 + i),
+                     s.deferred.data() + static_cast<size_t>(s.n_deferred + i) * n_enc);
         }
         s.n_deferred += sp.n;
         // bounded: a long run of plain steps is injected in passes of kMaxDeferred rows
@@ -112,7 +117,7 @@ void ContextPair::flush_deferred(const std::vector<int32_t>& seqs) {
     inject_rows(spans, [&](size_t j, int32_t row, float* dst) {
         std::memcpy(dst, from[j]->deferred.data() + static_cast<size_t>(row) * n_enc, n_enc * sizeof(float));
     });
-    for (int32_t seq : seqs) drop_deferred(seq_at(seq));
+    for (int32_t seq : seqs) seq_at(seq).drop_deferred();
 }
 
 void ContextPair::cut_deferred(Sequence& s, llama_pos end) {
@@ -120,13 +125,7 @@ void ContextPair::cut_deferred(Sequence& s, llama_pos end) {
     const int32_t keep = std::clamp(end - s.deferred_pos0, 0, s.n_deferred);
     s.n_deferred = keep;
     s.deferred.resize(static_cast<size_t>(keep) * feature_width());
-    if (keep == 0) drop_deferred(s);
-}
-
-void ContextPair::drop_deferred(Sequence& s) {
-    s.deferred.clear();
-    s.n_deferred = 0;
-    s.deferred_pos0 = 0;
+    if (keep == 0) s.drop_deferred();
 }
 
 }  // namespace pydflash

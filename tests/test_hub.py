@@ -60,7 +60,8 @@ def test_from_pretrained_with_globs(hub_cache, baseline):
         path = Path(llm.model_path)
         assert path.parent == hub_cache / "models--tiny-org--tiny-target-GGUF" / "snapshots" / COMMIT_MAIN
         assert path.is_symlink() and path.resolve().parent.name == "blobs"
-        res = llm.generate("x = 1", max_tokens=12, ignore_eos=True)
+        # whole blocks pinned: on a tiny compute-bound pair the adaptive length may draft nothing
+        res = llm.generate("x = 1", max_tokens=12, ignore_eos=True, draft_max=llm.pair.max_draft)
         assert res.tokens == baseline.generate("x = 1", max_tokens=12, ignore_eos=True).tokens
         assert res.stats.n_drafted > 0
 

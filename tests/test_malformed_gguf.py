@@ -233,7 +233,7 @@ def test_a_duplicated_target_layer_is_a_valid_drafter(tmp_path, target_path):
     p = bad_drafter(tmp_path / "dup.gguf", target_layers=(1, 1))
     with Llama(target_path, draft=p, n_ctx=256) as llm:
         assert llm.pair.target_layer_ids == [1, 1]
-        spec = llm.generate("def f():", max_tokens=24, ignore_eos=True)
+        spec = llm.generate("def f():", max_tokens=24, ignore_eos=True, draft_max=llm.pair.max_draft)
         assert spec.tokens == llm.generate("def f():", max_tokens=24, ignore_eos=True, draft_max=0).tokens
         assert spec.stats.n_drafted > 0
 

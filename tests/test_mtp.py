@@ -256,6 +256,6 @@ def test_the_adaptive_length_chooses_mtp_drafts_losslessly(models, references):
         for p in PROMPTS:
             res = llm.generate(p, max_tokens=N, ignore_eos=True)
             assert res.tokens == references["qwen35", p]
-            lengths += res.stats.draft_lengths
+            lengths += res.stats.draft_lengths[:-1]  # the last step has no token left to draft
             assert all(s.n_drafted <= s.draft_max <= 3 for s in res.stats.steps)
-        assert max(lengths) > 0  # it drafted (the prior acceptance says drafting pays at first)
+        assert 0 in lengths  # chosen: a fixed length drafts 3 every step (the random head is mostly rejected)

@@ -108,7 +108,7 @@ def test_lossless_through_an_rpc_server(pair, endpoint):
         ref = local.generate(PROMPT, max_tokens=48, ignore_eos=True).tokens
     with Llama(target, draft=draft, n_ctx=512, rpc_servers=[endpoint], n_gpu_layers=-1) as llm:
         rows = llm.memory().rows
-        spec = llm.generate(PROMPT, max_tokens=48, ignore_eos=True)
+        spec = llm.generate(PROMPT, max_tokens=48, ignore_eos=True, draft_max=llm.pair.max_draft)  # every step drafts
         alone = llm.generate(PROMPT, max_tokens=48, ignore_eos=True, draft_max=0)
     # both models' layers live on the server
     for role in ("target", "drafter"):

@@ -295,8 +295,8 @@ def test_draft_p_min_cuts_unconfident_blocks(spread_pair):
     # the spread drafter is never 90% sure of a token: every block is cut to nothing
     llm, base = spread_pair
     want = base.generate(PROMPT, max_tokens=40, ignore_eos=True).tokens
-    full = llm.generate(PROMPT, max_tokens=40, ignore_eos=True)
-    cut = llm.generate(PROMPT, max_tokens=40, ignore_eos=True, draft_p_min=0.9)
+    full = llm.generate(PROMPT, max_tokens=40, ignore_eos=True, draft_max=llm.pair.max_draft)
+    cut = llm.generate(PROMPT, max_tokens=40, ignore_eos=True, draft_p_min=0.9, draft_max=llm.pair.max_draft)
     assert full.tokens == cut.tokens == want
     assert full.stats.n_drafted > 0 and cut.stats.n_drafted == 0
 

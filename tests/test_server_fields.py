@@ -169,7 +169,9 @@ def test_concurrent_requests_are_served_one_after_the_other(server, local):
     a.join(timeout=300)
     b.join(timeout=300)
     (ta, ra), (tb, rb) = done["a"], done["b"]
-    assert tb >= ta  # B finished after A although it is ~100x shorter
+    # B finished after A although it is ~100x shorter (the client threads note the two
+    # ends within a moment of each other: B's 8 tokens take about a millisecond)
+    assert tb >= ta - 0.002
     assert ra["usage"]["completion_tokens"] == 250 and rb["usage"]["completion_tokens"] == 8
     assert rb["choices"][0]["text"] == local.generate(PROMPT, max_tokens=8, ignore_eos=True).text
     after = metrics(server)

@@ -46,7 +46,8 @@ STACKS = [
 def test_stacks_on_the_embedded_pair_are_lossless(stack, copy_reference):
     target, drafter = pydflash.embedded_pair()
     with Llama(target, draft=drafter, speculative=stack, n_ctx=1024) as llm:
-        res = llm.generate(COPY_PROMPT, max_tokens=200)
+        # pinned: the adaptive length may stop drafting on this compute-bound target
+        res = llm.generate(COPY_PROMPT, max_tokens=200, draft_max=7)
     assert res.tokens == copy_reference
     by = sources(res)
     assert sum(d for d, _ in by.values()) == res.stats.n_drafted
@@ -135,7 +136,8 @@ def test_ngram_drafts_stay_within_the_budget(random_models):
 def test_stream_steps_and_the_step_api_name_their_source(random_models):
     target, drafter = random_models["qwen3"]
     with Llama(target, draft=drafter, speculative=["ngram-mod", "draft-dflash"], ngram=SMALL, n_ctx=512) as llm:
-        steps = list(llm.stream(PROMPTS[1], max_tokens=60, ignore_eos=True))
+        # the drafter's block pinned: the adaptive length may stop the random drafter
+        steps = list(llm.stream(PROMPTS[1], max_tokens=60, ignore_eos=True, draft_max=llm.pair.max_draft))
         assert {s.source for s in steps if s.n_drafted} == {"ngram-mod", "draft-dflash"}
         pair = llm.pair
         pair.prefill(PROMPTS[0])

@@ -49,9 +49,9 @@ def test_adaptive_lengths_follow_acceptance(target_path, model_dir, drafter):
     with Llama(target_path, draft=model_dir / f"drafter-{drafter}.gguf", n_ctx=1024) as llm:
         res = llm.generate(TEXT_PROMPTS[0], max_tokens=N_TOKENS, ignore_eos=True)
     got = lengths(res)
-    assert 0 in got, got
-    assert any(k > 0 for k in got), got
-    assert res.stats.acceptance_rate < 0.5  # the reason it stopped
+    # mostly plain steps (a pair whose calibration finds drafting dear may not draft at all)
+    assert got.count(0) > len(got) // 2, got
+    assert res.stats.n_drafted == 0 or res.stats.acceptance_rate < 0.5  # the reason it stopped
 
 
 def test_adaptive_on_the_embedded_pair_drafts_long_blocks(embedded_dflash, embedded_target):

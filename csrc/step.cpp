@@ -63,7 +63,7 @@ std::vector<StepResult> ContextPair::step_batch(const std::vector<SeqStep>& step
     if (drafter_) {  // features deferred by steps that did not draft, before the drafter reads them
         std::vector<int32_t> drafting;
         for (const Work& w : work) {
-            if (w.k_draft > 0) drafting.push_back(w.seq);
+            if (w.k_draft > 0 && w.s->n_deferred > 0) drafting.push_back(w.seq);
         }
         flush_deferred(drafting);
         t.inject = ms_since(t0);

@@ -5,6 +5,7 @@
 #include "bindings.h"
 #include "devices.h"
 #include "llama.h"
+#include "threads.h"
 
 namespace py = pybind11;
 
@@ -43,6 +44,8 @@ void register_backend(py::module_& m) {
     m.def("serve_rpc", &serve_rpc, py::arg("endpoint"), py::arg("n_threads") = 0, py::arg("cache_dir") = "",
           py::call_guard<py::gil_scoped_release>(),
           "Serve this machine's CPU backend to RPC clients at host:port; never returns.");
+    m.def("release_compute_threads", &release_compute_threads,
+          "Free the calling thread's OpenMP worker pool (ggml's CPU threads); False where ggml runs without libgomp.");
     m.def("system_info", [] {
         ensure_backend();
         return std::string(llama_print_system_info());

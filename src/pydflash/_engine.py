@@ -63,10 +63,15 @@ class Engine:
         self._tick = 0  # iteration count: slots' last use, for LRU
         self._aborting = False  # a cancel interrupted its lone generation's decode
         self._policy: DraftPolicy | None = None  # made (calibrated) before the first adaptive generation
+        self._pooled = False  # this thread computed since it last released its OpenMP pool
 
     # -- any thread --------------------------------------------------------------
 
     def submit(self, gen: Generation) -> None:
+        # the submitting thread now waits on the engine's: an OpenMP pool it holds
+        # from direct pair calls (pair.score on the main thread) would slow every
+        # graph the engine computes (threads.h); it gets a new one if it computes again
+        _core.release_compute_threads()
         with self._cv:
             if self._closed:
                 raise PyDFlashError("this Llama object is closed")
@@ -118,6 +123,7 @@ class Engine:
         try:
             yield
         finally:
+            _core.release_compute_threads()  # a slot save may have run the drafter here
             with self._cv:
                 slot.reserved = False
                 self._cv.notify()
@@ -149,6 +155,11 @@ class Engine:
                 starts = self._admit_locked()
                 if any(s.gen is not None for s in self._slots):
                     break
+                if self._pooled:
+                    # idle: hand back ggml's OpenMP workers (threads.h: a pool another
+                    # Llama or thread would see makes every graph's barriers sleep)
+                    _core.release_compute_threads()
+                    self._pooled = False
                 if not self._cv.wait(timeout=IDLE_EXIT_S) and not self._queue:
                     self._thread = None
                     return False
@@ -157,6 +168,7 @@ class Engine:
                 self._core.clear_interrupt()
                 self._aborting = False
             self._tick += 1
+            self._pooled = True
         if self._policy is None and any(s.gen is not None and s.gen.adaptive for s in starts):
             self._policy = self._make_policy()
         for slot in starts:

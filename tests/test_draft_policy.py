@@ -288,3 +288,34 @@ def test_one_slow_pass_moves_a_size_a_tenth_of_the_way():
     for _ in range(30):
         c.observe(1, v1, 0, 0.0, 0.0)
     assert c.verify_ms(1) == pytest.approx(v1, rel=0.02)
+
+
+def test_short_generations_share_one_probe_clock():
+    # a pair whose drafting does not pay, used for many short generations: each new
+    # generation keeps the last one's probe clock, so probes stay as sparse as in one
+    # long generation instead of coming at least once per generation
+    def probes(gen_len: int, n_gens: int) -> int:
+        p, sts = policy(cost(0.5), acceptance=0.02)
+        p.end_sequence(sts[0])
+        n = 0
+        for _ in range(n_gens):
+            st = p.new_sequence()
+            for _ in range(gen_len):
+                if p.choose([st], [MAX_DRAFT], [0])[0] > 0:
+                    n += 1
+                    p.observe_sequence(st, MAX_DRAFT, 0)
+            p.end_sequence(st)
+        return n
+
+    long_run = probes(3840, 1)
+    assert long_run >= 10
+    assert probes(128, 30) <= long_run + 2  # each generation probing anew: ~1.5x as many
+
+
+def test_a_generation_that_ends_drafting_passes_no_clock():
+    p, sts = policy(cost(0.5), acceptance=0.9)
+    st = sts[0]
+    assert p.choose([st], [MAX_DRAFT], [0])[0] > 0
+    p.end_sequence(st)
+    new = p.new_sequence()
+    assert new.off_steps == 0 and new.probe_wait == PROBE_FIRST

@@ -41,6 +41,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
+import time
 from collections.abc import Sequence
 
 from ._core import Calibration
@@ -63,7 +64,9 @@ PROBE_FIRST = 4  # steps off before the first probe
 PROBE_MAX = 64  # the longest doubling wait between probes (a costly probe waits longer)
 PROBE_BUDGET = 0.02  # probes cost at most this share of the time (their expected loss)
 PROBE_WAIT_MAX = 1024  # the longest wait between probes, whatever they cost
-RECHECK = 4  # a lone sequence that is off weighs drafting again every this many steps
+RECHECK = 4  # a lone sequence that is off weighs drafting again every this many steps at least,
+RECHECK_MAX = 64  # ... at most, and between them as often as CHOICE_BUDGET allows
+CHOICE_BUDGET = 0.01  # the weighing of a lone sequence that is off costs at most this share of its steps
 COST_ALPHA = 0.1  # weight of each step's timings in the online cost correction
 
 
@@ -332,6 +335,7 @@ class SequenceDraft:
     spacing: int = 0  # ... and at least this many: what keeps probes within PROBE_BUDGET
     unforgotten: int = 0  # off steps skipped between checks whose forget() is still due
     probing: bool = False  # this step is a probe
+    weighed: bool = False  # its choice was weighed at least once (a new sequence is, at its first step)
 
 
 class DraftPolicy:
@@ -343,22 +347,53 @@ class DraftPolicy:
         self.max_draft = max_draft
         self.pass_rows = pass_rows  # drafter rows per drafting sequence (0: 1 + k)
         self.pooled = Acceptance(max_draft, PRIOR_ACCEPTANCE, POOLED_DECAY)
+        # steps between weighings of a lone sequence that is off: a full choice takes
+        # ~20 us of Python, 7% of a plain step of a small compute-bound target
+        self.recheck = RECHECK
+        self._clock: tuple[int, int, int] | None = None  # the last ended generation's, when off
 
     def new_sequence(self) -> SequenceDraft:
-        """A generation's state, its prior the pair's running estimate."""
-        return SequenceDraft(Acceptance(self.max_draft, self.pooled))
+        """A generation's state, its prior the pair's running estimate. Where the last
+        generation to end was off, the new one keeps its probe clock (steps off, the
+        wait and spacing of probes): probes stay within PROBE_BUDGET over a run of
+        short generations instead of one or more per generation."""
+        st = SequenceDraft(Acceptance(self.max_draft, self.pooled))
+        if self._clock is not None:
+            st.off_steps, st.probe_wait, st.spacing = self._clock
+        return st
+
+    def end_sequence(self, st: SequenceDraft) -> None:
+        """A generation ended: its probe clock, where it was off, goes to the next."""
+        self._clock = (st.off_steps, st.probe_wait, st.spacing) if st.off_steps > 0 else None
 
     def choose(self, states: Sequence[SequenceDraft | None], caps: Sequence[int], floors: Sequence[int]) -> list[int]:
         """This step's length per sequence. ``states[i]`` None: pinned to ``caps[i]``;
         otherwise chosen in 0..caps[i] (a length under ``floors[i]``, draft_min, is 0)."""
         lone = states[0] if len(states) == 1 else None
-        if lone is not None and lone.off_steps % RECHECK and lone.off_steps + 1 < max(lone.probe_wait, lone.spacing):
-            # off, alone, between checks, no probe due: only its estimate's drift toward
-            # the pair's could bring drafting back, weighed every RECHECK steps (a plain
-            # step of a small model takes ~0.2 ms, the choice ~0.02)
-            lone.off_steps += 1
-            lone.unforgotten += 1
+        if lone is not None and self.skip(lone):
             return [0]
+        t0 = time.perf_counter() if lone is not None else 0.0
+        ks = self._choose(states, caps, floors)
+        if lone is not None and ks[0] == 0 and not lone.probing:
+            # the next weighing waits until this one's time is CHOICE_BUDGET of the plain steps between
+            took = (time.perf_counter() - t0) * 1e3
+            n = math.ceil(took / (CHOICE_BUDGET * max(self.cost.step_ms(1, 0), 1e-6)))
+            self.recheck = min(max(n, RECHECK), RECHECK_MAX)
+        return ks
+
+    def skip(self, st: SequenceDraft) -> bool:
+        """For a sequence stepping alone: True (a plain step, counted) when it is off
+        between weighings with no probe due, which is most steps of a pair whose
+        drafting does not pay: only its estimate's drift toward the pair's could
+        bring drafting back, weighed every ``recheck`` steps. The engine asks this
+        before anything else, so such a step costs about what the target's costs."""
+        if st.weighed and st.off_steps % self.recheck and st.off_steps + 1 < max(st.probe_wait, st.spacing):
+            st.off_steps += 1
+            st.unforgotten += 1
+            return True
+        return False
+
+    def _choose(self, states: Sequence[SequenceDraft | None], caps: Sequence[int], floors: Sequence[int]) -> list[int]:
         choices: list[Choice] = []
         pooled: list[float] | None = None
         for st, cap, lo in zip(states, caps, floors, strict=True):
@@ -375,7 +410,7 @@ class DraftPolicy:
         for i, (st, c) in enumerate(zip(states, choices, strict=True)):
             if st is None or c.hi < max(c.lo, 1):
                 continue
-            st.probing = False
+            st.probing, st.weighed = False, True
             if ks[i] > 0:
                 st.off_steps, st.probe_wait = 0, PROBE_FIRST
                 continue

@@ -190,6 +190,8 @@ class Engine:
         return True
 
     def _release(self, slot: _Slot) -> None:
+        if slot.draft is not None and self._policy is not None:
+            self._policy.end_sequence(slot.draft)
         slot.gen = None
         slot.draft = None
         slot.prefilling = False
@@ -316,7 +318,15 @@ class Engine:
             return
         lengths = asked
         policy = self._policy
-        if policy is not None and any(s.draft is not None for s in stepping):
+        lone = stepping[0].draft if len(stepping) == 1 else None
+        plain = policy is not None and lone is not None and policy.skip(lone)
+        if plain:
+            # alone and off between weighings (most steps where drafting does not pay):
+            # a plain step; only its costs are observed, below, as every step's are (the
+            # weighing steps alone would be a biased sample: the first after a probe
+            # rebuilds llama.cpp's graph)
+            lengths = [0]
+        elif policy is not None and any(s.draft is not None for s in stepping):
             floors = [s.gen.config.draft_min if s.gen is not None else 0 for s in stepping]
             chosen = policy.choose([s.draft for s in stepping], caps, floors)
             lengths = [k if s.draft is not None else a for s, k, a in zip(stepping, chosen, asked, strict=True)]
@@ -329,7 +339,7 @@ class Engine:
             gen = s.gen
             assert gen is not None
             # n-gram drafts say nothing about the drafter's acceptance
-            if policy is not None and s.draft is not None and not r.error and r.source in MODEL_SOURCES:
+            if not plain and policy is not None and s.draft is not None and not r.error and r.source in MODEL_SOURCES:
                 policy.observe_sequence(s.draft, r.n_drafted, r.n_accepted)
             if r.error:
                 gen.fail(GrammarError(r.error))
@@ -338,7 +348,11 @@ class Engine:
             if gen.done:
                 with self._cv:
                     self._release(s)
-        if policy is not None:
+        if plain:
+            assert policy is not None
+            r = results[0]
+            policy.observe_step(1 + r.n_drafted, r.t_verify_ms, 0, 0.0, (time.perf_counter() - t0) * 1e3)
+        elif policy is not None:
             rows = sum(1 + r.n_drafted for r in results)
             pass_rows = policy.pass_rows
             draft_rows = sum((pass_rows or 1 + r.draft_max) for r in results if r.draft_max > 0 and r.t_draft_ms > 0)

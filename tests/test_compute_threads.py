@@ -57,11 +57,11 @@ def test_an_idle_engine_holds_no_openmp_workers(target_path: Path, lingering_eng
         if native_threads() == base:
             pytest.skip("ggml computes without an OpenMP pool in this build")
         _core.release_compute_threads()
-        assert native_threads() == base
+        assert native_threads() <= base
         out = llm.generate("def f(x):", max_tokens=8, ignore_eos=True)
         assert len(out.tokens) == 8
         assert [t.name for t in threading.enumerate()].count("pydflash-engine") >= 1  # alive, idle
-        assert settles_to(base) == base
+        assert settles_to(base) <= base
 
 
 def test_submitting_a_generation_frees_the_callers_workers(target_path: Path, lingering_engines: None, base: int):
@@ -70,7 +70,7 @@ def test_submitting_a_generation_frees_the_callers_workers(target_path: Path, li
         if native_threads() == base:
             pytest.skip("ggml computes without an OpenMP pool in this build")
         llm.generate("import os", max_tokens=4, ignore_eos=True)
-        assert settles_to(base) == base  # neither the main thread's pool nor the engine's
+        assert settles_to(base) <= base  # neither the main thread's pool nor the engine's
 
 
 def test_two_llamas_used_in_turn_leave_no_workers(
@@ -83,4 +83,4 @@ def test_two_llamas_used_in_turn_leave_no_workers(
         for i in range(3):
             for llm in (a, b):
                 llm.generate(f"x = {i}", max_tokens=6, ignore_eos=True)
-                assert settles_to(base) == base
+                assert settles_to(base) <= base

@@ -291,11 +291,13 @@ def test_one_slow_pass_moves_a_size_a_tenth_of_the_way():
 
 
 def test_short_generations_share_one_probe_clock():
-    # a pair whose drafting does not pay, used for many short generations: each new
-    # generation keeps the last one's probe clock, so probes stay as sparse as in one
-    # long generation instead of coming at least once per generation
-    def probes(gen_len: int, n_gens: int) -> int:
-        p, sts = policy(cost(0.5), acceptance=0.02)
+    # a pair whose probes are dear (a compute-bound target: 8 rows cost 4.5x one) and
+    # whose drafting does not pay, used for many short generations: each new one keeps
+    # the last one's count of steps off and probe spacing, so it probes as in one long
+    # generation (before, a generation shorter than the spacing never probed: a pair
+    # that had stopped drafting could not find out that it should start again)
+    def probes(c: CostModel, gen_len: int, n_gens: int) -> int:
+        p, sts = policy(c, acceptance=0.02)
         p.end_sequence(sts[0])
         n = 0
         for _ in range(n_gens):
@@ -307,9 +309,20 @@ def test_short_generations_share_one_probe_clock():
             p.end_sequence(st)
         return n
 
-    long_run = probes(3840, 1)
+    dear = cost(5.0)
+    long_run = probes(dear, 3840, 1)
     assert long_run >= 10
-    assert probes(128, 30) <= long_run + 2  # each generation probing anew: ~1.5x as many
+    assert long_run - 2 <= probes(dear, 128, 30) <= long_run + 2
+    # cheap probes (a memory-bound target): a new prompt is probed soon, as in a new pair
+    p, sts = policy(cost(0.05), acceptance=0.02)
+    for _ in range(300):
+        if p.choose(sts, [MAX_DRAFT], [0])[0] > 0:
+            p.observe_sequence(sts[0], MAX_DRAFT, 0)
+    assert sts[0].probe_wait == PROBE_MAX
+    p.end_sequence(sts[0])
+    st = p.new_sequence()
+    first = next(i for i in range(100) if p.choose([st], [MAX_DRAFT], [0])[0] > 0)
+    assert first < PROBE_MAX // 2
 
 
 def test_a_generation_that_ends_drafting_passes_no_clock():

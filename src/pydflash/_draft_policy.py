@@ -350,21 +350,23 @@ class DraftPolicy:
         # steps between weighings of a lone sequence that is off: a full choice takes
         # ~20 us of Python, 7% of a plain step of a small compute-bound target
         self.recheck = RECHECK
-        self._clock: tuple[int, int, int] | None = None  # the last ended generation's, when off
+        self._clock: tuple[int, int] | None = None  # the last ended generation's steps off and spacing
 
     def new_sequence(self) -> SequenceDraft:
         """A generation's state, its prior the pair's running estimate. Where the last
-        generation to end was off, the new one keeps its probe clock (steps off, the
-        wait and spacing of probes): probes stay within PROBE_BUDGET over a run of
-        short generations instead of one or more per generation."""
+        generation to end was off, the new one keeps its count of steps off and the
+        spacing that keeps probes within PROBE_BUDGET (costly probes stay that sparse
+        over a run of short generations instead of coming once per generation); the
+        doubling wait starts anew (a new prompt may draft better: cheap probes come
+        soon)."""
         st = SequenceDraft(Acceptance(self.max_draft, self.pooled))
         if self._clock is not None:
-            st.off_steps, st.probe_wait, st.spacing = self._clock
+            st.off_steps, st.spacing = self._clock
         return st
 
     def end_sequence(self, st: SequenceDraft) -> None:
         """A generation ended: its probe clock, where it was off, goes to the next."""
-        self._clock = (st.off_steps, st.probe_wait, st.spacing) if st.off_steps > 0 else None
+        self._clock = (st.off_steps, st.spacing) if st.off_steps > 0 else None
 
     def choose(self, states: Sequence[SequenceDraft | None], caps: Sequence[int], floors: Sequence[int]) -> list[int]:
         """This step's length per sequence. ``states[i]`` None: pinned to ``caps[i]``;

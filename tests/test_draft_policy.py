@@ -332,3 +332,31 @@ def test_a_generation_that_ends_drafting_passes_no_clock():
     p.end_sequence(st)
     new = p.new_sequence()
     assert new.off_steps == 0 and new.probe_wait == PROBE_FIRST
+
+
+def test_drafting_that_realizes_less_than_plain_steps_stops():
+    # the model expects drafting to pay (cheap verification, high acceptance), but a
+    # lone sequence's drafting steps gave fewer tokens per ms than its plain steps (a
+    # compute-bound target, costs the calibration missed): it goes off, and probes on
+    p, sts = policy(cost(0.05), acceptance=0.8)
+    assert p.choose(sts, [MAX_DRAFT], [0])[0] > 0
+    for _ in range(5):
+        p.observe_lone(1, False, 1.0)  # plain: 1 token per ms
+        p.observe_lone(4, True, 5.0)  # drafting: 0.8 tokens per ms
+    assert p.drafting_loses()
+    ks = [p.choose(sts, [MAX_DRAFT], [0])[0] for _ in range(200)]
+    assert ks[0] == 0
+    assert any(k > 0 for k in ks) and all(k in (0, MAX_DRAFT) for k in ks)  # probes only
+    # probes that realize more than plain steps bring drafting back
+    for _ in range(5):
+        p.observe_lone(6, True, 2.0)
+    assert not p.drafting_loses()
+    assert any(p.choose(sts, [MAX_DRAFT], [0])[0] > 0 for _ in range(RECHECK))  # at its next weighing
+
+
+def test_realized_rates_need_both_kinds_of_step():
+    p, sts = policy(cost(0.05), acceptance=0.8)
+    for _ in range(10):
+        p.observe_lone(1, True, 10.0)  # drafting only (a pair that always drafts)
+    assert not p.drafting_loses()
+    assert p.choose(sts, [MAX_DRAFT], [0])[0] > 0

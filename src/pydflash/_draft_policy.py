@@ -50,6 +50,7 @@ __all__ = [
     "Acceptance",
     "CostModel",
     "DraftPolicy",
+    "Rate",
     "SequenceDraft",
     "choose_lengths",
     "expected_tokens",
@@ -68,6 +69,9 @@ RECHECK = 4  # a lone sequence that is off weighs drafting again every this many
 RECHECK_MAX = 64  # ... at most, and between them as often as CHOICE_BUDGET allows
 CHOICE_BUDGET = 0.01  # the weighing of a lone sequence that is off costs at most this share of its steps
 COST_ALPHA = 0.1  # weight of each step's timings in the online cost correction
+PLAIN_RATE_DECAY = 0.95  # a lone sequence's realized tokens per ms: plain steps, about the last 20
+DRAFT_RATE_DECAY = 0.8  # ... drafting steps, about the last 5 (rare where drafting does not pay)
+RATE_MIN = 3.0  # weight of each kind seen before the realized rates may overrule the model
 
 
 def expected_tokens(c: Sequence[float], k: int) -> float:
@@ -256,6 +260,25 @@ class Acceptance:
         return (self._hit[0] + PRIOR_WEIGHT * prior) / (self._try[0] + PRIOR_WEIGHT) if self.n else prior
 
 
+class Rate:
+    """Tokens per ms, exponentially weighted over observed steps."""
+
+    __slots__ = ("decay", "ms", "n", "tokens")
+
+    def __init__(self, decay: float):
+        self.decay = decay
+        self.tokens = self.ms = self.n = 0.0
+
+    def observe(self, tokens: int, ms: float) -> None:
+        d = self.decay
+        self.tokens = self.tokens * d + tokens
+        self.ms = self.ms * d + ms
+        self.n = self.n * d + 1.0
+
+    def value(self) -> float:
+        return self.tokens / self.ms if self.ms > 0 else 0.0
+
+
 @dataclasses.dataclass
 class Choice:
     """One sequence's part of a joint choice: its allowed lengths and gains."""
@@ -351,6 +374,10 @@ class DraftPolicy:
         # ~20 us of Python, 7% of a plain step of a small compute-bound target
         self.recheck = RECHECK
         self._clock: tuple[int, int] | None = None  # the last ended generation's steps off and spacing
+        # what a lone sequence's plain and drafting steps realized (observe_lone): the
+        # check on the model where one sequence has the pair
+        self.plain_rate = Rate(PLAIN_RATE_DECAY)
+        self.draft_rate = Rate(DRAFT_RATE_DECAY)
 
     def new_sequence(self) -> SequenceDraft:
         """A generation's state, its prior the pair's running estimate. Where the last
@@ -409,6 +436,8 @@ class DraftPolicy:
                     st.unforgotten = 0
                 choices.append(Choice(_gains(st.acceptance.conditional(), cap), lo, cap))
         ks = choose_lengths(self.cost, choices, self.pass_rows)
+        if len(ks) == 1 and ks[0] > 0 and states[0] is not None and self.drafting_loses():
+            ks[0] = 0  # the model says drafting pays, what it realized says not: off (probes go on)
         for i, (st, c) in enumerate(zip(states, choices, strict=True)):
             if st is None or c.hi < max(c.lo, 1):
                 continue
@@ -433,6 +462,10 @@ class DraftPolicy:
         plain = max(self.cost.step_ms(1, 0), 1e-9)
         probe = self.cost.step_ms(1 + c.hi, self.pass_rows or 1 + c.hi)
         loss = probe - c.gains[min(c.hi, len(c.gains) - 1)] * plain
+        d, p = self.draft_rate, self.plain_rate
+        if d.n >= RATE_MIN and p.n >= RATE_MIN and p.value() > 0:
+            # what drafting realized lately, where it is worse than the estimates
+            loss = max(loss, probe * (1.0 - d.value() / p.value()))
         if loss <= 0:
             return 0
         return min(math.ceil(loss / (PROBE_BUDGET * plain)), PROBE_WAIT_MAX)
@@ -443,6 +476,19 @@ class DraftPolicy:
             return
         st.acceptance.observe(n_drafted, n_accepted, PROBE_WEIGHT if st.probing else 1.0)
         self.pooled.observe(n_drafted, n_accepted)
+
+    def observe_lone(self, tokens: int, drafted: bool, wall_ms: float) -> None:
+        """A step of one sequence alone: the tokens it gave and its wall time, as a
+        plain or a drafting step."""
+        (self.draft_rate if drafted else self.plain_rate).observe(tokens, wall_ms)
+
+    def drafting_loses(self) -> bool:
+        """A lone sequence's recent drafting steps gave fewer tokens per ms than its
+        plain steps: drafting does not pay, whatever the model expects (on a
+        compute-bound target even a whole accepted block can cost more than the
+        plain steps it replaces; the model's costs and acceptance are estimates)."""
+        d, p = self.draft_rate, self.plain_rate
+        return d.n >= RATE_MIN and p.n >= RATE_MIN and d.value() < p.value()
 
     def observe_step(self, rows: int, verify_ms: float, draft_rows: int, draft_ms: float, wall_ms: float) -> None:
         """The shared passes of one step and its wall time (the rest is overhead)."""

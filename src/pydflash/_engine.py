@@ -351,7 +351,9 @@ class Engine:
         if plain:
             assert policy is not None
             r = results[0]
-            policy.observe_step(1 + r.n_drafted, r.t_verify_ms, 0, 0.0, (time.perf_counter() - t0) * 1e3)
+            wall = (time.perf_counter() - t0) * 1e3
+            policy.observe_step(1 + r.n_drafted, r.t_verify_ms, 0, 0.0, wall)
+            policy.observe_lone(len(r.tokens), False, wall)
         elif policy is not None:
             rows = sum(1 + r.n_drafted for r in results)
             pass_rows = policy.pass_rows
@@ -359,6 +361,9 @@ class Engine:
             t_draft = max(r.t_draft_ms for r in results)
             wall = (time.perf_counter() - t0) * 1e3
             policy.observe_step(rows, results[0].t_verify_ms, draft_rows, t_draft, wall)
+            r = results[0]
+            if lone is not None and not r.error and r.source in MODEL_SOURCES:
+                policy.observe_lone(len(r.tokens), r.draft_max > 0, wall)
 
 
 MODEL_SOURCES = ("draft-dflash", "draft-dspark", "draft-mtp", "")  # "": nothing drafted this step

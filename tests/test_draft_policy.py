@@ -340,7 +340,7 @@ def test_drafting_that_realizes_less_than_plain_steps_stops():
     # compute-bound target, costs the calibration missed): it goes off, and probes on
     p, sts = policy(cost(0.05), acceptance=0.8)
     assert p.choose(sts, [MAX_DRAFT], [0])[0] > 0
-    for _ in range(5):
+    for _ in range(10):
         p.observe_lone(1, False, 1.0)  # plain: 1 token per ms
         p.observe_lone(4, True, 5.0)  # drafting: 0.8 tokens per ms
     assert p.drafting_loses()
@@ -348,7 +348,7 @@ def test_drafting_that_realizes_less_than_plain_steps_stops():
     assert ks[0] == 0
     assert any(k > 0 for k in ks) and all(k in (0, MAX_DRAFT) for k in ks)  # probes only
     # probes that realize more than plain steps bring drafting back
-    for _ in range(5):
+    for _ in range(10):
         p.observe_lone(6, True, 2.0)
     assert not p.drafting_loses()
     assert any(p.choose(sts, [MAX_DRAFT], [0])[0] > 0 for _ in range(RECHECK))  # at its next weighing

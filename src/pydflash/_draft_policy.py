@@ -69,9 +69,11 @@ RECHECK = 4  # a lone sequence that is off weighs drafting again every this many
 RECHECK_MAX = 64  # ... at most, and between them as often as CHOICE_BUDGET allows
 CHOICE_BUDGET = 0.01  # the weighing of a lone sequence that is off costs at most this share of its steps
 COST_ALPHA = 0.1  # weight of each step's timings in the online cost correction
-PLAIN_RATE_DECAY = 0.95  # a lone sequence's realized tokens per ms: plain steps, about the last 20
-DRAFT_RATE_DECAY = 0.8  # ... drafting steps, about the last 5 (rare where drafting does not pay)
-RATE_MIN = 3.0  # weight of each kind seen before the realized rates may overrule the model
+# a lone sequence's realized tokens per ms over about its last 20 plain and 20 drafting
+# steps: slow enough to say whether drafting pays on this pair and machine (a compute-bound
+# target), not whether it paid in the last stretch (the acceptance estimates' business)
+RATE_DECAY = 0.95
+RATE_MIN = 5.0  # weight of each kind seen before the realized rates may overrule the model
 
 
 def expected_tokens(c: Sequence[float], k: int) -> float:
@@ -376,8 +378,8 @@ class DraftPolicy:
         self._clock: tuple[int, int] | None = None  # the last ended generation's steps off and spacing
         # what a lone sequence's plain and drafting steps realized (observe_lone): the
         # check on the model where one sequence has the pair
-        self.plain_rate = Rate(PLAIN_RATE_DECAY)
-        self.draft_rate = Rate(DRAFT_RATE_DECAY)
+        self.plain_rate = Rate(RATE_DECAY)
+        self.draft_rate = Rate(RATE_DECAY)
 
     def new_sequence(self) -> SequenceDraft:
         """A generation's state, its prior the pair's running estimate. Where the last

@@ -353,7 +353,8 @@ class Engine:
             r = results[0]
             wall = (time.perf_counter() - t0) * 1e3
             policy.observe_step(1 + r.n_drafted, r.t_verify_ms, 0, 0.0, wall)
-            policy.observe_lone(len(r.tokens), False, wall)
+            if not r.error and r.source in MODEL_SOURCES:  # an n-gram draft's tokens are no plain step's
+                policy.observe_lone(len(r.tokens), False, wall)
         elif policy is not None:
             rows = sum(1 + r.n_drafted for r in results)
             pass_rows = policy.pass_rows

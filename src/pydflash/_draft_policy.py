@@ -464,10 +464,9 @@ class DraftPolicy:
         plain = max(self.cost.step_ms(1, 0), 1e-9)
         probe = self.cost.step_ms(1 + c.hi, self.pass_rows or 1 + c.hi)
         loss = probe - c.gains[min(c.hi, len(c.gains) - 1)] * plain
-        d, p = self.draft_rate, self.plain_rate
-        if d.n >= RATE_MIN and p.n >= RATE_MIN and p.value() > 0:
-            # what drafting realized lately, where it is worse than the estimates
-            loss = max(loss, probe * (1.0 - d.value() / p.value()))
+        realized = self._realized()
+        if realized is not None:  # what drafting realized lately, where it is worse than the estimates
+            loss = max(loss, probe * (1.0 - realized))
         if loss <= 0:
             return 0
         return min(math.ceil(loss / (PROBE_BUDGET * plain)), PROBE_WAIT_MAX)
@@ -489,8 +488,15 @@ class DraftPolicy:
         plain steps: drafting does not pay, whatever the model expects (on a
         compute-bound target even a whole accepted block can cost more than the
         plain steps it replaces; the model's costs and acceptance are estimates)."""
+        realized = self._realized()
+        return realized is not None and realized < 1.0
+
+    def _realized(self) -> float | None:
+        """Drafting steps' realized tokens per ms over plain steps', once both are known."""
         d, p = self.draft_rate, self.plain_rate
-        return d.n >= RATE_MIN and p.n >= RATE_MIN and d.value() < p.value()
+        if d.n < RATE_MIN or p.n < RATE_MIN or p.value() <= 0:
+            return None
+        return d.value() / p.value()
 
     def observe_step(self, rows: int, verify_ms: float, draft_rows: int, draft_ms: float, wall_ms: float) -> None:
         """The shared passes of one step and its wall time (the rest is overhead)."""

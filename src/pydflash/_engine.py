@@ -348,23 +348,21 @@ class Engine:
             if gen.done:
                 with self._cv:
                     self._release(s)
-        if plain:
-            assert policy is not None
-            r = results[0]
-            wall = (time.perf_counter() - t0) * 1e3
-            policy.observe_step(1 + r.n_drafted, r.t_verify_ms, 0, 0.0, wall)
-            if not r.error and r.source in MODEL_SOURCES:  # an n-gram draft's tokens are no plain step's
-                policy.observe_lone(len(r.tokens), False, wall)
-        elif policy is not None:
+        if policy is None:
+            return
+        wall = (time.perf_counter() - t0) * 1e3
+        first = results[0]
+        if plain:  # one sequence, no drafter pass: nothing to sum
+            policy.observe_step(1 + first.n_drafted, first.t_verify_ms, 0, 0.0, wall)
+        else:
             rows = sum(1 + r.n_drafted for r in results)
             pass_rows = policy.pass_rows
             draft_rows = sum((pass_rows or 1 + r.draft_max) for r in results if r.draft_max > 0 and r.t_draft_ms > 0)
             t_draft = max(r.t_draft_ms for r in results)
-            wall = (time.perf_counter() - t0) * 1e3
-            policy.observe_step(rows, results[0].t_verify_ms, draft_rows, t_draft, wall)
-            r = results[0]
-            if lone is not None and not r.error and r.source in MODEL_SOURCES:
-                policy.observe_lone(len(r.tokens), r.draft_max > 0, wall)
+            policy.observe_step(rows, first.t_verify_ms, draft_rows, t_draft, wall)
+        # n-gram drafts' tokens say nothing of what the drafter's steps or plain steps give
+        if lone is not None and not first.error and first.source in MODEL_SOURCES:
+            policy.observe_lone(len(first.tokens), first.draft_max > 0, wall)
 
 
 MODEL_SOURCES = ("draft-dflash", "draft-dspark", "draft-mtp", "")  # "": nothing drafted this step

@@ -283,7 +283,9 @@ std::vector<StepResult> ContextPair::commit(std::vector<Work>& work, const StepT
         } else {
             Sequence& s = *w.s;
             const int32_t new_past = s.n_past + w.n_keep;
-            if (ctx_dft_) llama_memory_seq_rm(llama_get_memory(ctx_dft_.get()), w.seq, new_past, -1);
+            // nothing of a step without a drafter pass lies past new_past in the drafter's cache
+            // (its rows were deferred or injected below it); seq_rm scans every cell: not per plain step
+            if (ctx_dft_ && w.k_draft > 0) llama_memory_seq_rm(llama_get_memory(ctx_dft_.get()), w.seq, new_past, -1);
             if (mtp_) mtp_->remove(w.seq, new_past);
             s.history.push_back(*s.pending);
             s.history.insert(s.history.end(), w.draft.begin(), w.draft.begin() + (w.n_keep - 1));

@@ -17,6 +17,7 @@ from .models import Drafter
 from .pipeline import BLOCK, TAPS, load_target, log
 
 CONTEXTS = (512, 1024, 2048, 4096, 8192)  # the card's per-context rows
+CONTEXT_PROMPTS = 16  # prompts per context length (the first 6 are pair v2's card's: seed 41)
 WINDOWS = (0, 2048, None)  # drafter windows of those rows: the whole context, 2048, pydflash's default
 
 TARGET_NAME = "stdlib-code-target.gguf"
@@ -106,7 +107,7 @@ def heldout_loss_at(out: Path, length: int, tail: int = 256, tokens: int = 16384
     return statistics.mean(losses)
 
 
-def measure_contexts(out: Path, target: Path, drafter: Path, lengths=CONTEXTS, n: int = 6,
+def measure_contexts(out: Path, target: Path, drafter: Path, lengths=CONTEXTS, n: int = CONTEXT_PROMPTS,
                      max_tokens: int = 128, windows: tuple[int | None, ...] = (None,)) -> dict:
     """tau and acceptance at draft_max = block - 1 on held-out prompts of each
     length (pydflash, greedy), output checked against the target alone; with
@@ -124,7 +125,8 @@ def measure_contexts(out: Path, target: Path, drafter: Path, lengths=CONTEXTS, n
             extra = {} if win is None else {"draft_window": win}
             with Llama(target, draft=drafter, n_ctx=n_ctx, **extra) as spec:
                 res = [spec.generate(p, max_tokens=max_tokens, ignore_eos=True, draft_max=BLOCK - 1) for p in prompts]
-            row[str(win)] = {"tau": statistics.mean(r.stats.mean_accepted_length for r in res),
+            taus = [r.stats.mean_accepted_length for r in res]
+            row[str(win)] = {"tau": statistics.mean(taus), "tau_first6": statistics.mean(taus[:6]),
                              "acceptance": statistics.mean(r.stats.acceptance_rate for r in res),
                              "identical": all(r.tokens == w for r, w in zip(res, refs))}
         rows[str(length)] = row
@@ -156,8 +158,9 @@ def _context_table(ctx: dict) -> str:
     wins = [k for k in next(iter(ctx.values())) if k != "heldout_loss"]
     name = {"None": "default window", "0": "no window"}
     head = "| context | held-out loss | " + " | ".join(f"tau ({name.get(w, f'window {w}')})" for w in wins)
-    head += " | output identical |\n|---|---|" + "---|" * len(wins) + "---|"
+    head += " | tau (default window, first 6 prompts) | output identical |\n|---|---|" + "---|" * len(wins) + "---|---|"
     rows = [f"| {length} | {r['heldout_loss']:.3f} | " + " | ".join(f"{r[w]['tau']:.2f}" for w in wins)
+            + f" | {r[wins[-1]].get('tau_first6', float('nan')):.2f}"
             + f" | {'yes' if all(r[w]['identical'] for w in wins) else 'NO'} |" for length, r in ctx.items()]
     return "\n".join([head, *rows])
 
@@ -169,8 +172,13 @@ def write_card(out: Path, dest: Path, m: dict, ctx: dict) -> None:
     t_mb = (dest / TARGET_NAME).stat().st_size / 1e6
     d_mb = (dest / DRAFTER_NAME).stat().st_size / 1e6
     seq, bs = tck.get("seq", 256), tck.get("batch", 16)
-    t_init = f" continuing `{Path(tck['init']).name}` (pair v1)" if tck.get("init") else " from scratch"
-    d_init = f", continuing `{Path(dck['init']).name}` (pair v1)" if dck.get("init") else ""
+    t_init = f" continuing `{tck['init']}`" if tck.get("init") else " from scratch"
+    d_init = f", continuing `{dck['init']}`" if dck.get("init") else ""
+    if tck["steps"] == 0:  # --target-steps 0: the init target as it was
+        t_train = f"The target of `{tck['init']}`, unchanged (0 steps here)"
+    else:
+        t_train = (f"{tck['steps']} AdamW steps of {bs} x {seq} tokens{t_init}\n  ({tck['tokens'] / 1e6:.1f}M tokens, "
+                   f"{tck['seconds'] / 60:.0f} min): train loss {tck['train_loss']:.3f}")
     n_seq, ctx_max = dck.get("n_sequences", 3000), dck.get("context_max", 160)
     rows = "\n".join(
         f"| {dm} | {r['tau']:.2f} | {r['acceptance']:.3f} | {r['decode_tok_s']:.0f} | "
@@ -189,8 +197,7 @@ the README's "The embedded pair" gives the exact commands.
 - **Target** (`{TARGET_NAME}`, {t_mb:.1f} MB, F16): qwen3, {c['n_layer']} layers, hidden {c['n_embd']},
   {c['n_head']} heads x {c['head_dim']} ({c['n_head_kv']} KV heads), FFN {c['n_ff']}, untied head, RoPE base
   {c['rope_theta']:g}, trained context {c['n_ctx']}; {sum(v.numel() for v in tck['state'].values()) / 1e6:.1f}M
-  parameters. {tck['steps']} AdamW steps of {bs} x {seq} tokens{t_init}
-  ({tck['tokens'] / 1e6:.1f}M tokens, {tck['seconds'] / 60:.0f} min): train loss {tck['train_loss']:.3f},
+  parameters. {t_train};
   held-out loss {tck['heldout_loss']:.3f} nats/token (windows of {seq}).
 - **Drafter** (`{DRAFTER_NAME}`, {d_mb:.1f} MB, F16): DFlash, {dck['n_layer']} layer, block size {BLOCK},
   target layers {list(TAPS)} (llama.cpp ids: inputs of those layers), KV injection, target's
@@ -209,7 +216,7 @@ Target alone: {m['baseline_decode_tok_s']:.0f} tok/s (median). Speed-ups are med
 |---|---|---|---|---|---|
 {rows}
 
-## Per context length (6 held-out prompts of each length, 128 new tokens, draft_max {BLOCK - 1})
+## Per context length ({CONTEXT_PROMPTS} held-out prompts of each length, 128 new tokens, draft_max {BLOCK - 1})
 
 Held-out loss: the last 256 tokens of held-out windows of that length (about that much
 context), torch. tau: pydflash, greedy, output compared with the target alone's. The

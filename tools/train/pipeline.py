@@ -66,7 +66,7 @@ def optimize(model, opt, loss_fn, peak_lr: float, warm: int, minutes: float, ste
              what: str) -> tuple[int, list[float]]:
     """AdamW steps with warmup + cosine and gradient clipping. Time-boxed
     (the step budget is measured on the first 20 steps) unless `steps` is given."""
-    t0, step, total = time.time(), 0, steps or 10**9
+    t0, step, total = time.time(), 0, 10**9 if steps is None else steps
     losses: list[float] = []
     while step < total:
         for g in opt.param_groups:
@@ -109,18 +109,21 @@ def stage_target(out: Path, cfg: Config, minutes: float, seed: int, steps: int |
         return F.cross_entropy(logits.reshape(-1, cfg.n_vocab), y.reshape(-1))
 
     t0 = time.time()
+    if steps == 0 and init is None:
+        raise SystemExit("--target-steps 0 keeps the --target-init target as it is: give --target-init")
     step, losses = optimize(model, opt, loss_fn, peak_lr, 100 if init is None else 30, minutes, steps,
                             f"target ({bs} x {seq} tokens/step)")
     model.eval()
     held_loss = eval_loss(model, held, cfg, n=max(2, 32 * 256 // seq), seq=seq)
-    log(f"target: train loss {np.mean(losses[-100:]):.3f}, held-out loss {held_loss:.3f}")
+    train_loss = float(np.mean(losses[-100:])) if losses else float("nan")
+    log(f"target: train loss {train_loss:.3f}, held-out loss {held_loss:.3f}")
     # round to the exported precision so torch and GGUF compute the same model
     with torch.no_grad():
         for _name, p in model.named_parameters():
             if p.dim() >= 2:
                 p.copy_(p.half().float())
     torch.save({"state": model.state_dict(), "cfg": cfg.__dict__, "steps": step,
-                "train_loss": float(np.mean(losses[-100:])), "heldout_loss": held_loss,
+                "train_loss": train_loss, "heldout_loss": held_loss,
                 "seconds": time.time() - t0, "tokens": step * seq * bs, "seq": seq, "batch": bs,
                 "init": str(init) if init else None}, out / "target.pt")
 
@@ -187,7 +190,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", type=int, default=3000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--target-steps", type=int, help="exact step count instead of --target-minutes")
+    ap.add_argument("--target-steps", type=int,
+                    help="exact step count instead of --target-minutes (0: keep --target-init as it is)")
     ap.add_argument("--drafter-steps", type=int, help="exact step count instead of --drafter-minutes")
     ap.add_argument("--drafter-resume", action="store_true",
                     help="continue training an existing drafter.pt for --drafter-minutes more")

@@ -360,3 +360,23 @@ def test_realized_rates_need_both_kinds_of_step():
         p.observe_lone(1, True, 10.0)  # drafting only (a pair that always drafts)
     assert not p.drafting_loses()
     assert p.choose(sts, [MAX_DRAFT], [0])[0] > 0
+
+
+def test_the_switch_back_to_plain_steps_is_charged_to_probes():
+    # the first plain step after a drafting one rebuilds llama.cpp's graphs (2x a plain
+    # step on the embedded target): its excess is learned apart, kept out of the plain
+    # steps' costs, and spaces probes further apart
+    p = DraftPolicy(cost(0.5), MAX_DRAFT)
+    c = Choice([expected_tokens([0.3] * MAX_DRAFT, k) for k in range(MAX_DRAFT + 1)], 0, MAX_DRAFT)
+    plain = p.cost.step_ms(1, 0)
+    spacing = p.probe_spacing(c)
+    for _ in range(100):
+        p.observe_step(1 + MAX_DRAFT, p.cost.verify_ms(1 + MAX_DRAFT), 16, 0.2, p.cost.step_ms(1 + MAX_DRAFT, 16))
+        p.observe_step(1, plain, 0, 0.0, plain + 10.0)  # the switch: 10 ms more than a plain step
+        p.observe_step(1, plain, 0, 0.0, plain)  # the next plain step: as modelled
+    assert p.switch_ms == pytest.approx(10.0, rel=1e-3)
+    assert p.cost.step_ms(1, 0) == pytest.approx(plain, rel=1e-3)  # the plain steps' cost is untouched
+    wider = p.probe_spacing(c)
+    assert wider > spacing
+    # the switch costs 10 ms more per probe: spaced by that over PROBE_BUDGET of a plain step more
+    assert wider == pytest.approx(spacing + 10.0 / (PROBE_BUDGET * plain), abs=1.5)

@@ -31,7 +31,9 @@ step (a burst of rejections does not stop it for good), and it probes now and
 then with a full draft, so the estimates can recover where the pair's is low
 too; a probe that does not resume speculation doubles the wait before the next,
 and the waits are long enough that probes cost at most ``PROBE_BUDGET`` of the
-time (a probe's expected loss against plain steps, at the estimates of then).
+time (a probe's expected loss against plain steps, at the estimates of then,
+plus the measured extra time of the plain step after it: llama.cpp rebuilds its
+graphs for the sizes it switches between).
 
 Pure Python without the model: tests drive it with synthetic costs and acceptances.
 """
@@ -380,6 +382,12 @@ class DraftPolicy:
         # check on the model where one sequence has the pair
         self.plain_rate = Rate(RATE_DECAY)
         self.draft_rate = Rate(RATE_DECAY)
+        # the first step without a drafter pass after one with: llama.cpp rebuilds both
+        # graphs for the new sizes (on the embedded target that step took 2x a plain
+        # one). Its excess over the model's plain step is part of what a probe costs
+        # and stays out of the plain steps' costs
+        self.switch_ms = 0.0
+        self._drafted = False  # the last observed step had a drafter pass
 
     def new_sequence(self) -> SequenceDraft:
         """A generation's state, its prior the pair's running estimate. Where the last
@@ -467,6 +475,7 @@ class DraftPolicy:
         realized = self._realized()
         if realized is not None:  # what drafting realized lately, where it is worse than the estimates
             loss = max(loss, probe * (1.0 - realized))
+        loss += max(self.switch_ms, 0.0)  # and the plain step after it, slower by the switch of sizes
         if loss <= 0:
             return 0
         return min(math.ceil(loss / (PROBE_BUDGET * plain)), PROBE_WAIT_MAX)
@@ -499,5 +508,11 @@ class DraftPolicy:
         return d.value() / p.value()
 
     def observe_step(self, rows: int, verify_ms: float, draft_rows: int, draft_ms: float, wall_ms: float) -> None:
-        """The shared passes of one step and its wall time (the rest is overhead)."""
+        """The shared passes of one step and its wall time (the rest is overhead). The
+        first step without a drafter pass after one with measures the switch instead."""
+        switched, self._drafted = self._drafted and draft_rows == 0, draft_rows > 0
+        if switched:
+            # unclipped: noise averages out (clipped at use)
+            self.switch_ms += COST_ALPHA * (wall_ms - self.cost.step_ms(rows, 0) - self.switch_ms)
+            return
         self.cost.observe(rows, verify_ms, draft_rows, draft_ms, wall_ms - verify_ms - draft_ms)

@@ -159,8 +159,9 @@ def _context_table(ctx: dict) -> str:
     name = {"None": "default window", "0": "no window"}
     head = "| context | held-out loss | " + " | ".join(f"tau ({name.get(w, f'window {w}')})" for w in wins)
     head += " | tau (default window, first 6 prompts) | output identical |\n|---|---|" + "---|" * len(wins) + "---|---|"
+    default = "None" if "None" in wins else wins[-1]  # str(None): pydflash's default window
     rows = [f"| {length} | {r['heldout_loss']:.3f} | " + " | ".join(f"{r[w]['tau']:.2f}" for w in wins)
-            + f" | {r[wins[-1]].get('tau_first6', float('nan')):.2f}"
+            + f" | {r[default].get('tau_first6', float('nan')):.2f}"
             + f" | {'yes' if all(r[w]['identical'] for w in wins) else 'NO'} |" for length, r in ctx.items()]
     return "\n".join([head, *rows])
 
@@ -172,11 +173,11 @@ def write_card(out: Path, dest: Path, m: dict, ctx: dict) -> None:
     t_mb = (dest / TARGET_NAME).stat().st_size / 1e6
     d_mb = (dest / DRAFTER_NAME).stat().st_size / 1e6
     seq, bs = tck.get("seq", 256), tck.get("batch", 16)
-    t_init = f" continuing `{tck['init']}`" if tck.get("init") else " from scratch"
     d_init = f", continuing `{dck['init']}`" if dck.get("init") else ""
     if tck["steps"] == 0:  # --target-steps 0: the init target as it was
         t_train = f"The target of `{tck['init']}`, unchanged (0 steps here)"
     else:
+        t_init = f" continuing `{tck['init']}`" if tck.get("init") else " from scratch"
         t_train = (f"{tck['steps']} AdamW steps of {bs} x {seq} tokens{t_init}\n  ({tck['tokens'] / 1e6:.1f}M tokens, "
                    f"{tck['seconds'] / 60:.0f} min): train loss {tck['train_loss']:.3f}")
     n_seq, ctx_max = dck.get("n_sequences", 3000), dck.get("context_max", 160)

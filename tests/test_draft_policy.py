@@ -380,3 +380,25 @@ def test_the_switch_back_to_plain_steps_is_charged_to_probes():
     assert wider > spacing
     # the switch costs 10 ms more per probe: spaced by that over PROBE_BUDGET of a plain step more
     assert wider == pytest.approx(spacing + 10.0 / (PROBE_BUDGET * plain), abs=1.5)
+
+
+def test_the_switch_back_counts_against_drafting_in_the_realized_rates():
+    # a lone sequence's realized rates: the plain step after a drafting one is slower by
+    # the switch (llama.cpp's graph rebuild), which drafting caused; counted as a plain
+    # step's time it would make plain steps look slower and drafting pay when it does not
+    p = DraftPolicy(cost(0.5), MAX_DRAFT)
+    plain = p.cost.step_ms(1, 0)
+    for _ in range(30):
+        # a drafting step: 5 tokens in 4 plain steps' time (1.25x the plain rate) ...
+        p.observe_step(1 + MAX_DRAFT, p.cost.verify_ms(1 + MAX_DRAFT), 16, 0.2, 4 * plain)
+        p.observe_lone(5, True, 4 * plain)
+        # ... then the switch back: a plain step that takes 3 plain steps' time
+        p.observe_step(1, plain, 0, 0.0, 3 * plain)
+        p.observe_lone(1, False, 3 * plain)
+        for _ in range(3):
+            p.observe_step(1, plain, 0, 0.0, plain)
+            p.observe_lone(1, False, plain)
+    # drafting: 5 tokens per 4 + 2 plain steps' time; plain steps: 1 per plain step
+    assert p.plain_rate.value() == pytest.approx(1 / plain, rel=1e-3)
+    assert p.draft_rate.value() == pytest.approx(5 / (6 * plain), rel=0.02)
+    assert p.drafting_loses()

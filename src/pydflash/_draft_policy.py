@@ -55,6 +55,7 @@ __all__ = [
     "Rate",
     "SequenceDraft",
     "choose_lengths",
+    "drafter_rows",
     "expected_tokens",
 ]
 
@@ -279,6 +280,10 @@ class Rate:
         self.ms = self.ms * d + ms
         self.n = self.n * d + 1.0
 
+    def charge(self, ms: float) -> None:
+        """Time the last observed step caused later (no step of its own)."""
+        self.ms += ms
+
     def value(self) -> float:
         return self.tokens / self.ms if self.ms > 0 else 0.0
 
@@ -310,7 +315,7 @@ def choose_lengths(cost: CostModel, choices: Sequence[Choice], pass_rows: int = 
 
     def rate(ks: list[int]) -> float:
         rows = sum(1 + k for k in ks)
-        drows = sum((pass_rows or 1 + k) for k in ks if k > 0)
+        drows = sum(drafter_rows(k, pass_rows) for k in ks)
         gain = sum(c.gains[k] if k < len(c.gains) else c.gains[-1] for c, k in zip(choices, ks, strict=True))
         return gain / max(cost.step_ms(rows, drows), 1e-9)
 
@@ -339,6 +344,12 @@ def choose_lengths(cost: CostModel, choices: Sequence[Choice], pass_rows: int = 
     return k1 if r1 > r0 else k0
 
 
+def drafter_rows(k: int, pass_rows: int) -> int:
+    """Drafter rows of a sequence drafting ``k`` (0: none): its block (``pass_rows``),
+    or ``1 + k`` for a drafter whose pass follows k (``pass_rows`` 0)."""
+    return (pass_rows or 1 + k) if k > 0 else 0
+
+
 def _best_alone(cost: CostModel, c: Choice, pass_rows: int) -> int:
     """One sequence's best length (the engine's every step: kept cheap)."""
     if c.pinned is not None:
@@ -346,7 +357,7 @@ def _best_alone(cost: CostModel, c: Choice, pass_rows: int) -> int:
     gains = c.gains
     best_k, best = 0, gains[0] / max(cost.step_ms(1, 0), 1e-9)
     for k in range(max(c.lo, 1), c.hi + 1):
-        r = gains[min(k, len(gains) - 1)] / max(cost.step_ms(1 + k, pass_rows or 1 + k), 1e-9)
+        r = gains[min(k, len(gains) - 1)] / max(cost.step_ms(1 + k, drafter_rows(k, pass_rows)), 1e-9)
         if r > best * (1 + 1e-9):
             best_k, best = k, r
     return best_k
@@ -388,6 +399,7 @@ class DraftPolicy:
         # and stays out of the plain steps' costs
         self.switch_ms = 0.0
         self._drafted = False  # the last observed step had a drafter pass
+        self._switch_excess = 0.0  # the last observed step was a switch back: its time over a plain step's
 
     def new_sequence(self) -> SequenceDraft:
         """A generation's state, its prior the pair's running estimate. Where the last
@@ -470,7 +482,7 @@ class DraftPolicy:
         probe's expected loss against plain steps (its time less what its expected
         tokens take plainly), at the current estimates and costs."""
         plain = max(self.cost.step_ms(1, 0), 1e-9)
-        probe = self.cost.step_ms(1 + c.hi, self.pass_rows or 1 + c.hi)
+        probe = self.cost.step_ms(1 + c.hi, drafter_rows(c.hi, self.pass_rows))
         loss = probe - c.gains[min(c.hi, len(c.gains) - 1)] * plain
         realized = self._realized()
         if realized is not None:  # what drafting realized lately, where it is worse than the estimates
@@ -489,8 +501,15 @@ class DraftPolicy:
 
     def observe_lone(self, tokens: int, drafted: bool, wall_ms: float) -> None:
         """A step of one sequence alone: the tokens it gave and its wall time, as a
-        plain or a drafting step."""
-        (self.draft_rate if drafted else self.plain_rate).observe(tokens, wall_ms)
+        plain or a drafting step. A switch back (``observe_step`` just saw one) is a
+        plain step whose excess time the drafting before it caused."""
+        if drafted:
+            self.draft_rate.observe(tokens, wall_ms)
+            return
+        excess = min(self._switch_excess, wall_ms)
+        self.plain_rate.observe(tokens, wall_ms - excess)
+        if excess > 0 and self.draft_rate.n > 0:
+            self.draft_rate.charge(excess)
 
     def drafting_loses(self) -> bool:
         """A lone sequence's recent drafting steps gave fewer tokens per ms than its
@@ -511,8 +530,11 @@ class DraftPolicy:
         """The shared passes of one step and its wall time (the rest is overhead). The
         first step without a drafter pass after one with measures the switch instead."""
         switched, self._drafted = self._drafted and draft_rows == 0, draft_rows > 0
+        self._switch_excess = 0.0
         if switched:
+            excess = wall_ms - self.cost.step_ms(rows, 0)
+            self._switch_excess = max(excess, 0.0)
             # unclipped: noise averages out (clipped at use)
-            self.switch_ms += COST_ALPHA * (wall_ms - self.cost.step_ms(rows, 0) - self.switch_ms)
+            self.switch_ms += COST_ALPHA * (excess - self.switch_ms)
             return
         self.cost.observe(rows, verify_ms, draft_rows, draft_ms, wall_ms - verify_ms - draft_ms)

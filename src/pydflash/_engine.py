@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator
 
 from . import _core
-from ._draft_policy import CostModel, DraftPolicy, SequenceDraft
+from ._draft_policy import CostModel, DraftPolicy, SequenceDraft, drafter_rows
 from ._generation import Generation
 from .errors import GenerationInterrupted, GrammarError, PyDFlashError
 from .pair import ContextPair
@@ -356,8 +356,7 @@ class Engine:
             policy.observe_step(1 + first.n_drafted, first.t_verify_ms, 0, 0.0, wall)
         else:
             rows = sum(1 + r.n_drafted for r in results)
-            pass_rows = policy.pass_rows
-            draft_rows = sum((pass_rows or 1 + r.draft_max) for r in results if r.draft_max > 0 and r.t_draft_ms > 0)
+            draft_rows = sum(drafter_rows(r.draft_max, policy.pass_rows) for r in results if r.t_draft_ms > 0)
             t_draft = max(r.t_draft_ms for r in results)
             policy.observe_step(rows, first.t_verify_ms, draft_rows, t_draft, wall)
         # n-gram drafts' tokens say nothing of what the drafter's steps or plain steps give

@@ -31,14 +31,19 @@ def log(msg: str) -> None:
 # -- continuations -------------------------------------------------------------------------
 
 
-def prompt_lengths(n: int, context_max: int, rng: np.random.Generator) -> np.ndarray:
+def prompt_lengths(n: int, context_max: int, rng: np.random.Generator, dist: str = "log-uniform") -> np.ndarray:
+    """Prompt lengths from PROMPT_LEN to context_max - CONT_LEN: log-uniform (as
+    many prompts per doubling) or uniform (as many per token: most of them long)."""
     if context_max <= PROMPT_LEN + CONT_LEN:
         return np.full(n, PROMPT_LEN)
     hi = context_max - CONT_LEN
+    if dist == "uniform":
+        return rng.integers(PROMPT_LEN, hi + 1, n).astype(np.int64)
     return np.exp(rng.uniform(np.log(PROMPT_LEN), np.log(hi), n)).astype(np.int64)
 
 
-def stage_continuations(out: Path, n_prompts: int, seed: int, context_max: int = 0) -> None:
+def stage_continuations(out: Path, n_prompts: int, seed: int, context_max: int = 0,
+                        dist: str = "log-uniform") -> None:
     """sequences.npz: `flat` tokens, `offsets` (n+1) and `prompt_lens` (n)."""
     if (out / "sequences.npz").exists():
         return
@@ -46,7 +51,7 @@ def stage_continuations(out: Path, n_prompts: int, seed: int, context_max: int =
 
     data = np.load(out / "train.npy")
     rng = np.random.default_rng(seed + 1)
-    lens = prompt_lengths(n_prompts, context_max, rng)
+    lens = prompt_lengths(n_prompts, context_max, rng, dist)
     seqs: list[list[int]] = []
     t0 = time.time()
     with Llama(out / "target.gguf", n_ctx=int(lens.max()) + CONT_LEN + 16) as llm:
@@ -57,7 +62,8 @@ def stage_continuations(out: Path, n_prompts: int, seed: int, context_max: int =
             if (i + 1) % 250 == 0:
                 log(f"continuations {i + 1}/{n_prompts} ({time.time() - t0:.0f} s)")
     offsets = np.cumsum([0] + [len(x) for x in seqs])
-    np.savez(out / "sequences.npz", flat=np.concatenate(seqs).astype(np.int32), offsets=offsets, prompt_lens=lens)
+    np.savez(out / "sequences.npz", flat=np.concatenate(seqs).astype(np.int32), offsets=offsets, prompt_lens=lens,
+             dist=np.array(dist))
 
 
 def load_sequences(out: Path) -> tuple[list[torch.Tensor], np.ndarray]:
@@ -201,7 +207,14 @@ def stage_drafter(out: Path, load_target, optimize, n_layer: int, minutes: float
                 "runs": (prev or {}).get("runs", 1) + (1 if prev else 0),
                 "train_loss": float(np.mean(losses[-100:])), "val_slot_acc": acc.tolist(),
                 "tau_offline": tau_estimate(acc), "seconds": secs, "init": str(init) if init else None,
-                "n_sequences": len(seqs), "context_max": int(plens.max()) + CONT_LEN}, out / "drafter.pt")
+                "n_sequences": len(seqs), "context_max": int(plens.max()) + CONT_LEN,
+                "context_dist": context_dist(out)}, out / "drafter.pt")
+
+
+def context_dist(out: Path) -> str:
+    """How the drafter prompts' lengths spread (runs before the option: log-uniform)."""
+    z = np.load(out / "sequences.npz")
+    return str(z["dist"]) if "dist" in z.files else "log-uniform"
 
 
 @torch.no_grad()

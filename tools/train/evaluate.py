@@ -166,6 +166,16 @@ def _context_table(ctx: dict) -> str:
     return "\n".join([head, *rows])
 
 
+def _init_layers(dck: dict) -> int | None:
+    """Layers of the drafter GGUF a run started from (None: from scratch, or not here)."""
+    init = dck.get("init")
+    if not init or not Path(init).exists():
+        return None
+    from .warmstart import gguf_arrays
+
+    return len({n.split(".")[1] for n in gguf_arrays(Path(init)) if n.startswith("blk.")})
+
+
 def write_card(out: Path, dest: Path, m: dict, ctx: dict) -> None:
     tck = torch.load(out / "target.pt", weights_only=False)
     dck = torch.load(out / "drafter.pt", weights_only=False)
@@ -174,6 +184,10 @@ def write_card(out: Path, dest: Path, m: dict, ctx: dict) -> None:
     d_mb = (dest / DRAFTER_NAME).stat().st_size / 1e6
     seq, bs = tck.get("seq", 256), tck.get("batch", 16)
     d_init = f", continuing `{dck['init']}`" if dck.get("init") else ""
+    grown = _init_layers(dck)
+    if grown is not None and grown < dck["n_layer"]:
+        d_init = (f", its first {grown} layer{'s' if grown > 1 else ''} continuing `{dck['init']}` (the layers added"
+                  f" after them starting with zero residual projections, as that drafter)")
     if tck["steps"] == 0:  # --target-steps 0: the init target as it was
         t_train = f"The target of `{tck['init']}`, unchanged (0 steps here)"
     else:
@@ -181,6 +195,7 @@ def write_card(out: Path, dest: Path, m: dict, ctx: dict) -> None:
         t_train = (f"{tck['steps']} AdamW steps of {bs} x {seq} tokens{t_init}\n  ({tck['tokens'] / 1e6:.1f}M tokens, "
                    f"{tck['seconds'] / 60:.0f} min): train loss {tck['train_loss']:.3f}")
     n_seq, ctx_max = dck.get("n_sequences", 3000), dck.get("context_max", 160)
+    dist = dck.get("context_dist", "log-uniform")
     rows = "\n".join(
         f"| {dm} | {r['tau']:.2f} | {r['acceptance']:.3f} | {r['decode_tok_s']:.0f} | "
         f"{r['decode_tok_s'] / m['baseline_decode_tok_s']:.2f}x | {'yes' if r['identical'] else 'NO'} |"
@@ -200,10 +215,10 @@ the README's "The embedded pair" gives the exact commands.
   {c['rope_theta']:g}, trained context {c['n_ctx']}; {sum(v.numel() for v in tck['state'].values()) / 1e6:.1f}M
   parameters. {t_train};
   held-out loss {tck['heldout_loss']:.3f} nats/token (windows of {seq}).
-- **Drafter** (`{DRAFTER_NAME}`, {d_mb:.1f} MB, F16): DFlash, {dck['n_layer']} layer, block size {BLOCK},
+- **Drafter** (`{DRAFTER_NAME}`, {d_mb:.1f} MB, F16): DFlash, {dck['n_layer']} layer{'s' if dck['n_layer'] > 1 else ''}, block size {BLOCK},
   target layers {list(TAPS)} (llama.cpp ids: inputs of those layers), KV injection, target's
   embeddings and head. Trained on the target's own greedy continuations ({n_seq:,} training-text
-  prompts{' of 64 tokens' if ctx_max <= 160 else f' of 64 to {ctx_max - 96} tokens (log-uniform)'} + 96 generated),
+  prompts{' of 64 tokens' if ctx_max <= 160 else f' of 64 to {ctx_max - 96} tokens ({dist})'} + 96 generated),
   16 random anchors per sequence in the generated part, slot-weighted CE (gamma 4){d_init}:
   {dck['steps']} steps ({dck['seconds'] / 60:.0f} min), train loss {dck['train_loss']:.3f}; offline tau
   estimate {dck['tau_offline']:.2f}.

@@ -201,6 +201,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rope-theta", type=float, default=10000.0, help="RoPE base of both models")
     ap.add_argument("--context-max", type=int, default=0,
                     help="drafter prompts of lengths spread up to this (0: 64-token prompts, pair v1)")
+    ap.add_argument("--context-dist", choices=("log-uniform", "uniform"), default="log-uniform",
+                    help="how the drafter prompts' lengths spread up to --context-max")
     ap.add_argument("--target-init", type=Path, help="continue this target GGUF instead of starting from scratch")
     ap.add_argument("--drafter-init", type=Path, help="start the drafter from this drafter GGUF")
     ap.add_argument("--install", type=Path, help="copy the pair + model card into this folder")
@@ -214,7 +216,7 @@ def main(argv=None) -> int:
     stage_target(a.out, cfg, a.target_minutes, a.seed, a.target_steps, seq=a.target_seq, bs=a.target_batch,
                  peak_lr=a.target_lr, init=a.target_init)
     stage_export_target(a.out)
-    stage_continuations(a.out, a.prompts, a.seed, a.context_max)
+    stage_continuations(a.out, a.prompts, a.seed, a.context_max, a.context_dist)
     mask_id = bpe.load(a.out / "tokenizer.json").token_to_id(bpe.MASK)
     if a.drafter_resume and (a.out / "drafter.gguf").exists():
         (a.out / "drafter.gguf").unlink()  # re-export after the continued run

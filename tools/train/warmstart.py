@@ -18,16 +18,26 @@ def gguf_arrays(path: Path) -> dict[str, np.ndarray]:
 
 
 def load_into(module: torch.nn.Module, path: Path) -> None:
-    """Copy every tensor `module.gguf_tensors()` names from the GGUF at `path`."""
+    """Copy every tensor `module.gguf_tensors()` names from the GGUF at `path`.
+
+    A drafter with more layers than the GGUF's grows it: the GGUF's layers come
+    first and each added layer's residual projections (attention output, FFN
+    down) start at zero, so the grown drafter first computes exactly what the
+    GGUF's drafter does and training starts from its acceptance."""
     have = gguf_arrays(path)
     want = module.gguf_tensors()
-    missing = sorted(set(want) - set(have))
+    params = dict(_export_params(module))
+    added = _added_layers(module, have)
+    missing = sorted(n for n in set(want) - set(have) if _layer_of(n) not in added)
     if missing:
         raise ValueError(f"{path}: tensors missing for a warm start: {missing[:4]}")
-    # gguf_tensors() returns views of the parameters in export layout: map names back
-    params = dict(_export_params(module))
     with torch.no_grad():
+        for i in added:
+            for b in (module.layers[i].wo, module.layers[i].down):
+                b.weight.zero_()
         for name, p in params.items():
+            if _layer_of(name) in added:
+                continue
             arr = have[name]
             if tuple(arr.shape) != tuple(p.shape):
                 raise ValueError(f"{path}: {name} has shape {arr.shape}, the model {tuple(p.shape)}")
@@ -53,3 +63,17 @@ def _export_params(module: torch.nn.Module):
                           ("attn_k_norm", b.k_norm.weight), ("ffn_norm", b.ffn_norm.weight),
                           ("ffn_gate", b.gate.weight), ("ffn_up", b.up.weight), ("ffn_down", b.down.weight)):
             yield f"blk.{i}.{suffix}.weight", p
+
+
+def _layer_of(name: str) -> int | None:
+    return int(name.split(".")[1]) if name.startswith("blk.") else None
+
+
+def _added_layers(module: torch.nn.Module, have: dict[str, np.ndarray]) -> set[int]:
+    """Drafter layers past the GGUF's last one (none for a target: it never grows)."""
+    from .models import Drafter
+
+    if not isinstance(module, Drafter):
+        return set()
+    n_have = len({_layer_of(n) for n in have if _layer_of(n) is not None})
+    return set(range(n_have, len(module.layers)))

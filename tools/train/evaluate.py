@@ -186,8 +186,9 @@ def write_card(out: Path, dest: Path, m: dict, ctx: dict) -> None:
     d_init = f", continuing `{dck['init']}`" if dck.get("init") else ""
     grown = _init_layers(dck)
     if grown is not None and grown < dck["n_layer"]:
-        d_init = (f", its first {grown} layer{'s' if grown > 1 else ''} continuing `{dck['init']}` (the layers added"
-                  f" after them starting with zero residual projections, as that drafter)")
+        first = "its first layer" if grown == 1 else f"its first {grown} layers"
+        d_init = (f", {first} continuing `{dck['init']}` (the {dck['n_layer'] - grown} added after"
+                  f" starting with zero residual projections: it first computed what that drafter computes)")
     if tck["steps"] == 0:  # --target-steps 0: the init target as it was
         t_train = f"The target of `{tck['init']}`, unchanged (0 steps here)"
     else:

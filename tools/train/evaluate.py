@@ -187,8 +187,10 @@ def write_card(out: Path, dest: Path, m: dict, ctx: dict) -> None:
     grown = _init_layers(dck)
     if grown is not None and grown < dck["n_layer"]:
         first = "its first layer" if grown == 1 else f"its first {grown} layers"
-        d_init = (f", {first} continuing `{dck['init']}` (the {dck['n_layer'] - grown} added after"
-                  f" starting with zero residual projections: it first computed what that drafter computes)")
+        added = dck["n_layer"] - grown
+        d_init = (f", {first} continuing `{dck['init']}` (the {'layer' if added == 1 else f'{added} layers'} added"
+                  f" after {'it' if grown == 1 else 'them'} started with zero residual projections, so that it first"
+                  f" computed what that drafter computes)")
     if tck["steps"] == 0:  # --target-steps 0: the init target as it was
         t_train = f"The target of `{tck['init']}`, unchanged (0 steps here)"
     else:

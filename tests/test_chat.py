@@ -134,7 +134,10 @@ def test_chat_stream_matches_non_stream(chat_llm):
 
 def test_completion_equals_generate(dflash_b8, baseline):
     want = baseline.generate("x = 1", max_tokens=16, ignore_eos=True)
-    res = dflash_b8.create_completion("x = 1", max_tokens=16, temperature=0.0, ignore_eos=True)
+    # whole blocks pinned: on this compute-bound tiny pair the adaptive length may rightly draft
+    # nothing, more so after earlier tests on the same shared Llama stopped it (CI saw draft_n 0)
+    res = dflash_b8.create_completion("x = 1", max_tokens=16, temperature=0.0, ignore_eos=True,
+                                      draft_max=dflash_b8.pair.max_draft)
     assert set(res) == set(Completion.__annotations__)
     assert res["object"] == "text_completion" and res["id"].startswith("cmpl-")
     assert res["choices"][0]["text"] == want.text

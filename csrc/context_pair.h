@@ -260,7 +260,11 @@ private:
     void cut_deferred(Sequence& s, llama_pos end);  // a prompt-cache cut: positions >= end leave
     std::vector<const float*> target_features();    // per layer id: the last target pass's rows
     size_t feature_width() const;                   // floats per injected row
-    static constexpr int32_t kMaxDeferred = 64;     // rows a sequence defers at most (then injected)
+    // rows a sequence defers at most (then injected): one drafter ubatch, within
+    // kDeferredBytes of features and never under kMinDeferred rows
+    int32_t max_deferred() const;
+    static constexpr size_t kDeferredBytes = size_t{4} << 20;
+    static constexpr int32_t kMinDeferred = 64;
     // the drafter's window (draft_window.cpp): checks draft_window and sets window_ / view_
     void configure_window();
     uint32_t drafter_n_ctx(uint32_t full) const;  // the drafter context's size under the ring

@@ -82,6 +82,15 @@ void ContextPair::inject_rows(const std::vector<Span>& spans,
     flush();
 }
 
+int32_t ContextPair::max_deferred() const {
+    // Rows that wait until the sequence drafts again are never injected when it does
+    // not (its generation ends off, a new prompt cuts them): the more a sequence
+    // defers, the less a pair whose drafting does not pay spends on its drafter
+    const size_t by_bytes = kDeferredBytes / (feature_width() * sizeof(float));
+    const auto ubatch = static_cast<size_t>(llama_n_ubatch(ctx_dft_.get()));
+    return static_cast<int32_t>(std::max(std::min(by_bytes, ubatch), static_cast<size_t>(kMinDeferred)));
+}
+
 void ContextPair::defer(const std::vector<Span>& spans) {
     const std::vector<const float*> layers = target_features();
     const auto n_embd = static_cast<size_t>(spec_.n_embd_target);
@@ -97,8 +106,8 @@ void ContextPair::defer(const std::vector<Span>& spans) {
                      s.deferred.data() + static_cast<size_t>(s.n_deferred + i) * n_enc);
         }
         s.n_deferred += sp.n;
-        // bounded: a long run of plain steps is injected in passes of kMaxDeferred rows
-        if (s.n_deferred >= kMaxDeferred) full.push_back(sp.seq);
+        // bounded: a long run of plain steps is injected in passes of max_deferred() rows
+        if (s.n_deferred >= max_deferred()) full.push_back(sp.seq);
     }
     if (!full.empty()) flush_deferred(full);
 }

@@ -4,7 +4,7 @@ injects them just before the drafter next drafts, in one pass. The drafter then
 holds exactly what it would hold had every step injected its rows: its next
 block equals the one drafted after a fresh prefill of the same tokens. Checked
 through the paths that read or cut the drafter's cache: a long run of plain
-steps (injected in passes of at most 64 rows), a drafter window, a slot file
+steps (injected in passes of at most one drafter ubatch, 512 rows here), a drafter window, a slot file
 and the prompt cache."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def fresh_block(pair, tokens: list[int]) -> list[int]:
     return list(pair.step().drafted)
 
 
-@pytest.mark.parametrize("n_plain", [1, 5, 70, 150])  # past 64: injected in passes midway
+@pytest.mark.parametrize("n_plain", [1, 5, 70, 600])  # past 512: injected in a pass midway
 @pytest.mark.parametrize("window", [0, 24])
 def test_a_run_of_plain_steps_leaves_the_drafter_as_injecting_every_step(models, n_plain, window):
     with open_pair(models, draft_window=window, draft_adaptive=False) as llm:

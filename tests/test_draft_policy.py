@@ -402,3 +402,63 @@ def test_the_switch_back_counts_against_drafting_in_the_realized_rates():
     assert p.plain_rate.value() == pytest.approx(1 / plain, rel=1e-3)
     assert p.draft_rate.value() == pytest.approx(5 / (6 * plain), rel=0.02)
     assert p.drafting_loses()
+
+
+def test_probes_are_spaced_by_the_time_they_measured():
+    # a lone probe injects the rows its sequence deferred while off and makes llama.cpp
+    # rebuild its graphs: it takes longer than the model's drafting step of a run, and
+    # that measured time is what it costs against plain steps
+    p = DraftPolicy(cost(0.5), MAX_DRAFT)
+    c = Choice([expected_tokens([0.3] * MAX_DRAFT, k) for k in range(MAX_DRAFT + 1)], 0, MAX_DRAFT)
+    plain = p.cost.step_ms(1, 0)
+    modelled = p.cost.step_ms(1 + MAX_DRAFT, 1 + MAX_DRAFT)
+    spacing = p.probe_spacing(c)
+    p.observe_lone(2, True, modelled / 2, probe=True)  # faster than modelled: the model stays the floor
+    assert p.probe_spacing(c) == spacing
+    for _ in range(30):
+        p.observe_lone(2, True, modelled + 20.0, probe=True)
+    assert p.probe_ms == pytest.approx(modelled + 20.0, rel=1e-3)
+    # 20 ms more per probe: spaced by that over PROBE_BUDGET of a plain step more
+    assert p.probe_spacing(c) == pytest.approx(spacing + 20.0 / (PROBE_BUDGET * plain), abs=1.5)
+    p.observe_lone(2, True, 1000.0)  # a drafting step that is not a probe leaves it alone
+    assert p.probe_ms == pytest.approx(modelled + 20.0, rel=1e-3)
+
+
+def test_a_lone_sequence_that_always_drafts_still_measures_plain_steps():
+    # the calibration ran at a noisy moment and put a plain pass at 6x its cost: the model
+    # says drafting pays, and a sequence that never takes a plain step would never learn
+    # otherwise (the realized rates need both kinds of step; a bench worker drafted a whole
+    # run at 0.5x the target alone). Now and then it takes plain steps until they are known
+    rows = list(range(1, 65))
+    true = cost(1.0, draft_ms=2.0, verify_ms=1.0)  # r rows: r ms; a drafter pass: 2 ms
+    wrong = CostModel(rows, [6.0 if r == 1 else true.verify_ms(r) for r in rows], rows, [2.0] * 64, 64)
+    p, ks = run_lone(wrong, true)
+    assert p.drafting_loses()
+    assert sum(1 for k in ks[-300:] if k) <= 12  # probes only
+    # where drafting does pay (memory-bound: 3 tokens for 1.4 ms), the check costs a few plain steps
+    true = cost(0.02, draft_ms=0.2, verify_ms=1.0)
+    wrong = CostModel(rows, [6.0 if r == 1 else true.verify_ms(r) for r in rows], rows, [0.2] * 64, 64)
+    p, ks = run_lone(wrong, true)
+    assert not p.drafting_loses()
+    assert ks.count(0) <= 12 and all(ks[-300:])
+
+
+def run_lone(model: CostModel, true: CostModel) -> tuple[DraftPolicy, list[int]]:
+    """600 steps of a lone sequence whose drafts keep two tokens, costed by ``true``."""
+    p = DraftPolicy(model, MAX_DRAFT)
+    st = p.new_sequence()
+    ks = []
+    for _ in range(600):
+        k = p.choose([st], [MAX_DRAFT], [0])[0]
+        ks.append(k)
+        if k:  # two drafted tokens kept
+            acc = min(k, 2)
+            p.observe_sequence(st, k, acc)
+            ms = true.step_ms(1 + k, 1 + k)
+            p.observe_step(1 + k, true.verify_ms(1 + k), 1 + k, 2.0, ms)
+            p.observe_lone(1 + acc, True, ms, probe=st.probing)
+        else:
+            ms = true.step_ms(1, 0)
+            p.observe_step(1, ms, 0, 0.0, ms)
+            p.observe_lone(1, False, ms)
+    return p, ks

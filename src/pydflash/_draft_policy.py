@@ -31,9 +31,9 @@ step (a burst of rejections does not stop it for good), and it probes now and
 then with a full draft, so the estimates can recover where the pair's is low
 too; a probe that does not resume speculation doubles the wait before the next,
 and the waits are long enough that probes cost at most ``PROBE_BUDGET`` of the
-time (a probe's expected loss against plain steps, at the estimates of then,
-plus the measured extra time of the plain step after it: llama.cpp rebuilds its
-graphs for the sizes it switches between).
+time (a probe's expected loss against plain steps, at the estimates of then and
+at least at the time probes measured, plus the measured extra time of the plain
+step after it: llama.cpp rebuilds its graphs for the sizes it switches between).
 
 Pure Python without the model: tests drive it with synthetic costs and acceptances.
 """
@@ -67,6 +67,7 @@ PROBE_WEIGHT = 2.0  # a probe counts as this many steps (it is the only news whi
 PROBE_FIRST = 4  # steps off before the first probe
 PROBE_MAX = 64  # the longest doubling wait between probes (a costly probe waits longer)
 PROBE_BUDGET = 0.02  # probes cost at most this share of the time (their expected loss)
+PROBE_ALPHA = 0.25  # weight of each lone probe's measured time (probes are few; the first sets it)
 PROBE_WAIT_MAX = 1024  # the longest wait between probes, whatever they cost
 RECHECK = 4  # a lone sequence that is off weighs drafting again every this many steps at least,
 RECHECK_MAX = 64  # ... at most, and between them as often as CHOICE_BUDGET allows
@@ -77,6 +78,10 @@ COST_ALPHA = 0.1  # weight of each step's timings in the online cost correction
 # target), not whether it paid in the last stretch (the acceptance estimates' business)
 RATE_DECAY = 0.95
 RATE_MIN = 5.0  # weight of each kind seen before the realized rates may overrule the model
+# a lone sequence that drafts every step takes a plain one after this many drafting steps
+# while plain steps' realized rate is unknown: the model's plain cost comes from a
+# calibration that may have run at a noisy moment, and only plain steps correct it
+PLAIN_CHECK = 16
 
 
 def expected_tokens(c: Sequence[float], k: int) -> float:
@@ -400,6 +405,11 @@ class DraftPolicy:
         self.switch_ms = 0.0
         self._drafted = False  # the last observed step had a drafter pass
         self._switch_excess = 0.0  # the last observed step was a switch back: its time over a plain step's
+        self._lone_drafts = 0  # a lone sequence's drafting steps since its last plain one
+        # a lone probe's measured wall time (0: none yet): with the injection of the rows
+        # its sequence deferred while off and llama.cpp's graph rebuild for the sizes it
+        # switches to, a probe costs more than a drafting step of a run (the model's)
+        self.probe_ms = 0.0
 
     def new_sequence(self) -> SequenceDraft:
         """A generation's state, its prior the pair's running estimate. Where the last
@@ -458,8 +468,11 @@ class DraftPolicy:
                     st.unforgotten = 0
                 choices.append(Choice(_gains(st.acceptance.conditional(), cap), lo, cap))
         ks = choose_lengths(self.cost, choices, self.pass_rows)
-        if len(ks) == 1 and ks[0] > 0 and states[0] is not None and self.drafting_loses():
-            ks[0] = 0  # the model says drafting pays, what it realized says not: off (probes go on)
+        if len(ks) == 1 and ks[0] > 0 and states[0] is not None:
+            if self.drafting_loses():
+                ks[0] = 0  # the model says drafting pays, what it realized says not: off (probes go on)
+            elif self.plain_rate.n < RATE_MIN and self._lone_drafts >= PLAIN_CHECK:
+                ks[0] = 0  # plain steps' realized rate is not known yet: measure it (off for a recheck)
         for i, (st, c) in enumerate(zip(states, choices, strict=True)):
             if st is None or c.hi < max(c.lo, 1):
                 continue
@@ -482,7 +495,7 @@ class DraftPolicy:
         probe's expected loss against plain steps (its time less what its expected
         tokens take plainly), at the current estimates and costs."""
         plain = max(self.cost.step_ms(1, 0), 1e-9)
-        probe = self.cost.step_ms(1 + c.hi, drafter_rows(c.hi, self.pass_rows))
+        probe = max(self.cost.step_ms(1 + c.hi, drafter_rows(c.hi, self.pass_rows)), self.probe_ms)
         loss = probe - c.gains[min(c.hi, len(c.gains) - 1)] * plain
         realized = self._realized()
         if realized is not None:  # what drafting realized lately, where it is worse than the estimates
@@ -499,12 +512,16 @@ class DraftPolicy:
         st.acceptance.observe(n_drafted, n_accepted, PROBE_WEIGHT if st.probing else 1.0)
         self.pooled.observe(n_drafted, n_accepted)
 
-    def observe_lone(self, tokens: int, drafted: bool, wall_ms: float) -> None:
+    def observe_lone(self, tokens: int, drafted: bool, wall_ms: float, probe: bool = False) -> None:
         """A step of one sequence alone: the tokens it gave and its wall time, as a
-        plain or a drafting step. A switch back (``observe_step`` just saw one) is a
-        plain step whose excess time the drafting before it caused."""
+        plain or a drafting step (``probe``: a probe's). A switch back (``observe_step``
+        just saw one) is a plain step whose excess time the drafting before it caused."""
+        self._lone_drafts = self._lone_drafts + 1 if drafted else 0
         if drafted:
             self.draft_rate.observe(tokens, wall_ms)
+            if probe:  # the first probe sets it
+                last = self.probe_ms if self.probe_ms > 0 else wall_ms
+                self.probe_ms = last + PROBE_ALPHA * (wall_ms - last)
             return
         excess = min(self._switch_excess, wall_ms)
         self.plain_rate.observe(tokens, wall_ms - excess)

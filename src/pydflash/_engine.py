@@ -361,7 +361,7 @@ class Engine:
             policy.observe_step(rows, first.t_verify_ms, draft_rows, t_draft, wall)
         # n-gram drafts' tokens say nothing of what the drafter's steps or plain steps give
         if lone is not None and not first.error and first.source in MODEL_SOURCES:
-            policy.observe_lone(len(first.tokens), first.draft_max > 0, wall)
+            policy.observe_lone(len(first.tokens), first.draft_max > 0, wall, probe=lone.probing)
 
 
 MODEL_SOURCES = ("draft-dflash", "draft-dspark", "draft-mtp", "")  # "": nothing drafted this step

@@ -97,6 +97,7 @@ ContextPair::ContextPair(std::shared_ptr<Model> target, std::shared_ptr<Model> d
             llama_set_embeddings_nextn(ctx_dft_.get(), true, spec_.kind != DrafterKind::DFlash2);
         }
         batch_dft_.reset(llama_batch_ext_init(ctx_dft_.get()));
+        max_deferred_ = max_deferred();
         if (!batch_dft_) throw Error("llama_batch_ext_init failed for the drafter");
     }
     // before the target's first decode: it turns on the target's hidden-state output

@@ -261,7 +261,8 @@ private:
     std::vector<const float*> target_features();    // per layer id: the last target pass's rows
     size_t feature_width() const;                   // floats per injected row
     // rows a sequence defers at most (then injected): one drafter ubatch, within
-    // kDeferredBytes of features and never under kMinDeferred rows
+    // kDeferredBytes of features and never under kMinDeferred rows; set once the
+    // drafter's context exists (max_deferred_)
     int32_t max_deferred() const;
     static constexpr size_t kDeferredBytes = size_t{4} << 20;
     static constexpr int32_t kMinDeferred = 64;
@@ -309,6 +310,7 @@ private:
     RollbackKind rollback_ = RollbackKind::KvTrim;
     uint32_t n_rs_seq_ = 0;                 // rollback depth of the target's state planes
     int32_t window_ = 0;                    // the ring's width (draft_window.cpp); 0: no ring
+    int32_t max_deferred_ = kMinDeferred;   // max_deferred(), computed once
     int32_t view_ = 0;                      // what the drafter sees: window_ or its own sliding window; 0: all
     std::unique_ptr<NgramDrafters> ngram_;  // null: no n-gram type listed
     ContextPtr ctx_tgt_;

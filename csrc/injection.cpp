@@ -106,8 +106,8 @@ void ContextPair::defer(const std::vector<Span>& spans) {
                      s.deferred.data() + static_cast<size_t>(s.n_deferred + i) * n_enc);
         }
         s.n_deferred += sp.n;
-        // bounded: a long run of plain steps is injected in passes of max_deferred() rows
-        if (s.n_deferred >= max_deferred()) full.push_back(sp.seq);
+        // bounded: a long run of plain steps is injected in passes of max_deferred_ rows
+        if (s.n_deferred >= max_deferred_) full.push_back(sp.seq);
     }
     if (!full.empty()) flush_deferred(full);
 }

@@ -90,17 +90,24 @@ Calibration ContextPair::calibrate(int32_t seq, int32_t max_rows, int32_t reps) 
     std::vector<std::vector<double>> tv(cal.verify_rows.size()), td(cal.draft_rows.size());
     target_pass(max_rows);  // warm-up: first-use allocations, caches
     if (drafter_) drafter_pass(cal.draft_rows.back());
-    // sizes interleaved: a slow moment spreads over all of them; each timed pass follows
-    // an untimed one of its size, so llama.cpp reuses its graph as it does for a run of
-    // steps of one size (a pass after another size rebuilds it: ~0.2 ms on a tiny model,
-    // twice a 1-row pass of the embedded target; the engine learns that part online)
+    // sizes interleaved: a slow moment spreads over all of them. Each timed pass follows an
+    // untimed one of its size, so llama.cpp reuses its graph as it does for a run of steps of
+    // one size (a pass after another size rebuilds it: ~0.2 ms on a tiny model, twice a 1-row
+    // pass of the embedded target; the engine learns that part online). A target pass of
+    // several rows (a drafting step's) and a drafter pass also follow a pass of the other
+    // model, as in a drafting step: on a small CPU model each evicts the other's weights from
+    // the caches (timed back to back, the embedded pair's passes took half their time in steps)
+    const int32_t between = drafter_ ? cal.draft_rows.front() : 0;  // any size touches all its weights
     for (int32_t r = 0; r < reps; ++r) {
         for (size_t i = 0; i < cal.verify_rows.size(); ++i) {
-            target_pass(cal.verify_rows[i]);
-            tv[i].push_back(target_pass(cal.verify_rows[i]));
+            const int32_t rows = cal.verify_rows[i];
+            target_pass(rows);
+            if (drafter_ && rows > 1) drafter_pass(between);
+            tv[i].push_back(target_pass(rows));
         }
         for (size_t i = 0; i < cal.draft_rows.size(); ++i) {
             drafter_pass(cal.draft_rows[i]);
+            target_pass(1);
             td[i].push_back(drafter_pass(cal.draft_rows[i]));
         }
     }

@@ -10,6 +10,7 @@ from pydflash._draft_policy import (
     PROBE_FIRST,
     PROBE_MAX,
     RECHECK,
+    SWITCH_STEPS,
     Acceptance,
     Choice,
     CostModel,
@@ -105,7 +106,7 @@ def test_the_joint_choice_is_no_worse_than_any_uniform_length():
     def rate(ks: list[int]) -> float:
         rows = sum(1 + k for k in ks)
         drows = sum(1 + k for k in ks if k > 0)
-        return sum(g[k] for g, k in zip(gains, ks)) / c.step_ms(rows, drows)
+        return sum(g[k] for g, k in zip(gains, ks, strict=True)) / c.step_ms(rows, drows)
 
     for k in range(MAX_DRAFT + 1):
         assert rate(ks) >= rate([k] * 3) - 1e-12
@@ -149,9 +150,9 @@ def probe_gaps(c: CostModel, n_steps: int) -> tuple[list[int], float]:
 
 
 def test_cheap_probes_double_their_wait_up_to_probe_max():
-    # memory-bound: a full draft costs little more than a plain step
-    gaps, share = probe_gaps(cost(0.02, draft_ms=0.3), 400)
-    assert gaps[0] == PROBE_FIRST
+    # memory-bound (as on a GPU): a full draft costs little more than a plain step (4.5%)
+    gaps, share = probe_gaps(cost(0.01, draft_ms=0.3), 400)
+    assert PROBE_FIRST <= gaps[0] < 2 * PROBE_FIRST  # the first: what PROBE_BUDGET allows, at least
     assert gaps == sorted(gaps) and max(gaps) == PROBE_MAX
     assert share <= PROBE_BUDGET
 
@@ -310,9 +311,9 @@ def test_short_generations_share_one_probe_clock():
         return n
 
     dear = cost(5.0)
-    long_run = probes(dear, 3840, 1)
+    long_run = probes(dear, 7680, 1)
     assert long_run >= 10
-    assert long_run - 2 <= probes(dear, 128, 30) <= long_run + 2
+    assert long_run - 2 <= probes(dear, 128, 60) <= long_run + 2
     # cheap probes (a memory-bound target): a new prompt is probed soon, as in a new pair
     p, sts = policy(cost(0.05), acceptance=0.02)
     for _ in range(300):
@@ -373,7 +374,8 @@ def test_the_switch_back_to_plain_steps_is_charged_to_probes():
     for _ in range(100):
         p.observe_step(1 + MAX_DRAFT, p.cost.verify_ms(1 + MAX_DRAFT), 16, 0.2, p.cost.step_ms(1 + MAX_DRAFT, 16))
         p.observe_step(1, plain, 0, 0.0, plain + 10.0)  # the switch: 10 ms more than a plain step
-        p.observe_step(1, plain, 0, 0.0, plain)  # the next plain step: as modelled
+        for _ in range(SWITCH_STEPS + 2):
+            p.observe_step(1, plain, 0, 0.0, plain)  # the next plain steps: as modelled
     assert p.switch_ms == pytest.approx(10.0, rel=1e-3)
     assert p.cost.step_ms(1, 0) == pytest.approx(plain, rel=1e-3)  # the plain steps' cost is untouched
     wider = p.probe_spacing(c)
@@ -402,6 +404,32 @@ def test_the_switch_back_counts_against_drafting_in_the_realized_rates():
     assert p.plain_rate.value() == pytest.approx(1 / plain, rel=1e-3)
     assert p.draft_rate.value() == pytest.approx(5 / (6 * plain), rel=0.02)
     assert p.drafting_loses()
+
+
+def test_the_steps_slowed_after_a_switch_back_are_charged_to_drafting():
+    # on a small CPU model the plain steps after a drafting step stay slow for a while
+    # (the drafter's pass evicted the target's weights from the caches: on the embedded
+    # pair the next 20 took 1.4-15 ms more than plain steps, more than the first one's
+    # graph rebuild): their excess is part of what a probe costs and of what drafting
+    # realized, and stays out of plain steps' realized rate
+    p = DraftPolicy(cost(0.5), MAX_DRAFT)
+    c = Choice([expected_tokens([0.3] * MAX_DRAFT, k) for k in range(MAX_DRAFT + 1)], 0, MAX_DRAFT)
+    plain = p.cost.step_ms(1, 0)
+    spacing = p.probe_spacing(c)
+    aftermath = [4.0, 2.0, 1.0, 1.0, 0.5, 0.5, 0.5, 0.5]  # 10 ms over 8 steps
+    for _ in range(60):
+        wall = p.cost.step_ms(1 + MAX_DRAFT, 16)
+        p.observe_step(1 + MAX_DRAFT, p.cost.verify_ms(1 + MAX_DRAFT), 16, 0.2, wall)
+        p.observe_lone(4, True, wall)
+        for extra in [*aftermath, *[0.0] * (SWITCH_STEPS + 4)]:
+            p.observe_step(1, plain, 0, 0.0, plain + extra)
+            p.observe_lone(1, False, plain + extra)
+    assert p.switch_ms == pytest.approx(10.0, rel=0.02)
+    wider = p.probe_spacing(c)
+    assert wider == pytest.approx(spacing + 10.0 / (PROBE_BUDGET * plain), abs=2)
+    # plain steps: 1 token per plain step; drafting: 4 tokens per its step and the 10 ms after
+    assert p.plain_rate.value() == pytest.approx(1 / plain, rel=0.01)
+    assert p.draft_rate.value() == pytest.approx(4 / (p.cost.step_ms(1 + MAX_DRAFT, 16) + 10.0), rel=0.03)
 
 
 def test_probes_are_spaced_by_the_time_they_measured():

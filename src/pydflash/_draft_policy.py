@@ -33,7 +33,8 @@ too; a probe that does not resume speculation doubles the wait before the next,
 and the waits are long enough that probes cost at most ``PROBE_BUDGET`` of the
 time (a probe's expected loss against plain steps, at the estimates of then and
 at least at the time probes measured, plus the measured extra time of the plain
-step after it: llama.cpp rebuilds its graphs for the sizes it switches between).
+steps after it: llama.cpp rebuilds its graphs for the sizes it switches between, and
+the target's weights come back into the caches).
 
 Pure Python without the model: tests drive it with synthetic costs and acceptances.
 """
@@ -66,7 +67,7 @@ POOLED_DECAY = 0.98  # the pair's running estimate (the prior of new sequences)
 PROBE_WEIGHT = 2.0  # a probe counts as this many steps (it is the only news while off)
 PROBE_FIRST = 4  # steps off before the first probe
 PROBE_MAX = 64  # the longest doubling wait between probes (a costly probe waits longer)
-PROBE_BUDGET = 0.02  # probes cost at most this share of the time (their expected loss)
+PROBE_BUDGET = 0.01  # probes cost at most this share of the time (their expected loss)
 PROBE_ALPHA = 0.25  # weight of each lone probe's measured time (probes are few; the first sets it)
 PROBE_WAIT_MAX = 1024  # the longest wait between probes, whatever they cost
 RECHECK = 4  # a lone sequence that is off weighs drafting again every this many steps at least,
@@ -82,6 +83,15 @@ RATE_MIN = 5.0  # weight of each kind seen before the realized rates may overrul
 # while plain steps' realized rate is unknown: the model's plain cost comes from a
 # calibration that may have run at a noisy moment, and only plain steps correct it
 PLAIN_CHECK = 16
+# the plain steps after a drafting step whose excess time over a plain step's the drafting
+# caused: llama.cpp rebuilds both graphs for the sizes it switches to, and on a small CPU
+# model the drafter's pass evicted the target's weights from the caches (on the embedded
+# pair the steps stayed slow for 10-20 steps, together 1.4-15 ms: more than the rebuild)
+SWITCH_STEPS = 16
+# a lone sequence's plain steps between weighings, outside a switch's steps: every this
+# many is observed (observing one costs ~10 us of Python in the engine's thread, 1% of a
+# plain step of the embedded target; the costs they measure change slowly)
+PLAIN_SAMPLE = 4
 
 
 def expected_tokens(c: Sequence[float], k: int) -> float:
@@ -398,13 +408,19 @@ class DraftPolicy:
         # check on the model where one sequence has the pair
         self.plain_rate = Rate(RATE_DECAY)
         self.draft_rate = Rate(RATE_DECAY)
-        # the first step without a drafter pass after one with: llama.cpp rebuilds both
-        # graphs for the new sizes (on the embedded target that step took 2x a plain
-        # one). Its excess over the model's plain step is part of what a probe costs
-        # and stays out of the plain steps' costs
-        self.switch_ms = 0.0
-        self._drafted = False  # the last observed step had a drafter pass
-        self._switch_excess = 0.0  # the last observed step was a switch back: its time over a plain step's
+        # the SWITCH_STEPS steps without a drafter pass after one with are slower than plain
+        # steps (llama.cpp rebuilds both graphs for the new sizes; on the embedded target
+        # the first took 2x a plain step, and the target's weights come back into the
+        # caches). Their excess over the model's plain step (as it stood before them) is
+        # part of what a probe costs and stays out of the plain steps' costs and rate
+        self.switch_ms = 0.0  # a switch's total excess, averaged over switches
+        self._switches = 0  # switches measured
+        self._after = SWITCH_STEPS  # plain steps observed since the last drafting step
+        self._switch_sum = 0.0  # this switch's excess so far (unclipped: noise averages out)
+        self._switch_base = (0, 0.0)  # the rows of its plain steps and their modelled time
+        self._switch_excess = 0.0  # the last observed step's share of the excess, for observe_lone
+        self._veto = False  # drafting_loses() as of the last weighing or drafting step
+        self._skipped = 0  # plain steps skipped (observe_plain), for its sampling
         self._lone_drafts = 0  # a lone sequence's drafting steps since its last plain one
         # a lone probe's measured wall time (0: none yet): with the injection of the rows
         # its sequence deferred while off and llama.cpp's graph rebuild for the sizes it
@@ -440,6 +456,7 @@ class DraftPolicy:
             took = (time.perf_counter() - t0) * 1e3
             n = math.ceil(took / (CHOICE_BUDGET * max(self.cost.step_ms(1, 0), 1e-6)))
             self.recheck = min(max(n, RECHECK), RECHECK_MAX)
+            self._veto = self.drafting_loses()
         return ks
 
     def skip(self, st: SequenceDraft) -> bool:
@@ -448,7 +465,11 @@ class DraftPolicy:
         drafting does not pay: only its estimate's drift toward the pair's could
         bring drafting back, weighed every ``recheck`` steps. The engine asks this
         before anything else, so such a step costs about what the target's costs."""
-        if st.weighed and st.off_steps % self.recheck and st.off_steps + 1 < max(st.probe_wait, st.spacing):
+        # while drafting realizes less than plain steps a weighing cannot turn it on (the
+        # realized rates overrule the model; only a probe, which is not skipped, or a slow
+        # drift of the plain steps' rate changes them): weighed seldom
+        every = RECHECK_MAX if self._veto else self.recheck
+        if st.weighed and st.off_steps % every and st.off_steps + 1 < max(st.probe_wait, st.spacing):
             st.off_steps += 1
             st.unforgotten += 1
             return True
@@ -522,11 +543,23 @@ class DraftPolicy:
             if probe:  # the first probe sets it
                 last = self.probe_ms if self.probe_ms > 0 else wall_ms
                 self.probe_ms = last + PROBE_ALPHA * (wall_ms - last)
+            self._veto = self.drafting_loses()
             return
-        excess = min(self._switch_excess, wall_ms)
+        excess = self._switch_excess  # the switch's excess this step added (negative: given back)
         self.plain_rate.observe(tokens, wall_ms - excess)
-        if excess > 0 and self.draft_rate.n > 0:
+        if excess and self.draft_rate.n > 0:
             self.draft_rate.charge(excess)
+
+    def observe_plain(self, verify_ms: float, wall_ms: float, tokens: int = 1) -> None:
+        """A lone sequence's plain step that ``skip`` chose: ``observe_step`` and
+        ``observe_lone`` as for any plain step of one row, every PLAIN_SAMPLE-th
+        outside a switch's steps (those are all observed: their sum is the switch's)."""
+        if self._after >= SWITCH_STEPS:
+            self._skipped += 1
+            if self._skipped % PLAIN_SAMPLE:
+                return
+        self.observe_step(1, verify_ms, 0, 0.0, wall_ms)
+        self.observe_lone(tokens, False, wall_ms)
 
     def drafting_loses(self) -> bool:
         """A lone sequence's recent drafting steps gave fewer tokens per ms than its
@@ -545,13 +578,24 @@ class DraftPolicy:
 
     def observe_step(self, rows: int, verify_ms: float, draft_rows: int, draft_ms: float, wall_ms: float) -> None:
         """The shared passes of one step and its wall time (the rest is overhead). The
-        first step without a drafter pass after one with measures the switch instead."""
-        switched, self._drafted = self._drafted and draft_rows == 0, draft_rows > 0
+        SWITCH_STEPS steps without a drafter pass after one with measure the switch instead:
+        their excess over a plain step as modelled before them."""
         self._switch_excess = 0.0
-        if switched:
-            excess = wall_ms - self.cost.step_ms(rows, 0)
-            self._switch_excess = max(excess, 0.0)
-            # unclipped: noise averages out (clipped at use)
-            self.switch_ms += COST_ALPHA * (excess - self.switch_ms)
+        if draft_rows > 0:
+            self._after, self._switch_sum = 0, 0.0
+            self.cost.observe(rows, verify_ms, draft_rows, draft_ms, wall_ms - verify_ms - draft_ms)
+            return
+        if self._after < SWITCH_STEPS:
+            if self._after == 0 or rows != self._switch_base[0]:
+                self._switch_base = (rows, self.cost.step_ms(rows, 0))
+            before = max(self._switch_sum, 0.0)
+            self._switch_sum += wall_ms - self._switch_base[1]
+            # the share charged to drafting: what the running sum, clipped at 0, added
+            self._switch_excess = max(self._switch_sum, 0.0) - before
+            self._after += 1
+            if self._after == SWITCH_STEPS:  # unclipped: noise averages out (clipped at use)
+                last = self.switch_ms if self._switches else self._switch_sum  # the first sets it
+                self.switch_ms = last + PROBE_ALPHA * (self._switch_sum - last)
+                self._switches += 1
             return
         self.cost.observe(rows, verify_ms, draft_rows, draft_ms, wall_ms - verify_ms - draft_ms)

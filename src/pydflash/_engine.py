@@ -352,7 +352,10 @@ class Engine:
             return
         wall = (time.perf_counter() - t0) * 1e3
         first = results[0]
-        if plain:  # one sequence, no drafter pass: nothing to sum
+        if plain and first.n_drafted == 0 and not first.error:  # one row, no drafter pass: sampled
+            policy.observe_plain(first.t_verify_ms, wall, len(first.tokens))
+            return
+        if plain:  # one sequence, no drafter pass (an n-gram draft): nothing to sum
             policy.observe_step(1 + first.n_drafted, first.t_verify_ms, 0, 0.0, wall)
         else:
             rows = sum(1 + r.n_drafted for r in results)

@@ -21,7 +21,7 @@ def _ints(text: str) -> tuple[int, ...]:
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from .bench.run import ENGINES
     from .bench.servers import ENGINES as SERVING_ENGINES
-    from .bench.workload import WORKLOADS
+    from .bench.tasks import WORKLOADS
 
     b = sub.add_parser(
         "bench",
@@ -71,7 +71,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     b.add_argument(
         "--workload",
         choices=sorted(WORKLOADS),
-        help="prompt text: held-out standard-library code (default) or the held-out help topics' prose",
+        help="prompt text: held-out standard-library code (default), copy-heavy edits (a held-out function "
+        "asked for again: about ISL tokens) or the held-out help topics' prose",
     )
     b.add_argument("--repeats", type=int, help="timed runs per configuration (default: 3; --quick: 2)")
     b.add_argument("--warmup", type=int, default=1, help="warm-up runs per engine (default: %(default)s)")

@@ -18,9 +18,10 @@ together, since they share both passes:
   machine is busy);
 - ``Acceptance``: one sequence's c_i, exponentially weighted over its recent
   steps (a rejected position counts against itself only; positions after it were
-  not tried), each position's prior the one before it (acceptance changes
-  smoothly along a block), the first position's the pair's running estimate
-  over every sequence (slower to change: one unlucky step does not stop drafting);
+  not tried), each position's prior the pair's running estimate of it over every
+  sequence (slower to change: one unlucky step does not stop drafting; the pair's
+  own estimate takes each position's prior from the one before it: acceptance
+  changes smoothly along a block);
 - ``choose_lengths``: the joint choice, a coordinate ascent over sequences;
 - ``DraftPolicy``: the engine's side: per-sequence state, probing, observation.
 
@@ -214,10 +215,13 @@ class CostModel:
             return self.verify_ms(rows) + self.draft_ms(draft_rows) + self.overhead_ms
         return self.verify_ms(rows) + self.plain_overhead_ms
 
-    def observe(self, rows: int, verify_ms: float, draft_rows: int, draft_ms: float, other_ms: float) -> None:
+    def observe(
+        self, rows: int, verify_ms: float, draft_rows: int, draft_ms: float, other_ms: float, times: int = 1
+    ) -> None:
         """One step's measured times: the target pass over ``rows``, the drafter pass
-        over ``draft_rows`` (0: none) and the rest of the step (``other_ms``)."""
-        a = COST_ALPHA
+        over ``draft_rows`` (0: none) and the rest of the step (``other_ms``);
+        ``times``: as if seen that many times in a row."""
+        a = COST_ALPHA if times == 1 else 1.0 - (1.0 - COST_ALPHA) ** times
         base = self._at(self._v, rows)
         if base > 0 and verify_ms > 0:
             ratio = verify_ms / base
@@ -238,9 +242,9 @@ class CostModel:
 
 class Acceptance:
     """One sequence's conditional acceptance per draft position (see the module
-    docstring); ``prior`` is the first position's prior (a number, or another
-    estimate's first position as it is now: the pair's), each later position's is
-    the estimate of the position before it."""
+    docstring). ``prior``: another estimate (the pair's), whose estimate of each
+    position as it is now is that position's prior; or a number, the first
+    position's prior, each later position's being the estimate of the one before."""
 
     def __init__(self, n: int, prior: float | Acceptance = PRIOR_ACCEPTANCE, decay: float = DECAY):
         self.n = n
@@ -268,7 +272,12 @@ class Acceptance:
         """c_1..c_n: each position's weighted rate shrunk toward its prior (an untried
         position: its prior)."""
         out: list[float] = []
-        prior = self.prior if isinstance(self.prior, (int, float)) else self.prior.first()
+        if not isinstance(self.prior, (int, float)):  # each position's prior: the pair's estimate of it
+            pooled = self.prior.conditional()
+            for i in range(self.n):
+                out.append((self._hit[i] + PRIOR_WEIGHT * pooled[i]) / (self._try[i] + PRIOR_WEIGHT))
+            return out
+        prior = self.prior
         for i in range(self.n):
             prior = (self._hit[i] + PRIOR_WEIGHT * prior) / (self._try[i] + PRIOR_WEIGHT)
             out.append(prior)
@@ -289,11 +298,13 @@ class Rate:
         self.decay = decay
         self.tokens = self.ms = self.n = 0.0
 
-    def observe(self, tokens: int, ms: float) -> None:
-        d = self.decay
-        self.tokens = self.tokens * d + tokens
-        self.ms = self.ms * d + ms
-        self.n = self.n * d + 1.0
+    def observe(self, tokens: int, ms: float, times: int = 1) -> None:
+        """A step's tokens and time (``times``: as if seen that many times in a row)."""
+        d = self.decay**times
+        w = (1.0 - d) / (1.0 - self.decay) if times > 1 else 1.0
+        self.tokens = self.tokens * d + tokens * w
+        self.ms = self.ms * d + ms * w
+        self.n = self.n * d + w
 
     def charge(self, ms: float) -> None:
         """Time the last observed step caused later (no step of its own)."""
@@ -412,14 +423,17 @@ class DraftPolicy:
         # steps (llama.cpp rebuilds both graphs for the new sizes; on the embedded target
         # the first took 2x a plain step, and the target's weights come back into the
         # caches). Their excess over the model's plain step (as it stood before them) is
-        # part of what a probe costs and stays out of the plain steps' costs and rate
+        # part of what a probe costs and stays out of the plain steps' modelled cost
         self.switch_ms = 0.0  # a switch's total excess, averaged over switches
         self._switches = 0  # switches measured
         self._after = SWITCH_STEPS  # plain steps observed since the last drafting step
         self._switch_sum = 0.0  # this switch's excess so far (unclipped: noise averages out)
         self._switch_base = (0, 0.0)  # the rows of its plain steps and their modelled time
-        self._switch_excess = 0.0  # the last observed step's share of the excess, for observe_lone
-        self._veto = False  # drafting_loses() as of the last weighing or drafting step
+        # the first of them (llama.cpp's graph rebuild) is also charged to drafting in a lone
+        # sequence's realized rates; the later ones only to probes: on a target whose weights
+        # outgrow the caches they are plain steps, and their noise would bias the rates
+        self._switch_excess = 0.0  # the last observed step's excess, if it was the first
+        self._veto = False  # drafting_loses() as of the last weighing, drafting step or check
         self._skipped = 0  # plain steps skipped (observe_plain), for its sampling
         self._lone_drafts = 0  # a lone sequence's drafting steps since its last plain one
         # a lone probe's measured wall time (0: none yet): with the injection of the rows
@@ -466,14 +480,21 @@ class DraftPolicy:
         bring drafting back, weighed every ``recheck`` steps. The engine asks this
         before anything else, so such a step costs about what the target's costs."""
         # while drafting realizes less than plain steps a weighing cannot turn it on (the
-        # realized rates overrule the model; only a probe, which is not skipped, or a slow
-        # drift of the plain steps' rate changes them): weighed seldom
-        every = RECHECK_MAX if self._veto else self.recheck
-        if st.weighed and st.off_steps % every and st.off_steps + 1 < max(st.probe_wait, st.spacing):
+        # realized rates overrule the model): a due weighing waits until they no longer
+        # say so (one comparison instead of a choice)
+        if (
+            st.weighed
+            and st.off_steps + 1 < max(st.probe_wait, st.spacing)
+            and (st.off_steps % self.recheck or (self._veto and self._still_vetoed()))
+        ):
             st.off_steps += 1
             st.unforgotten += 1
             return True
         return False
+
+    def _still_vetoed(self) -> bool:
+        self._veto = self.drafting_loses()
+        return self._veto
 
     def _choose(self, states: Sequence[SequenceDraft | None], caps: Sequence[int], floors: Sequence[int]) -> list[int]:
         choices: list[Choice] = []
@@ -533,7 +554,7 @@ class DraftPolicy:
         st.acceptance.observe(n_drafted, n_accepted, PROBE_WEIGHT if st.probing else 1.0)
         self.pooled.observe(n_drafted, n_accepted)
 
-    def observe_lone(self, tokens: int, drafted: bool, wall_ms: float, probe: bool = False) -> None:
+    def observe_lone(self, tokens: int, drafted: bool, wall_ms: float, probe: bool = False, times: int = 1) -> None:
         """A step of one sequence alone: the tokens it gave and its wall time, as a
         plain or a drafting step (``probe``: a probe's). A switch back (``observe_step``
         just saw one) is a plain step whose excess time the drafting before it caused."""
@@ -545,21 +566,24 @@ class DraftPolicy:
                 self.probe_ms = last + PROBE_ALPHA * (wall_ms - last)
             self._veto = self.drafting_loses()
             return
-        excess = self._switch_excess  # the switch's excess this step added (negative: given back)
-        self.plain_rate.observe(tokens, wall_ms - excess)
-        if excess and self.draft_rate.n > 0:
+        excess = self._switch_excess
+        self.plain_rate.observe(tokens, wall_ms - excess, times)
+        if excess > 0 and self.draft_rate.n > 0:
             self.draft_rate.charge(excess)
 
     def observe_plain(self, verify_ms: float, wall_ms: float, tokens: int = 1) -> None:
         """A lone sequence's plain step that ``skip`` chose: ``observe_step`` and
         ``observe_lone`` as for any plain step of one row, every PLAIN_SAMPLE-th
-        outside a switch's steps (those are all observed: their sum is the switch's)."""
+        outside a switch's steps, counted PLAIN_SAMPLE times (a switch's steps are all
+        observed: their sum is the switch's)."""
+        times = 1
         if self._after >= SWITCH_STEPS:
             self._skipped += 1
             if self._skipped % PLAIN_SAMPLE:
                 return
-        self.observe_step(1, verify_ms, 0, 0.0, wall_ms)
-        self.observe_lone(tokens, False, wall_ms)
+            times = PLAIN_SAMPLE  # standing for the steps not observed: the estimates keep their pace
+        self.observe_step(1, verify_ms, 0, 0.0, wall_ms, times)
+        self.observe_lone(tokens, False, wall_ms, times=times)
 
     def drafting_loses(self) -> bool:
         """A lone sequence's recent drafting steps gave fewer tokens per ms than its
@@ -576,7 +600,9 @@ class DraftPolicy:
             return None
         return d.value() / p.value()
 
-    def observe_step(self, rows: int, verify_ms: float, draft_rows: int, draft_ms: float, wall_ms: float) -> None:
+    def observe_step(
+        self, rows: int, verify_ms: float, draft_rows: int, draft_ms: float, wall_ms: float, times: int = 1
+    ) -> None:
         """The shared passes of one step and its wall time (the rest is overhead). The
         SWITCH_STEPS steps without a drafter pass after one with measure the switch instead:
         their excess over a plain step as modelled before them."""
@@ -588,14 +614,14 @@ class DraftPolicy:
         if self._after < SWITCH_STEPS:
             if self._after == 0 or rows != self._switch_base[0]:
                 self._switch_base = (rows, self.cost.step_ms(rows, 0))
-            before = max(self._switch_sum, 0.0)
-            self._switch_sum += wall_ms - self._switch_base[1]
-            # the share charged to drafting: what the running sum, clipped at 0, added
-            self._switch_excess = max(self._switch_sum, 0.0) - before
+            excess = wall_ms - self._switch_base[1]
+            self._switch_sum += excess
+            if self._after == 0:  # the graph rebuild: charged to drafting in the realized rates
+                self._switch_excess = min(max(excess, 0.0), wall_ms)
             self._after += 1
             if self._after == SWITCH_STEPS:  # unclipped: noise averages out (clipped at use)
                 last = self.switch_ms if self._switches else self._switch_sum  # the first sets it
                 self.switch_ms = last + PROBE_ALPHA * (self._switch_sum - last)
                 self._switches += 1
             return
-        self.cost.observe(rows, verify_ms, draft_rows, draft_ms, wall_ms - verify_ms - draft_ms)
+        self.cost.observe(rows, verify_ms, draft_rows, draft_ms, wall_ms - verify_ms - draft_ms, times)

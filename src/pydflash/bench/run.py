@@ -18,7 +18,8 @@ from ..config import FLASH_ATTN
 from . import report
 from .engines import Engine, EngineUnavailable, Measurement, NativeEngine, WorkerEngine, find_native
 from .roofline import bytes_per_pass, measure_bandwidth
-from .workload import WORKLOADS, make_prompts
+from .tasks import WORKLOADS
+from .tasks import prompts as workload_prompts
 
 ENGINES = (report.TARGET_ONLY, report.DFLASH, report.ADAPTIVE, report.NATIVE, report.LCP)
 DRAFT_MAX_SWEEP = (1, 2, 4, 8, 12, 15)
@@ -46,7 +47,9 @@ class BenchConfig:
     bandwidth: bool = True  # measure memory bandwidth for the roofline
     flash_attn: str = "auto"  # every engine alike: "auto" (llama.cpp's default; enabled
     # on the CPU), "on" or "off" (llama-cpp-python: on unless "off")
-    workload: str = "code"  # the prompts' text: held-out stdlib "code" or "prose" (workload.WORKLOADS)
+    # the prompts: held-out stdlib "code", copy-heavy "edit" (a function asked for again,
+    # about ISL tokens) or "prose" (tasks.WORKLOADS)
+    workload: str = "code"
 
     @staticmethod
     def quick(**changes: Any) -> BenchConfig:
@@ -210,9 +213,8 @@ def _draft_max(e: Engine, dm: int) -> int | None:
 def _prompts(source: dict[str, str], cfg: BenchConfig, count: int) -> dict[int, list[str]]:
     from .. import Llama
 
-    corpus = WORKLOADS[cfg.workload]()
     with Llama(source["tokenizer_model"], n_ctx=64) as tok:
-        return {isl: make_prompts(tok.tokenize, tok.detokenize, isl, count, corpus) for isl in cfg.isl}
+        return {isl: workload_prompts(cfg.workload, tok.tokenize, tok.detokenize, isl, count) for isl in cfg.isl}
 
 
 def _measure(

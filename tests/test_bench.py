@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import statistics
 
 import pytest
 
@@ -67,6 +68,15 @@ def test_adaptive_ratios(result):
     assert r["over_best_fixed"] == pytest.approx(a / tok_s[(report.DFLASH, 24, best)])
     assert r["over_default_fixed"] == pytest.approx(a / tok_s[(report.DFLASH, 24, 7)])
     assert r["over_target_alone"] == pytest.approx(a / tok_s[(report.TARGET_ONLY, 24, 0)])
+    # run by run: every engine decoded prompt r in run r; the paired ratio is the median of those
+    runs = {(x["engine"], x["isl"], x["draft_max"]): dict(zip(x["repeats_run"], x["decode_tok_s_runs"])) for x in rows}
+    ad, tg = runs[(report.ADAPTIVE, 24, None)], runs[(report.TARGET_ONLY, 24, 0)]
+    assert set(ad) == set(tg) == set(range(rows[0]["repeats"]))
+    assert r["paired_over_target_alone"] == pytest.approx(statistics.median(ad[k] / tg[k] for k in ad))
+    per = {d: statistics.median(ad[k] / runs[(report.DFLASH, 24, d)][k] for k in ad) for d in (1, 3, 7)}
+    assert r["paired_over_fixed"] == pytest.approx({str(d): v for d, v in per.items()})
+    assert r["paired_over_best_fixed"] == pytest.approx(min(per.values()))
+    assert r["paired_over_default_fixed"] == pytest.approx(per[7])
     assert ratios[40]["fixed_draft_max_measured"] == [7]  # only the context sweep's draft_max there
     assert sum("adaptive / best fixed draft_max" in g for g in result["goals"]) == 2
     assert "~" in report.table(rows)  # the adaptive row's draft_max column: its mean length

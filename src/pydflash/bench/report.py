@@ -48,6 +48,8 @@ def aggregate(measurements: list[Row], roofline: dict[str, Any] | None = None) -
     for (engine, isl, osl, dm), ms in groups.items():
         tok_s = [m["n_generated"] / m["decode_s"] for m in ms if m["decode_s"] > 0]
         drafted = sum(m["n_drafted"] for m in ms)
+        # run by run (repeat r: every engine decoded the same prompt), for paired ratios
+        by_repeat = {m["repeat"]: m["n_generated"] / m["decode_s"] for m in ms if "repeat" in m and m["decode_s"] > 0}
         row = {
             "engine": engine,
             "isl": isl,
@@ -57,6 +59,8 @@ def aggregate(measurements: list[Row], roofline: dict[str, Any] | None = None) -
             "decode_tok_s": statistics.median(tok_s),
             "decode_tok_s_min": min(tok_s),
             "decode_tok_s_max": max(tok_s),
+            "decode_tok_s_runs": [by_repeat[r] for r in sorted(by_repeat)] if by_repeat else None,
+            "repeats_run": sorted(by_repeat) if by_repeat else None,
             "prefill_tok_s": statistics.median(m["isl"] / m["prefill_s"] for m in ms if m["prefill_s"] > 0),
             "ttft_ms": 1e3 * statistics.median(m["ttft_s"] for m in ms),
             "itl_ms": 1e3 * statistics.median(m["decode_s"] / m["n_generated"] for m in ms),
@@ -116,10 +120,22 @@ def goals(rows: list[Row]) -> list[str]:
     return out
 
 
+def paired(a: Row, b: Row) -> float | None:
+    """The median over the runs both rows have of a's decode tok/s over b's on the
+    same prompt (run r of every engine decodes prompt r): the prompts' spread, wider
+    than the engines' differences where acceptance varies by prompt, cancels."""
+    ra = dict(zip(a.get("repeats_run") or (), a.get("decode_tok_s_runs") or (), strict=True))
+    rb = dict(zip(b.get("repeats_run") or (), b.get("decode_tok_s_runs") or (), strict=True))
+    both = sorted(set(ra) & set(rb))
+    return statistics.median(ra[r] / rb[r] for r in both) if both else None
+
+
 def adaptive_ratios(rows: list[Row]) -> list[dict[str, Any]]:
     """Per workload (ISL, OSL) with an adaptive row: its decode tok/s over the best
     fixed draft_max measured there, over the default fixed one (block size - 1, the
-    largest measured) and over the target alone (medians, measured side by side)."""
+    largest measured) and over the target alone (medians, measured side by side);
+    and the same run by run (``paired_*``: the median of the per-prompt ratios; the
+    best fixed draft_max there is the one adaptive does worst against)."""
     out = []
     for a in (r for r in rows if r["engine"] == ADAPTIVE):
         fixed = [r for r in rows if r["engine"] == DFLASH and (r["isl"], r["osl"]) == (a["isl"], a["osl"])]
@@ -129,6 +145,9 @@ def adaptive_ratios(rows: list[Row]) -> list[dict[str, Any]]:
         best = max(fixed, key=lambda r: r["decode_tok_s"], default=None)
         default = max(fixed, key=lambda r: r["draft_max"] or 0, default=None)
         tok_s = a["decode_tok_s"]
+        per_fixed = {r["draft_max"]: paired(a, r) for r in fixed}
+        known = {d: v for d, v in per_fixed.items() if v is not None}
+        worst = min(known, key=lambda d: known[d], default=None)
         out.append(
             {
                 "isl": a["isl"],
@@ -141,6 +160,11 @@ def adaptive_ratios(rows: list[Row]) -> list[dict[str, Any]]:
                 "default_draft_max": default["draft_max"] if default else None,
                 "over_default_fixed": tok_s / default["decode_tok_s"] if default else None,
                 "over_target_alone": tok_s / target["decode_tok_s"] if target else None,
+                "paired_over_fixed": {str(d): v for d, v in sorted(per_fixed.items())},
+                "paired_best_fixed_draft_max": worst,
+                "paired_over_best_fixed": known[worst] if worst is not None else None,
+                "paired_over_default_fixed": per_fixed.get(default["draft_max"]) if default else None,
+                "paired_over_target_alone": paired(a, target) if target else None,
             }
         )
     return out
@@ -161,6 +185,13 @@ def _adaptive_lines(r: dict[str, Any]) -> list[str]:
         )
     if r["over_target_alone"] is not None:
         lines.append(f"adaptive / target alone, {where}: {r['over_target_alone']:.3f} (goal >= 0.98)")
+    if r.get("paired_over_best_fixed") is not None:
+        lines.append(
+            f"paired by prompt (median of run-by-run ratios), {where}: adaptive / its hardest fixed draft_max "
+            f"({r['paired_best_fixed_draft_max']}) {r['paired_over_best_fixed']:.3f}, / default fixed "
+            f"{r['paired_over_default_fixed']:.3f}"
+            + (f", / target alone {r['paired_over_target_alone']:.3f}" if r["paired_over_target_alone"] else "")
+        )
     return lines
 
 

@@ -561,3 +561,21 @@ def test_a_new_sequence_starts_from_the_pairs_estimate_of_each_position():
     p.observe_sequence(new, MAX_DRAFT, 0)
     after = new.acceptance.conditional()
     assert after[0] < new_seq_c[0] and after[1:] == pytest.approx(new_seq_c[1:], rel=0.02)
+
+
+def test_positions_no_draft_reaches_return_to_their_prior():
+    # a stretch of low acceptance at the end of a block left the pair's estimate of
+    # position 2 low; drafts of one token never try it again: without fading it would
+    # keep every draft at one token for good (seen on the padded pair: 470 of 729 steps
+    # drafted one where four paid 19% more)
+    p = DraftPolicy(cost(0.05), MAX_DRAFT)
+    st = p.new_sequence()
+    for _ in range(30):
+        p.observe_sequence(st, MAX_DRAFT, 1)  # position 1 kept, position 2 rejected
+    low = p.pooled.conditional()[1]
+    assert low < 0.2
+    for _ in range(300):
+        p.observe_sequence(st, 1, 1)  # one-token drafts, kept: position 2 is not tried
+    c = p.pooled.conditional()
+    assert c[1] > 0.8 and c[1] == pytest.approx(c[0], abs=0.1)  # back to its prior, position 1's estimate
+    assert st.acceptance.conditional()[1] > 0.8

@@ -75,7 +75,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "asked for again: about ISL tokens) or the held-out help topics' prose",
     )
     b.add_argument("--repeats", type=int, help="timed runs per configuration (default: 3; --quick: 2)")
-    b.add_argument("--warmup", type=int, default=1, help="warm-up runs per engine (default: %(default)s)")
+    b.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="warm-up runs per engine (default: %(default)s); with any, each timed run of a pydflash engine "
+        "follows an untimed 4-token one (0: none)",
+    )
     b.add_argument(
         "--engines",
         type=lambda t: tuple(x for x in t.split(",") if x),

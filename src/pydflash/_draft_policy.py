@@ -258,9 +258,16 @@ class Acceptance:
         1..n_accepted were kept, the next one rejected, the rest not tried. It counts
         as ``weight`` steps."""
         d = self.decay
-        for i in range(min(n_drafted, n_accepted + 1, self.n)):
+        tried = min(n_drafted, n_accepted + 1, self.n)
+        for i in range(tried):
             self._hit[i] = self._hit[i] * d + (weight if i < n_accepted else 0.0)
             self._try[i] = self._try[i] * d + weight
+        # the positions not tried weigh less, their prior more (as while off): an estimate
+        # of a position no short draft reaches would otherwise stay as it was for good, and
+        # a low one would keep every draft short (the pair's too: nothing would try it)
+        for i in range(tried, self.n):
+            self._hit[i] *= d
+            self._try[i] *= d
 
     def forget(self, steps: int = 1) -> None:
         """Steps without news (not drafted): what was seen weighs less, the prior more."""

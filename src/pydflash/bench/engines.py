@@ -37,6 +37,8 @@ class EngineUnavailable(Exception):
 class WorkerEngine:
     """An engine in a long-lived child process (pydflash.bench.worker)."""
 
+    persistent = True  # its state (threads, caches) outlives a run: the bench times it warm
+
     def __init__(
         self,
         name: str,
@@ -152,6 +154,8 @@ class NativeEngine:
     """llama.cpp's own DFlash loop: one llama-speculative-simple process per run
     (it loads the models each time; the figures are its own timings, which
     exclude loading)."""
+
+    persistent = False  # a new process each run: nothing to keep warm
 
     def __init__(
         self,

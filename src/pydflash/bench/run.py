@@ -23,6 +23,7 @@ from .tasks import prompts as workload_prompts
 
 ENGINES = (report.TARGET_ONLY, report.DFLASH, report.ADAPTIVE, report.NATIVE, report.LCP)
 DRAFT_MAX_SWEEP = (1, 2, 4, 8, 12, 15)
+REWARM_TOKENS = 4  # the untimed run before each timed one of a persistent engine (with --warmup)
 Log = Callable[[str], None]
 
 
@@ -236,6 +237,11 @@ def _measure(
             active = [e for e in engines if _sweeps(e) or with_target]
             k = r % len(active)
             for e in active[k:] + active[:k]:  # rotate the order run by run
+                if cfg.warmup and getattr(e, "persistent", False):
+                    # timed warm, as the fixed draft_max runs (back to back) are: an engine that
+                    # runs once a round (the target alone, the adaptive one) would start each run
+                    # after seconds idle (ggml's thread pool gone, caches cold)
+                    e.run(prompts[warm_isl][0], REWARM_TOKENS, _draft_max(e, dm))
                 m = e.run(prompts[isl][r], osl, _draft_max(e, dm))
                 m.update(engine=e.name, isl_requested=isl, osl=osl, draft_max=_draft_max(e, dm), repeat=r)
                 if "memory" in e.info:

@@ -566,7 +566,7 @@ def test_a_new_sequence_starts_from_the_pairs_estimate_of_each_position():
 def test_positions_no_draft_reaches_return_to_their_prior():
     # a stretch of low acceptance at the end of a block left the pair's estimate of
     # position 2 low; drafts of one token never try it again: without fading it would
-    # keep every draft at one token for good (seen on the padded pair: 470 of 729 steps
+    # keep every draft at one token for good (seen on the padded pair: 470 of 864 steps
     # drafted one where four paid 19% more)
     p = DraftPolicy(cost(0.05), MAX_DRAFT)
     st = p.new_sequence()

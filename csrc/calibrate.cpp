@@ -90,21 +90,13 @@ Calibration ContextPair::calibrate(int32_t seq, int32_t max_rows, int32_t reps) 
     std::vector<std::vector<double>> tv(cal.verify_rows.size()), td(cal.draft_rows.size());
     target_pass(max_rows);  // warm-up: first-use allocations, caches
     if (drafter_) drafter_pass(cal.draft_rows.back());
-    // sizes interleaved: a slow moment spreads over all of them. Each timed pass follows an
-    // untimed one of its size, so llama.cpp reuses its graph as it does for a run of steps of
-    // one size (a pass after another size rebuilds it: ~0.2 ms on a tiny model, twice a 1-row
-    // pass of the embedded target; the engine learns that part online). A target pass of
-    // several rows (a drafting step's) and a drafter pass also follow a pass of the other
-    // model, as in a drafting step: on a small CPU model each evicts the other's weights from
-    // the caches (on the embedded pair the 8-row target pass timed 2.2 ms back to back, 2.7 ms
-    // so, 4.2 ms in steps: the rest is attention over the context, which the engine learns online)
-    const int32_t between = drafter_ ? cal.draft_rows.front() : 0;  // any size touches all its weights
+    // sizes interleaved (see calibrate.h): a timed pass follows an untimed one of its size
+    // (llama.cpp reuses its graph) and, for a drafting step's passes, one of the other model
     for (int32_t r = 0; r < reps; ++r) {
         for (size_t i = 0; i < cal.verify_rows.size(); ++i) {
-            const int32_t rows = cal.verify_rows[i];
-            target_pass(rows);
-            if (drafter_ && rows > 1) drafter_pass(between);
-            tv[i].push_back(target_pass(rows));
+            target_pass(cal.verify_rows[i]);
+            if (drafter_ && cal.verify_rows[i] > 1) drafter_pass(cal.draft_rows.front());  // any size: all weights
+            tv[i].push_back(target_pass(cal.verify_rows[i]));
         }
         for (size_t i = 0; i < cal.draft_rows.size(); ++i) {
             drafter_pass(cal.draft_rows[i]);

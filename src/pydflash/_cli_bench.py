@@ -90,6 +90,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     b.add_argument(
         "--native", metavar="PATH", help="llama-speculative-simple binary (default: build/native/bin/ here, then PATH)"
     )
+    _add_machine_and_outputs(b)
+    _add_serving(b)
+    _add_workloads(b)
+
+
+def _add_machine_and_outputs(b: argparse.ArgumentParser) -> None:
+
     b.add_argument("--threads", type=int, default=0, help="CPU threads for every engine (default: all cores)")
     b.add_argument("--no-bandwidth", action="store_true", help="skip the memory-bandwidth measurement")
     b.add_argument(
@@ -102,8 +109,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     b.add_argument("--json", type=Path, metavar="PATH", help="write rows + metadata as JSON")
     b.add_argument("--csv", type=Path, metavar="PATH", help="write rows as CSV")
     b.add_argument("--charts", type=Path, metavar="DIR", help="write PNG charts here (needs matplotlib)")
-    _add_serving(b)
-    _add_workloads(b)
 
 
 def _add_workloads(b: argparse.ArgumentParser) -> None:

@@ -12,7 +12,7 @@ the target alone costs. The policy picks the
 lengths that maximise expected tokens per second over all the running sequences
 together, since they share both passes:
 
-- ``CostModel``: pass times by row count, calibrated once on the pair
+- ``CostModel`` (``_draft_cost``): pass times by row count, calibrated once on the pair
   (``ContextPair.calibrate``: the machine, model and backend decide them), then
   scaled online from the timings every step returns (the context grows, the
   machine is busy);
@@ -42,13 +42,12 @@ Pure Python without the model: tests drive it with synthetic costs and acceptanc
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import math
 import time
 from collections.abc import Sequence
 
-from ._core import Calibration
+from ._draft_cost import CostModel
 
 __all__ = [
     "Acceptance",
@@ -74,7 +73,6 @@ PROBE_WAIT_MAX = 1024  # the longest wait between probes, whatever they cost
 RECHECK = 4  # a lone sequence that is off weighs drafting again every this many steps at least,
 RECHECK_MAX = 64  # ... at most, and between them as often as CHOICE_BUDGET allows
 CHOICE_BUDGET = 0.01  # the weighing of a lone sequence that is off costs at most this share of its steps
-COST_ALPHA = 0.1  # weight of each step's timings in the online cost correction
 # a lone sequence's realized tokens per ms over about its last 20 plain and 20 drafting
 # steps: slow enough to say whether drafting pays on this pair and machine (a compute-bound
 # target), not whether it paid in the last stretch (the acceptance estimates' business)
@@ -112,132 +110,6 @@ def _gains(c: Sequence[float], k_max: int) -> list[float]:
         e += p
         out.append(e)
     return out
-
-
-def _table(rows: Sequence[int], ms: Sequence[float], n: int) -> list[float]:
-    """ms for 0..n rows: linear between the timed sizes, beyond them along the last
-    slope, made non-decreasing (a pass of more rows never costs less; timing noise can say so)."""
-    if not rows or len(rows) != len(ms):
-        raise ValueError("a cost table needs as many times as sizes, at least one")
-    out = [0.0]
-    for r in range(1, n + 1):
-        i = bisect.bisect_left(rows, r)
-        if i < len(rows) and rows[i] == r:
-            v = ms[i]
-        elif i == 0:
-            v = ms[0]
-        elif i == len(rows):
-            r0, r1 = (rows[-2], rows[-1]) if len(rows) > 1 else (rows[-1] - 1, rows[-1])
-            m0, m1 = (ms[-2], ms[-1]) if len(rows) > 1 else (ms[-1], ms[-1])
-            v = m1 + (m1 - m0) / max(r1 - r0, 1) * (r - r1)
-        else:
-            f = (r - rows[i - 1]) / (rows[i] - rows[i - 1])
-            v = ms[i - 1] + f * (ms[i] - ms[i - 1])
-        out.append(max(v, out[-1]))
-    return out
-
-
-class CostModel:
-    """Milliseconds of one step: ``verify_ms(rows) + draft_ms(drafter rows)`` plus
-    the overhead of a step with a drafter pass (``overhead_ms``) or without one
-    (``plain_overhead_ms``). Built from timed pass sizes (``from_calibration``);
-    ``observe`` scales it by what steps actually took: each overhead is a running
-    average from 0 (optimistic, so both kinds of step are tried), each pass size's
-    measured / calibrated ratio a running average from 1 (the calibration times
-    each size as a run of that size; one slow pass, such as the first after a
-    change of size, moves it a tenth of the way)."""
-
-    def __init__(
-        self,
-        verify_rows: Sequence[int],
-        verify_ms: Sequence[float],
-        draft_rows: Sequence[int],
-        draft_ms: Sequence[float],
-        max_rows: int,
-        overhead_ms: float = 0.0,
-    ):
-        if max_rows < 1:
-            raise ValueError(f"max_rows must be >= 1, got {max_rows}")
-        self.max_rows = max_rows
-        self._v = _table(verify_rows, verify_ms, max_rows)
-        self._d = _table(draft_rows, draft_ms, max_rows) if draft_rows else [0.0] * (max_rows + 1)
-        self.verify_scale = 1.0
-        self.draft_scale = 1.0
-        self.overhead_ms = overhead_ms
-        self.plain_overhead_ms = 0.0
-        # per row count once seen, measured / calibrated (a run of one size reuses
-        # llama.cpp's graph, a change of size rebuilds it: no one scale fits every size);
-        # an unseen size takes its seen neighbours' ratios, interpolated
-        self._ratio: dict[int, float] = {}
-        self._sizes: list[int] = []  # the keys of _ratio, sorted
-
-    @classmethod
-    def from_calibration(cls, cal: Calibration, max_rows: int) -> CostModel:
-        return cls(cal.verify_rows, cal.verify_ms, cal.draft_rows, cal.draft_ms, max_rows)
-
-    @classmethod
-    def uncalibrated(cls, max_rows: int) -> CostModel:
-        """When no calibration could run: a memory-bound guess (a pass costs about
-        the same for any few rows), corrected online like a calibrated one."""
-        return cls([1, max_rows], [1.0, 1.0 + 0.02 * (max_rows - 1)], [1, max_rows], [0.2, 0.3], max_rows)
-
-    def _at(self, table: list[float], rows: int) -> float:
-        if rows <= self.max_rows:
-            return table[rows]
-        slope = table[self.max_rows] - table[self.max_rows - 1] if self.max_rows > 1 else 0.0
-        return table[self.max_rows] + slope * (rows - self.max_rows)
-
-    def verify_ms(self, rows: int) -> float:
-        return self._at(self._v, rows) * self._verify_ratio(rows)
-
-    def _verify_ratio(self, rows: int) -> float:
-        r = self._ratio.get(rows)
-        if r is not None:
-            return r
-        sizes = self._sizes
-        if not sizes:
-            return self.verify_scale
-        i = bisect.bisect_left(sizes, rows)
-        if i == 0:
-            return self._ratio[sizes[0]]
-        if i == len(sizes):
-            return self._ratio[sizes[-1]]
-        lo, hi = sizes[i - 1], sizes[i]
-        f = (rows - lo) / (hi - lo)
-        return self._ratio[lo] + f * (self._ratio[hi] - self._ratio[lo])
-
-    def draft_ms(self, rows: int) -> float:
-        """The drafter pass over ``rows`` block rows (0: no pass)."""
-        return self._at(self._d, rows) * self.draft_scale if rows > 0 else 0.0
-
-    def step_ms(self, rows: int, draft_rows: int) -> float:
-        if draft_rows > 0:
-            return self.verify_ms(rows) + self.draft_ms(draft_rows) + self.overhead_ms
-        return self.verify_ms(rows) + self.plain_overhead_ms
-
-    def observe(
-        self, rows: int, verify_ms: float, draft_rows: int, draft_ms: float, other_ms: float, times: int = 1
-    ) -> None:
-        """One step's measured times: the target pass over ``rows``, the drafter pass
-        over ``draft_rows`` (0: none) and the rest of the step (``other_ms``);
-        ``times``: as if seen that many times in a row."""
-        a = COST_ALPHA if times == 1 else 1.0 - (1.0 - COST_ALPHA) ** times
-        base = self._at(self._v, rows)
-        if base > 0 and verify_ms > 0:
-            ratio = verify_ms / base
-            self.verify_scale += a * (ratio - self.verify_scale)
-            seen = self._ratio.get(rows)
-            if seen is None:
-                bisect.insort(self._sizes, rows)
-                seen = 1.0
-            self._ratio[rows] = seen + a * (ratio - seen)
-        base = self._at(self._d, draft_rows)
-        if draft_rows > 0 and base > 0 and draft_ms > 0:
-            self.draft_scale += a * (draft_ms / base - self.draft_scale)
-        if draft_rows > 0:
-            self.overhead_ms += a * (max(other_ms, 0.0) - self.overhead_ms)
-        else:
-            self.plain_overhead_ms += a * (max(other_ms, 0.0) - self.plain_overhead_ms)
 
 
 class Acceptance:

@@ -20,8 +20,10 @@ together, since they share both passes:
   steps (a rejected position counts against itself only; positions after it were
   not tried), each position's prior the pair's running estimate of it over every
   sequence (slower to change: one unlucky step does not stop drafting; the pair's
-  own estimate takes each position's prior from the one before it: acceptance
-  changes smoothly along a block);
+  own estimate takes each position's prior from the one before it where that is
+  higher than ``PRIOR_ACCEPTANCE``: acceptance changes smoothly along a block,
+  and a kept token makes the next likelier, but a rejected first position says
+  nothing of the positions after it);
 - ``choose_lengths``: the joint choice, a coordinate ascent over sequences;
 - ``DraftPolicy``: the engine's side: per-sequence state, probing, observation.
 
@@ -147,19 +149,24 @@ class Acceptance:
         self._hit = [h * d for h in self._hit]
         self._try = [t * d for t in self._try]
 
-    def conditional(self) -> list[float]:
+    def conditional(self, pooled: Sequence[float] | None = None) -> list[float]:
         """c_1..c_n: each position's weighted rate shrunk toward its prior (an untried
-        position: its prior)."""
+        position: its prior). ``pooled``: the prior's conditional(), where the caller has
+        it (a joint choice over many sequences computes it once)."""
         out: list[float] = []
         if not isinstance(self.prior, (int, float)):  # each position's prior: the pair's estimate of it
-            pooled = self.prior.conditional()
+            if pooled is None:
+                pooled = self.prior.conditional()
             for i in range(self.n):
                 out.append((self._hit[i] + PRIOR_WEIGHT * pooled[i]) / (self._try[i] + PRIOR_WEIGHT))
             return out
         prior = self.prior
         for i in range(self.n):
-            prior = (self._hit[i] + PRIOR_WEIGHT * prior) / (self._try[i] + PRIOR_WEIGHT)
-            out.append(prior)
+            c = (self._hit[i] + PRIOR_WEIGHT * prior) / (self._try[i] + PRIOR_WEIGHT)
+            out.append(c)
+            # the next position's prior: this estimate where higher than the first's prior (a
+            # low one chained along would keep drafts short, and nothing would try further)
+            prior = max(c, self.prior)
         return out
 
     def first(self) -> float:
@@ -377,17 +384,16 @@ class DraftPolicy:
 
     def _choose(self, states: Sequence[SequenceDraft | None], caps: Sequence[int], floors: Sequence[int]) -> list[int]:
         choices: list[Choice] = []
-        pooled: list[float] | None = None
+        pooled = self.pooled.conditional()  # every sequence's prior (computed once)
         for st, cap, lo in zip(states, caps, floors, strict=True):
             cap = max(0, min(cap, self.max_draft))
             if st is None:  # its gain counts in the rate (the pair's estimate); its length is given
-                pooled = pooled or self.pooled.conditional()
                 choices.append(Choice(_gains(pooled, cap), 0, cap, pinned=cap))
             else:
                 if st.unforgotten:
                     st.acceptance.forget(st.unforgotten)
                     st.unforgotten = 0
-                choices.append(Choice(_gains(st.acceptance.conditional(), cap), lo, cap))
+                choices.append(Choice(_gains(st.acceptance.conditional(pooled), cap), lo, cap))
         ks = choose_lengths(self.cost, choices, self.pass_rows)
         if len(ks) == 1 and ks[0] > 0 and states[0] is not None:
             if self.drafting_loses():

@@ -24,6 +24,7 @@ class Engine(Protocol):
     name: str
     uses_draft: bool
     info: dict[str, Any]
+    persistent: bool  # its state (threads, caches) outlives a run: the bench times it warm
 
     def run(self, text: str, osl: int, draft_max: int | None) -> Measurement: ...
 

@@ -237,7 +237,7 @@ def _measure(
             active = [e for e in engines if _sweeps(e) or with_target]
             k = r % len(active)
             for e in active[k:] + active[:k]:  # rotate the order run by run
-                if cfg.warmup and getattr(e, "persistent", False):
+                if cfg.warmup and e.persistent:
                     # timed warm, as the fixed draft_max runs (back to back) are: an engine that
                     # runs once a round (the target alone, the adaptive one) would start each run
                     # after seconds idle (ggml's thread pool gone, caches cold)

@@ -96,7 +96,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _add_machine_and_outputs(b: argparse.ArgumentParser) -> None:
-
     b.add_argument("--threads", type=int, default=0, help="CPU threads for every engine (default: all cores)")
     b.add_argument("--no-bandwidth", action="store_true", help="skip the memory-bandwidth measurement")
     b.add_argument(

@@ -61,7 +61,6 @@ class CostModel:
         self.max_rows = max_rows
         self._v = _table(verify_rows, verify_ms, max_rows)
         self._d = _table(draft_rows, draft_ms, max_rows) if draft_rows else [0.0] * (max_rows + 1)
-        self.verify_scale = 1.0
         self.draft_scale = 1.0
         self.overhead_ms = overhead_ms
         self.plain_overhead_ms = 0.0
@@ -95,8 +94,8 @@ class CostModel:
         if r is not None:
             return r
         sizes = self._sizes
-        if not sizes:
-            return self.verify_scale
+        if not sizes:  # nothing measured yet: the calibration as it is
+            return 1.0
         i = bisect.bisect_left(sizes, rows)
         if i == 0:
             return self._ratio[sizes[0]]
@@ -125,7 +124,6 @@ class CostModel:
         base = self._at(self._v, rows)
         if base > 0 and verify_ms > 0:
             ratio = verify_ms / base
-            self.verify_scale += a * (ratio - self.verify_scale)
             seen = self._ratio.get(rows)
             if seen is None:
                 bisect.insort(self._sizes, rows)

@@ -238,9 +238,9 @@ def _measure(
             k = r % len(active)
             for e in active[k:] + active[:k]:  # rotate the order run by run
                 if cfg.warmup and e.persistent:
-                    # timed warm, as the fixed draft_max runs (back to back) are: an engine that
-                    # runs once a round (the target alone, the adaptive one) would start each run
-                    # after seconds idle (ggml's thread pool gone, caches cold)
+                    # an untimed run first, so every timed run starts warm, as the fixed draft_max
+                    # runs (back to back) do: an engine that runs once a round (the target alone,
+                    # the adaptive one) would start each run after seconds idle (caches cold)
                     e.run(prompts[warm_isl][0], REWARM_TOKENS, _draft_max(e, dm))
                 m = e.run(prompts[isl][r], osl, _draft_max(e, dm))
                 m.update(engine=e.name, isl_requested=isl, osl=osl, draft_max=_draft_max(e, dm), repeat=r)

@@ -322,6 +322,7 @@ class DraftPolicy:
         self._veto = False  # drafting_loses() as of the last weighing, drafting step or check
         self._skipped = 0  # plain steps skipped (observe_plain), for its sampling
         self._lone_drafts = 0  # a lone sequence's drafting steps since its last plain one
+        self._probed = False  # its last drafting step was a probe
         # a lone probe's measured wall time (0: none yet): with the injection of the rows
         # its sequence deferred while off and llama.cpp's graph rebuild for the sizes it
         # switches to, a probe costs more than a drafting step of a run (the model's)
@@ -445,15 +446,25 @@ class DraftPolicy:
         just saw one) is a plain step whose excess time the drafting before it caused."""
         self._lone_drafts = self._lone_drafts + 1 if drafted else 0
         if drafted:
-            self.draft_rate.observe(tokens, wall_ms)
+            self._probed = probe
             if probe:  # the first probe sets it
                 last = self.probe_ms if self.probe_ms > 0 else wall_ms
                 self.probe_ms = last + PROBE_ALPHA * (wall_ms - last)
+                # a probe drafts the whole block, which on a target whose passes grow with
+                # rows can lose where the shorter drafts the model chooses pay: its rate is
+                # not drafting's (counted, probes that lost kept a pair off for prompts where
+                # a fixed short draft gave 1.3-1.7x). One that beat plain steps says the rates
+                # that keep drafting off are stale: they start anew from the next drafts
+                p = self.plain_rate
+                if p.n >= RATE_MIN and tokens / max(wall_ms, 1e-9) >= p.value():
+                    self.draft_rate = Rate(RATE_DECAY)
+            else:
+                self.draft_rate.observe(tokens, wall_ms)
             self._veto = self.drafting_loses()
             return
         excess = self._switch_excess
         self.plain_rate.observe(tokens, wall_ms - excess, times)
-        if excess > 0 and self.draft_rate.n > 0:
+        if excess > 0 and self.draft_rate.n > 0 and not self._probed:  # a probe's switch: its own cost
             self.draft_rate.charge(excess)
 
     def observe_plain(self, verify_ms: float, wall_ms: float, tokens: int = 1) -> None:

@@ -412,10 +412,11 @@ def test_the_switch_back_counts_against_drafting_in_the_realized_rates():
                 p.observe_step(1, plain, 0, 0.0, plain)
                 p.observe_lone(1, False, plain)
         assert p.plain_rate.value() == pytest.approx(1 / plain, rel=1e-3)  # the switch is not a plain step's
+        # drafting: 5 tokens per 4 + (switch - 1) plain steps' time
+        assert p.draft_rate.value() == pytest.approx(5 / ((3 + switch) * plain), rel=0.02)
         return p
 
-    # drafting: 5 tokens per 4 + 2 plain steps' time; plain steps: 1 per plain step
-    assert run(switch=3.0).drafting_loses()
+    assert run(switch=3.0).drafting_loses()  # 5 per 6 plain steps' time; plain steps: 1 per 1
     assert not run(switch=1.0).drafting_loses()  # 5 per 4: it pays
 
 
@@ -631,8 +632,9 @@ def test_probes_of_the_whole_block_do_not_stop_a_shorter_draft_that_pays():
     # the whole block about 1.0x. After a stretch where nothing is kept (off, probes only),
     # the acceptance recovers. Before, the probes' realized rate (the block's, at a loss
     # then, at par now) stood for drafting's and vetoed the shorter draft the model chose:
-    # the padded pair stayed off for 5 prose prompts in a row where fixed draft_max 2 gave
-    # 1.3-1.7x the target alone. Now realized over predicted corrects the model instead
+    # the padded pair stayed off through several prose prompts where fixed draft_max 2 gave
+    # 1.3-1.7x the target alone. Now probes stay out of that rate, and one that beats plain
+    # steps restarts it (the next drafts measure it anew)
     rows = list(range(1, 9))
     verify = [12.0 + 1.5 * (r - 1) for r in rows]
     true = CostModel(rows, verify, rows, [1.5] * 8, 8)

@@ -301,8 +301,8 @@ class DraftPolicy:
         # ~20 us of Python, 7% of a plain step of a small compute-bound target
         self.recheck = RECHECK
         self._clock: tuple[int, int] | None = None  # the last ended generation's steps off and spacing
-        # what a lone sequence's plain and drafting steps realized (observe_lone): the
-        # check on the model where one sequence has the pair
+        # what a lone sequence's plain and drafting steps (probes aside) realized
+        # (observe_lone): the check on the model where one sequence has the pair
         self.plain_rate = Rate(RATE_DECAY)
         self.draft_rate = Rate(RATE_DECAY)
         # the SWITCH_STEPS steps without a drafter pass after one with are slower than plain
@@ -482,8 +482,8 @@ class DraftPolicy:
         self.observe_lone(tokens, False, wall_ms, times=times)
 
     def drafting_loses(self) -> bool:
-        """A lone sequence's recent drafting steps gave fewer tokens per ms than its
-        plain steps: drafting does not pay, whatever the model expects (on a
+        """A lone sequence's recent drafting steps (probes aside) gave fewer tokens per
+        ms than its plain steps: drafting does not pay, whatever the model expects (on a
         compute-bound target even a whole accepted block can cost more than the
         plain steps it replaces; the model's costs and acceptance are estimates)."""
         realized = self._realized()

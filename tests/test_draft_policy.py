@@ -45,11 +45,17 @@ def feed(p: DraftPolicy, st, acceptance: float, n: int = MAX_DRAFT) -> None:
     mix: position i kept in a fraction acceptance**i of steps, as a geometric run does)."""
     # 20 steps: the run length of each drawn from the geometric law's quantiles
     for q in range(20):
-        u = (q + 0.5) / 20
-        a = 0
-        while a < n and u < acceptance ** (a + 1):
-            a += 1
-        p.observe_sequence(st, n, a)
+        p.observe_sequence(st, n, geometric_run(q, acceptance, n))
+
+
+def geometric_run(q: int, c: float, k: int) -> int:
+    """Tokens a draft of ``k`` keeps at the ``q``-th of 20 quantiles (0..19) when each
+    position is kept with conditional rate ``c``."""
+    u = (q + 0.5) / 20
+    a = 0
+    while a < k and u < c ** (a + 1):
+        a += 1
+    return a
 
 
 def test_expected_tokens():
@@ -619,11 +625,7 @@ def test_a_rejected_first_position_does_not_shorten_a_new_pairs_drafts():
 def kept(n: int, c: float, k: int) -> int:
     """Tokens the ``n``-th draft, of ``k``, keeps when each position is kept with
     conditional rate ``c``: a deterministic mix over 20 drafts (geometric quantiles)."""
-    u = ((n * 7) % 20 + 0.5) / 20
-    a = 0
-    while a < k and u < c ** (a + 1):
-        a += 1
-    return a
+    return geometric_run((n * 7) % 20, c, k)
 
 
 def test_probes_of_the_whole_block_do_not_stop_a_shorter_draft_that_pays():

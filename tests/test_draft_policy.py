@@ -398,6 +398,31 @@ def test_the_switch_back_to_plain_steps_is_charged_to_probes():
     assert wider == pytest.approx(spacing + 10.0 / (PROBE_BUDGET * plain), abs=1.5)
 
 
+def test_a_switch_is_measured_against_plain_steps_the_model_knows():
+    # the cost model's plain overhead starts at 0 (optimistic) and learns from plain steps
+    # outside a switch's steps; a warm-up that drafts every few steps measured its first
+    # switch against that 0, so every step's overhead counted as switch (16 steps' worth:
+    # 16 ms on the padded pair), and probes came half as often as their budget allows
+    p = DraftPolicy(cost(0.5), MAX_DRAFT)
+    plain = p.cost.step_ms(1, 0)
+    wall = plain + 1.0  # a plain step: the modelled pass and 1 ms of overhead, no switch at all
+
+    def drafting_step() -> None:
+        p.observe_step(1 + MAX_DRAFT, p.cost.verify_ms(1 + MAX_DRAFT), 16, 0.2, p.cost.step_ms(1 + MAX_DRAFT, 16))
+
+    drafting_step()
+    for _ in range(SWITCH_STEPS):
+        p.observe_step(1, plain, 0, 0.0, wall)
+    assert p.switch_ms == 0.0  # not measured: the model had seen no plain step
+    for _ in range(60):  # plain steps: the model learns their overhead
+        p.observe_step(1, plain, 0, 0.0, wall)
+    assert p.cost.step_ms(1, 0) == pytest.approx(wall, abs=0.01)
+    drafting_step()
+    for _ in range(SWITCH_STEPS):
+        p.observe_step(1, plain, 0, 0.0, wall)
+    assert p.switch_ms == pytest.approx(0.0, abs=0.2)
+
+
 def test_the_switch_back_counts_against_drafting_in_the_realized_rates():
     # a lone sequence's realized rates: the plain step after a drafting one is slower by
     # the switch (llama.cpp's graph rebuild), which drafting caused; counted as a plain

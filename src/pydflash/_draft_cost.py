@@ -64,6 +64,7 @@ class CostModel:
         self.draft_scale = 1.0
         self.overhead_ms = overhead_ms
         self.plain_overhead_ms = 0.0
+        self.plain_seen = 0  # steps without a drafter pass observed (until the overhead is known)
         # per row count once seen, measured / calibrated (a run of one size reuses
         # llama.cpp's graph, a change of size rebuilds it: no one scale fits every size);
         # an unseen size takes its seen neighbours' ratios, interpolated
@@ -136,3 +137,4 @@ class CostModel:
             self.overhead_ms += a * (max(other_ms, 0.0) - self.overhead_ms)
         else:
             self.plain_overhead_ms += a * (max(other_ms, 0.0) - self.plain_overhead_ms)
+            self.plain_seen += times

@@ -688,3 +688,29 @@ def test_probes_of_the_whole_block_do_not_stop_a_shorter_draft_that_pays():
     drafting = sum(1 for t in ms[1000:] if t > plain_ms)
     assert drafting > 400  # of 500
     assert sum(tokens[1000:]) / sum(ms[1000:]) > 1.15 / plain_ms
+
+
+def test_a_probe_that_a_shorter_draft_would_have_won_with_restarts_the_drafting_rate():
+    # a probe drafts the whole block; on a target whose passes grow with rows it can lose
+    # to plain steps where a short draft of the same outcome pays (on the padded pair a
+    # probe took about 2 plain steps' time). Its outcome stands for every
+    # length up to its own: a draft of 1 would have kept that token in 1.25 plain steps'
+    # time, so the rates that keep drafting off are stale
+    rows = list(range(1, 9))
+    verify = [12.0 + 1.5 * (r - 1) for r in rows]
+
+    def vetoed() -> DraftPolicy:
+        p = DraftPolicy(CostModel(rows, verify, rows, [1.5] * 8, 8), 7, pass_rows=8)
+        for _ in range(10):
+            p.observe_lone(1, False, 12.0)  # plain steps: 1 token per 12 ms
+            p.observe_lone(1, True, 24.0)  # drafting steps that kept nothing
+        assert p.drafting_loses()
+        return p
+
+    probe_ms = 25.0  # the model's 24 ms for 8 rows and a drafter pass, and 1 ms of one-off costs
+    p = vetoed()
+    p.observe_lone(2, True, probe_ms, probe=True, k=7)  # kept 1: 2 tokens in 25 ms lose to 2 plain steps
+    assert not p.drafting_loses()  # ... a draft of 1 would have given them in 15.6 ms
+    p = vetoed()
+    p.observe_lone(1, True, probe_ms, probe=True, k=7)  # kept nothing: no length would have paid
+    assert p.drafting_loses()

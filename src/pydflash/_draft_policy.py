@@ -440,10 +440,13 @@ class DraftPolicy:
         st.acceptance.observe(n_drafted, n_accepted, PROBE_WEIGHT if st.probing else 1.0)
         self.pooled.observe(n_drafted, n_accepted)
 
-    def observe_lone(self, tokens: int, drafted: bool, wall_ms: float, probe: bool = False, times: int = 1) -> None:
+    def observe_lone(
+        self, tokens: int, drafted: bool, wall_ms: float, probe: bool = False, times: int = 1, k: int = 0
+    ) -> None:
         """A step of one sequence alone: the tokens it gave and its wall time, as a
-        plain or a drafting step (``probe``: a probe's). A switch back (``observe_step``
-        just saw one) is a plain step whose excess time the drafting before it caused."""
+        plain or a drafting step (``probe``: a probe's, of ``k`` drafted tokens). A
+        switch back (``observe_step`` just saw one) is a plain step whose excess time
+        the drafting before it caused."""
         self._lone_drafts = self._lone_drafts + 1 if drafted else 0
         if drafted:
             self._probed = probe
@@ -453,10 +456,11 @@ class DraftPolicy:
                 # a probe drafts the whole block, which on a target whose passes grow with
                 # rows can lose where the shorter drafts the model chooses pay: its rate is
                 # not drafting's (counted, probes that lost kept a pair off for prompts where
-                # a fixed short draft gave 1.3-1.7x). One that beat plain steps says the rates
-                # that keep drafting off are stale: they start anew from the next drafts
+                # a fixed short draft gave 1.3-1.7x). One whose outcome beat plain steps at
+                # some length says the rates that keep drafting off are stale: they start
+                # anew from the next drafts
                 p = self.plain_rate
-                if p.n >= RATE_MIN and tokens / max(wall_ms, 1e-9) >= p.value():
+                if p.n >= RATE_MIN and self._probe_rate(tokens, wall_ms, k) >= p.value():
                     self.draft_rate = Rate(RATE_DECAY)
             else:
                 self.draft_rate.observe(tokens, wall_ms)
@@ -466,6 +470,23 @@ class DraftPolicy:
         self.plain_rate.observe(tokens, wall_ms - excess, times)
         if excess > 0 and self.draft_rate.n > 0 and not self._probed:  # a probe's switch: its own cost
             self.draft_rate.charge(excess)
+
+    def _probe_rate(self, tokens: int, wall_ms: float, k: int) -> float:
+        """Tokens per ms a probe of ``k`` that gave ``tokens`` would have realized at its
+        best length j <= k: a draft of j keeps min(tokens - 1, j) of them, in the
+        model's time for that step scaled by what the probe took over the model's time
+        for its own (its one-off costs, the deferred rows' injection and the graph
+        rebuild, scale with it: a conservative test). On the padded pair a probe took
+        about 2 plain steps' time (26.7 ms against 13.8): one that kept 1 of its 7
+        tied or lost, where a draft of 1 would have paid."""
+        rate = tokens / max(wall_ms, 1e-9)  # j = k: what it realized
+        if k <= 1:
+            return rate
+        scale = wall_ms / max(self.cost.step_ms(1 + k, drafter_rows(k, self.pass_rows)), 1e-9)
+        for j in range(1, k):
+            ms = self.cost.step_ms(1 + j, drafter_rows(j, self.pass_rows)) * scale
+            rate = max(rate, (min(tokens - 1, j) + 1) / max(ms, 1e-9))
+        return rate
 
     def observe_plain(self, verify_ms: float, wall_ms: float, tokens: int = 1) -> None:
         """A lone sequence's plain step that ``skip`` chose: ``observe_step`` and

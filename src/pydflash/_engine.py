@@ -364,7 +364,7 @@ class Engine:
             policy.observe_step(rows, first.t_verify_ms, draft_rows, t_draft, wall)
         # n-gram drafts' tokens say nothing of what the drafter's steps or plain steps give
         if lone is not None and not first.error and first.source in MODEL_SOURCES:
-            policy.observe_lone(len(first.tokens), first.draft_max > 0, wall, probe=lone.probing)
+            policy.observe_lone(len(first.tokens), first.draft_max > 0, wall, probe=lone.probing, k=first.n_drafted)
 
 
 MODEL_SOURCES = ("draft-dflash", "draft-dspark", "draft-mtp", "")  # "": nothing drafted this step

@@ -522,7 +522,8 @@ class DraftPolicy:
     ) -> None:
         """The shared passes of one step and its wall time (the rest is overhead). The
         SWITCH_STEPS steps without a drafter pass after one with measure the switch instead:
-        their excess over a plain step as modelled before them."""
+        their excess over a plain step as modelled before them (once the model has seen
+        SWITCH_STEPS plain steps)."""
         self._switch_excess = 0.0
         if draft_rows > 0:
             self._after, self._switch_sum = 0, 0.0

@@ -402,7 +402,7 @@ def test_a_switch_is_measured_against_plain_steps_the_model_knows():
     # the cost model's plain overhead starts at 0 (optimistic) and learns from plain steps
     # outside a switch's steps; a warm-up that drafts every few steps measured its first
     # switch against that 0, so every step's overhead counted as switch (16 steps' worth:
-    # 16 ms on the padded pair), and probes came half as often as their budget allows
+    # 15.9 ms on the padded pair), and probes were spaced by it
     p = DraftPolicy(cost(0.5), MAX_DRAFT)
     plain = p.cost.step_ms(1, 0)
     wall = plain + 1.0  # a plain step: the modelled pass and 1 ms of overhead, no switch at all
@@ -694,7 +694,7 @@ def test_a_probe_that_a_shorter_draft_would_have_won_with_restarts_the_drafting_
     # a probe drafts the whole block; on a target whose passes grow with rows it can lose
     # to plain steps where a short draft of the same outcome pays (on the padded pair a
     # probe took about 2 plain steps' time). Its outcome stands for every
-    # length up to its own: a draft of 1 would have kept that token in 1.25 plain steps'
+    # length up to its own: a draft of 1 would have kept that token in 1.3 plain steps'
     # time, so the rates that keep drafting off are stale
     rows = list(range(1, 9))
     verify = [12.0 + 1.5 * (r - 1) for r in rows]

@@ -30,6 +30,36 @@ def test_stream_equals_generate(dflash):
     assert [s.n_accepted for s in steps] == [s.n_accepted for s in res.stats.steps]
 
 
+def test_generate_sleeps_until_the_end(dflash, monkeypatch):
+    # generate() reads only the result: the engine wakes its caller once, at the end, not
+    # for every step (a caller woken per step took the GIL and a core from the engine's
+    # thread while the next step computed)
+    from pydflash import _generation
+
+    notified: list[int] = []
+
+    class Counting(threading.Condition):
+        def notify(self, n: int = 1) -> None:
+            notified.append(n)
+            super().notify(n)
+
+    init = _generation._Channel.__init__
+
+    def counted(self) -> None:
+        init(self)
+        self._cv = Counting()
+
+    monkeypatch.setattr(_generation._Channel, "__init__", counted)
+    res = dflash.generate("import os", max_tokens=40, ignore_eos=True, draft_max=0)
+    assert res.stats.n_steps == 40 and len(res.tokens) == 40
+    assert notified == [1]
+    # a stream's reader is woken for each of its steps
+    notified.clear()
+    steps = list(dflash.stream("import os", max_tokens=40, ignore_eos=True, draft_max=0))
+    assert len(steps) == 40 and len(notified) == 40
+    assert sum((s.tokens for s in steps), []) == res.tokens
+
+
 def test_text_matches_detokenize(dflash):
     res = dflash.generate("The quick", max_tokens=50, ignore_eos=True)
     assert res.text == dflash.detokenize(res.tokens)

@@ -310,6 +310,25 @@ def test_a_submission_read_in_parts(target_path, model_dir):
         assert sub.result() is not None and sub.done
 
 
+def test_a_submission_whose_result_is_read_whole(alone, target_path, model_dir):
+    want = alone.generate([1, 2, 3], max_tokens=20, ignore_eos=True).tokens
+    with open_llm(target_path, model_dir / "drafter-b8.gguf", 2) as llm:
+        sub = _running(llm, [1, 2, 3], 20)
+        assert sub.result().tokens == want and sub.done
+        assert list(sub) == [] and sub.result().tokens == want  # read: nothing is left, nothing hangs
+
+        async def rest() -> list:
+            return [s async for s in sub]
+
+        assert asyncio.run(rest()) == []
+        # its error is kept, as when it is read by iterating
+        bad = llm.submit([1, 2, 3], max_tokens=400, ignore_eos=True)
+        bad.cancel()
+        for _ in range(2):
+            with pytest.raises(GenerationInterrupted):
+                bad.result()
+
+
 def test_interrupt_stops_every_running_sequence_and_the_object_stays_usable(alone, target_path, model_dir):
     with open_llm(target_path, model_dir / "drafter-b8.gguf", 2) as llm:
         subs = [_running(llm, [1, 2, 3], 200), _running(llm, [4, 5], 200)]

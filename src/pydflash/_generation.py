@@ -57,11 +57,16 @@ class _Channel:
         self._items: collections.deque[StreamStep | BaseException] = collections.deque()
         self._cv = threading.Condition()
         self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
+        self.quiet = False  # its consumer waits for the end only (until_end): no wake-up per step
+        self._ended = False  # the last item (the finishing step or an error) is in
 
     def put(self, item: StreamStep | BaseException) -> None:
+        end = isinstance(item, BaseException) or item.finish_reason is not None
         with self._cv:
             self._items.append(item)
-            self._cv.notify()
+            self._ended = self._ended or end
+            if end or not self.quiet:
+                self._cv.notify()
             waiter, self._waiter = self._waiter, None
         if waiter is not None:
             loop, fut = waiter
@@ -72,6 +77,18 @@ class _Channel:
             while not self._items:
                 self._cv.wait()
             return self._items.popleft()
+
+    def until_end(self) -> list[StreamStep | BaseException]:
+        """Every item up to the last, waiting for it asleep: a consumer woken for each
+        step takes the GIL and a core from the engine's thread while the next step
+        computes (on the embedded pair its decode took ~7% longer)."""
+        with self._cv:  # a lock wait: Ctrl-C interrupts it
+            self.quiet = True
+            while not self._ended:
+                self._cv.wait()
+            items = list(self._items)
+            self._items.clear()
+            return items
 
     async def aget(self) -> StreamStep | BaseException:
         while True:
@@ -176,6 +193,18 @@ class Generation:
                     raise GenerationInterrupted("the generation was cancelled")
         finally:
             it.close()  # a consumer that stops early ends the generation now
+
+    def wait(self) -> None:
+        """Run it to the end for a caller that wants only what it gives (``result()``),
+        asleep until then rather than woken for each step; raises its error. Ctrl-C
+        while waiting cancels it, as leaving an iteration does."""
+        self.channel.quiet = True  # from its first step
+        self.submit()
+        try:
+            for item in self.channel.until_end():
+                _step_or_raise(item)
+        finally:
+            self.cancel()
 
     def submit(self) -> None:
         """Hand it to the engine (once); its steps then queue for the consumer."""

@@ -377,8 +377,7 @@ class Llama:
         the same either way. ``stats.cached_tokens`` says how many were kept."""
         cfg = _sampling(max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos, options)
         gen = Generation(self, prompt, cfg)
-        for _ in gen:
-            pass
+        gen.wait()
         return gen.result()
 
     def stream(

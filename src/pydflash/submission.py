@@ -67,7 +67,17 @@ class Submission:
     def result(self) -> GenerationResult:
         """Wait for the end; its text, tokens, finish reason and stats. Raises the
         generation's error (GenerationInterrupted when cancelled)."""
-        if self._error is None and self._gen.finish is None:
+        with self._lock:
+            unread = self._it is None and self._ait is None
+            if unread:  # read here, to the end: a later iteration yields nothing, as after a loop
+                self._it, self._ait = iter(()), _no_steps()
+        if unread:
+            try:
+                self._gen.wait()  # asleep until the end, not woken for each step
+            except BaseException as e:
+                self._error = e
+                raise
+        elif self._error is None and self._gen.finish is None:
             for _ in self:
                 pass
         return self._finished()
@@ -92,3 +102,8 @@ class Submission:
     def __repr__(self) -> str:
         state = "done" if self.done else "running"
         return f"<pydflash.Submission {len(self._gen.prompt)} prompt tokens, {state}>"
+
+
+async def _no_steps() -> AsyncIterator[StreamStep]:
+    return
+    yield  # an async generator that yields nothing

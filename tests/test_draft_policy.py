@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from pydflash import _draft_policy
 from pydflash._draft_policy import (
+    CHOICE_BUDGET,
     PLAIN_SAMPLE,
     PROBE_BUDGET,
     PROBE_FIRST,
@@ -291,6 +293,35 @@ def test_a_lone_sequence_that_is_off_still_forgets_every_step():
     assert st.probing and n_off >= RECHECK
     ref.forget(n_off + 1)
     assert st.acceptance.conditional() == pytest.approx(ref.conditional(), rel=1e-9)
+
+
+def test_the_weighings_of_a_sequence_that_is_off_keep_to_their_budget(monkeypatch):
+    # a weighing that takes 0.05 ms beside plain steps of 10 ms: one every 4 steps at least
+    # (RECHECK); at 1 ms plain steps (a small CPU target) one every 20, not every 4, and one
+    # slow weighing (the thread was preempted) moves the interval a quarter of the way
+    now = [0.0]
+    took = [0.05e-3]
+
+    def clock() -> float:
+        now[0] += took[0]  # a weighing reads it before and after: it took took[0]
+        return now[0]
+
+    monkeypatch.setattr(_draft_policy.time, "perf_counter", clock)
+    for plain_ms, want in [(10.0, RECHECK), (1.0, 20)]:
+        p, sts = policy(cost(0.5, verify_ms=plain_ms), acceptance=0.02)
+        sts[0].spacing = 10**6  # no probes
+        weighed = 0
+        for _ in range(400):
+            if not p.skip(sts[0]):
+                weighed += 1
+                assert p.choose(sts, [MAX_DRAFT], [0]) == [0]
+        assert p.recheck == want
+        assert weighed * 0.05 <= CHOICE_BUDGET * 400 * plain_ms + 0.05 * RECHECK
+    took[0] = 0.45e-3  # 9x the others: the average goes to 0.15 ms, 60 steps at 1 ms
+    while p.skip(sts[0]):
+        pass
+    p.choose(sts, [MAX_DRAFT], [0])
+    assert p.recheck == 60
 
 
 def test_one_slow_pass_moves_a_size_a_tenth_of_the_way():

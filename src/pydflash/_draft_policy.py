@@ -74,7 +74,11 @@ PROBE_ALPHA = 0.25  # weight of each lone probe's measured time (probes are few;
 PROBE_WAIT_MAX = 1024  # the longest wait between probes, whatever they cost
 RECHECK = 4  # a lone sequence that is off weighs drafting again every this many steps at least,
 RECHECK_MAX = 64  # ... at most, and between them as often as CHOICE_BUDGET allows
-CHOICE_BUDGET = 0.01  # the weighing of a lone sequence that is off costs at most this share of its steps
+# the weighings of a lone sequence that is off cost at most this share of its steps (they
+# can only turn drafting on through its estimate's drift toward the pair's, which takes tens
+# of steps; at 1% one took 38 us in the engine's thread, every 6 steps on the embedded pair:
+# 1.6% of its decode time)
+CHOICE_BUDGET = 0.0025
 # a lone sequence's realized tokens per ms over about its last 20 plain and 20 drafting
 # steps: slow enough to say whether drafting pays on this pair and machine (a compute-bound
 # target), not whether it paid in the last stretch (the acceptance estimates' business)
@@ -298,8 +302,9 @@ class DraftPolicy:
         self.pass_rows = pass_rows  # drafter rows per drafting sequence (0: 1 + k)
         self.pooled = Acceptance(max_draft, PRIOR_ACCEPTANCE, POOLED_DECAY)
         # steps between weighings of a lone sequence that is off: a full choice takes
-        # ~20 us of Python, 7% of a plain step of a small compute-bound target
+        # ~20-40 us of Python, 5-10% of a plain step of a small compute-bound target
         self.recheck = RECHECK
+        self._choice_ms = 0.0  # a weighing's time, averaged (one timing in a busy thread is noisy)
         self._clock: tuple[int, int] | None = None  # the last ended generation's steps off and spacing
         # what a lone sequence's plain and drafting steps (probes aside) realized
         # (observe_lone): the check on the model where one sequence has the pair
@@ -355,7 +360,9 @@ class DraftPolicy:
         if lone is not None and ks[0] == 0 and not lone.probing:
             # the next weighing waits until this one's time is CHOICE_BUDGET of the plain steps between
             took = (time.perf_counter() - t0) * 1e3
-            n = math.ceil(took / (CHOICE_BUDGET * max(self.cost.step_ms(1, 0), 1e-6)))
+            last = self._choice_ms if self._choice_ms > 0 else took
+            self._choice_ms = last + PROBE_ALPHA * (took - last)
+            n = math.ceil(self._choice_ms / (CHOICE_BUDGET * max(self.cost.step_ms(1, 0), 1e-6)))
             self.recheck = min(max(n, RECHECK), RECHECK_MAX)
             self._veto = self.drafting_loses()
         return ks

@@ -5,6 +5,7 @@ reasoning on/off, streaming, timings with the draft counts, typed errors."""
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 
@@ -171,12 +172,26 @@ def test_stream_closed_early_frees_the_model(dflash_b8, baseline):
 
 def test_cancel_stops_between_steps(dflash_b8):
     from pydflash import GenerationInterrupted
+    from pydflash._generation import CANCEL_POLL_S
 
+    # a stream's cancel is asked before its prompt is evaluated, then after each step
     calls = []
+    it = dflash_b8.create_completion("def f():", max_tokens=64, temperature=0.0, ignore_eos=True, stream=True,
+                                     cancel=lambda: calls.append(1) or len(calls) >= 3)
     with pytest.raises(GenerationInterrupted):
-        dflash_b8.create_completion("def f():", max_tokens=64, temperature=0.0, ignore_eos=True,
-                                    cancel=lambda: calls.append(1) or len(calls) >= 2)
-    assert len(calls) == 2
+        for _ in it:
+            pass
+    assert len(calls) == 3  # stopped after its second step
+    # a whole reply is not read step by step (its reader sleeps until the end): its cancel
+    # is asked before the prompt is evaluated, then every CANCEL_POLL_S while it runs
+    asks: list[float] = []
+    t0 = time.monotonic()
+    with pytest.raises(GenerationInterrupted):
+        dflash_b8.create_completion("def f():", max_tokens=400, temperature=0.0, ignore_eos=True,
+                                    cancel=lambda: asks.append(time.monotonic()) or len(asks) >= 3)
+    took = time.monotonic() - t0
+    assert len(asks) == 3 and asks[2] - asks[1] >= 0.9 * CANCEL_POLL_S
+    assert took < 10 * CANCEL_POLL_S + 1.0  # stopped soon after, not at the end of 400 tokens
     assert len(dflash_b8.generate("y", max_tokens=4, ignore_eos=True).tokens) == 4  # still usable
 
 

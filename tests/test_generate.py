@@ -53,6 +53,11 @@ def test_generate_sleeps_until_the_end(dflash, monkeypatch):
     res = dflash.generate("import os", max_tokens=40, ignore_eos=True, draft_max=0)
     assert res.stats.n_steps == 40 and len(res.tokens) == 40
     assert notified == [1]
+    # so do a whole completion's, which asks its cancel check now and then meanwhile
+    notified.clear()
+    out = dflash.create_completion("import os", max_tokens=40, temperature=0.0, ignore_eos=True, draft_max=0,
+                                   cancel=lambda: False)
+    assert out["choices"][0]["text"] == res.text and notified == [1]
     # a stream's reader is woken for each of its steps
     notified.clear()
     steps = list(dflash.stream("import os", max_tokens=40, ignore_eos=True, draft_max=0))

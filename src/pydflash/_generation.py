@@ -30,6 +30,8 @@ __all__ = ["Generation", "GenerationHost", "Prompt"]
 
 Prompt = str | Sequence[int]
 
+CANCEL_POLL_S = 0.1  # how often a caller that waits for the end asks its cancel check
+
 
 class GenerationHost(Protocol):
     """What a generation needs from the object that owns the model (``Llama``)."""
@@ -78,14 +80,15 @@ class _Channel:
                 self._cv.wait()
             return self._items.popleft()
 
-    def until_end(self) -> list[StreamStep | BaseException]:
-        """Every item up to the last, waiting for it asleep: a consumer woken for each
-        step takes the GIL and a core from the engine's thread while the next step
-        computes (on the embedded pair its decode took ~7% longer)."""
+    def until_end(self, timeout: float | None = None) -> list[StreamStep | BaseException] | None:
+        """Every item up to the last, waiting for it asleep (None: not there after
+        ``timeout`` seconds): a consumer woken for each step takes the GIL and a core
+        from the engine's thread while the next step computes (on the embedded pair
+        its decode took ~7% longer)."""
         with self._cv:  # a lock wait: Ctrl-C interrupts it
             self.quiet = True
-            while not self._ended:
-                self._cv.wait()
+            if not self._cv.wait_for(lambda: self._ended, timeout):
+                return None
             items = list(self._items)
             self._items.clear()
             return items
@@ -194,15 +197,22 @@ class Generation:
         finally:
             it.close()  # a consumer that stops early ends the generation now
 
-    def wait(self) -> None:
+    def wait(self, cancel: Callable[[], bool] | None = None) -> list[StreamStep]:
         """Run it to the end for a caller that wants only what it gives (``result()``),
-        asleep until then rather than woken for each step; raises its error. Ctrl-C
-        while waiting cancels it, as leaving an iteration does."""
+        asleep until then rather than woken for each step; its steps not read yet, or
+        its error. ``cancel()`` (when given) is asked every CANCEL_POLL_S seconds
+        while it runs: True stops it with ``GenerationInterrupted``. Ctrl-C while
+        waiting cancels it, as leaving an iteration does."""
+        self.cancel_check = cancel  # the engine also asks it before the prompt is evaluated
         self.channel.quiet = True  # from its first step
         self.submit()
         try:
-            for item in self.channel.until_end():
-                _step_or_raise(item)
+            items = self.channel.until_end(None if cancel is None else CANCEL_POLL_S)
+            while items is None:
+                if cancel is not None and cancel():
+                    raise GenerationInterrupted("the generation was cancelled")
+                items = self.channel.until_end(CANCEL_POLL_S)
+            return [_step_or_raise(item) for item in items]
         finally:
             self.cancel()
 

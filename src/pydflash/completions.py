@@ -142,7 +142,8 @@ def create_completion(
     ``response_format`` (``{"type": "json_object"}``, ``{"type": "json_schema", "json_schema": {"schema":
     ...}}``), ``json_schema`` or ``grammar`` (GBNF): the text follows it. ``id_slot``: that sequence slot
     (llama-server's; -1/None: any). ``n`` choices run side by side (seeds ``seed``, ``seed + 1``...).
-    ``cancel``: asked after every step; True stops with ``GenerationInterrupted``."""
+    ``cancel``: asked after every step of a stream, every 0.1 s otherwise; True stops with
+    ``GenerationInterrupted``."""
     _unsupported(suffix=suffix)
     if logprobs is not None and echo:
         raise ValueError("logprobs with echo (the prompt's log-probabilities) are not supported")
@@ -233,9 +234,9 @@ def _chain(streams: list[Iterator[_Chunk]], gens: list[Generation]) -> Iterator[
 
 
 def _completion(gen: Generation, cancel: Callable[[], bool] | None, meta: _Meta, head: str) -> Completion:
-    text = head
-    for step in gen.run(cancel):
-        text += step.text
+    # asleep until the end (a reader woken per step slows the engine's thread); a client
+    # that left is noticed within CANCEL_POLL_S
+    text = head + "".join(step.text for step in gen.wait(cancel))
     lps = None if gen.logprobs is None else completion_logprobs(gen.model.token_to_piece, gen.logprobs, 0)
     res: Completion = {
         "id": meta["id"],
@@ -370,7 +371,7 @@ def create_chat_completion(
 
 def _chat_completion(gen: Generation, cancel: Callable[[], bool] | None, cp: ChatPrompt, meta: _Meta) -> ChatCompletion:
     """The whole reply, parsed by the template's parser (reasoning, tool calls)."""
-    text = "".join(step.text for step in gen.run(cancel))
+    text = "".join(step.text for step in gen.wait(cancel))  # asleep until the end, as _completion
     reply = _parse_final(text, cp)
     msg: ChatCompletionMessage = {"role": "assistant", "content": reply.content}
     if reply.reasoning_content:

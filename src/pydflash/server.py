@@ -468,7 +468,8 @@ class _Exchange:
             chunks.close()  # type: ignore[attr-defined]  # the completion functions return generators
 
     def _cancelled(self) -> bool:
-        """The generation's ``cancel``, asked after each step; the first ask marks it running."""
+        """The generation's ``cancel``, asked after each step of a stream and every 0.1 s
+        of a whole reply (and before its prompt is evaluated); the first ask marks it running."""
         if not self.running:
             self.running = True
             self.server.metrics.processing(1)

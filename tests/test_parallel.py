@@ -393,6 +393,22 @@ def test_a_waiting_generation_whose_caller_left_is_never_evaluated(target_path, 
         assert llm.pair.tokens == [1, 2, 3] + res.tokens
 
 
+def test_a_queued_whole_reply_is_asked_to_cancel_only_once_it_is_admitted(target_path, model_dir):
+    # a whole reply's reader sleeps and asks its cancel check now and then, but not while
+    # it waits for a slot: the engine asks it first, as it admits it (the server's first
+    # ask marks a request running)
+    with open_llm(target_path, model_dir / "drafter-b8.gguf", 1) as llm:
+        running = _running(llm, [1, 2, 3], 60)
+        next(iter(running))  # it holds the only slot
+        asks: list[bool] = []
+        t = threading.Thread(target=lambda: llm.create_completion(
+            [7, 7, 7, 7], max_tokens=30, cancel=lambda: asks.append(running.done) or False))
+        t.start()
+        running.result()
+        t.join(timeout=60)
+        assert asks and asks[0] is True
+
+
 def test_many_threads_cancelling_at_random(alone, target_path, model_dir):
     # 16 callers on 3 slots; a third of them leave at a random point: nothing hangs,
     # the ones that stay get their output alone

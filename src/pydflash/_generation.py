@@ -201,15 +201,16 @@ class Generation:
         """Run it to the end for a caller that wants only what it gives (``result()``),
         asleep until then rather than woken for each step; its steps not read yet, or
         its error. ``cancel()`` (when given) is asked every CANCEL_POLL_S seconds
-        while it runs: True stops it with ``GenerationInterrupted``. Ctrl-C while
-        waiting cancels it, as leaving an iteration does."""
+        once it runs (while it waits for a slot only the engine asks, as it admits
+        it): True stops it with ``GenerationInterrupted``. Ctrl-C while waiting
+        cancels it, as leaving an iteration does."""
         self.cancel_check = cancel  # the engine also asks it before the prompt is evaluated
         self.channel.quiet = True  # from its first step
         self.submit()
         try:
             items = self.channel.until_end(None if cancel is None else CANCEL_POLL_S)
             while items is None:
-                if cancel is not None and cancel():
+                if cancel is not None and self.t_start > 0 and cancel():  # admitted: the engine asked first
                     raise GenerationInterrupted("the generation was cancelled")
                 items = self.channel.until_end(CANCEL_POLL_S)
             return [_step_or_raise(item) for item in items]

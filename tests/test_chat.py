@@ -170,7 +170,7 @@ def test_stream_closed_early_frees_the_model(dflash_b8, baseline):
     assert dflash_b8.generate("y", max_tokens=8, ignore_eos=True).tokens == want.tokens
 
 
-def test_cancel_stops_between_steps(dflash_b8):
+def test_cancel_stops_between_steps(dflash_b8, target_path):
     from pydflash import GenerationInterrupted
     from pydflash._generation import CANCEL_POLL_S
 
@@ -183,15 +183,17 @@ def test_cancel_stops_between_steps(dflash_b8):
             pass
     assert len(calls) == 3  # stopped after its second step
     # a whole reply is not read step by step (its reader sleeps until the end): its cancel
-    # is asked before the prompt is evaluated, then every CANCEL_POLL_S while it runs
+    # is asked before the prompt is evaluated, then every CANCEL_POLL_S while it runs (4,000
+    # plain steps, ~2.5 s here; CI once saw 400 drafted tokens end before the second poll)
     asks: list[float] = []
-    t0 = time.monotonic()
-    with pytest.raises(GenerationInterrupted):
-        dflash_b8.create_completion("def f():", max_tokens=400, temperature=0.0, ignore_eos=True,
-                                    cancel=lambda: asks.append(time.monotonic()) or len(asks) >= 3)
-    took = time.monotonic() - t0
+    with Llama(target_path, n_ctx=4096) as llm:
+        t0 = time.monotonic()
+        with pytest.raises(GenerationInterrupted):
+            llm.create_completion("def f():", max_tokens=4000, temperature=0.0, ignore_eos=True,
+                                  cancel=lambda: asks.append(time.monotonic()) or len(asks) >= 3)
+        took = time.monotonic() - t0
     assert len(asks) == 3 and asks[2] - asks[1] >= 0.9 * CANCEL_POLL_S
-    assert took < 10 * CANCEL_POLL_S + 1.0  # stopped soon after, not at the end of 400 tokens
+    assert took < 10 * CANCEL_POLL_S + 1.0  # stopped soon after, not at the end of 4,000 tokens
     assert len(dflash_b8.generate("y", max_tokens=4, ignore_eos=True).tokens) == 4  # still usable
 
 

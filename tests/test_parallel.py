@@ -329,6 +329,49 @@ def test_a_submission_whose_result_is_read_whole(alone, target_path, model_dir):
                 bad.result()
 
 
+def test_an_awaited_result_wakes_the_event_loop_once(target_path, monkeypatch):
+    # ``await aresult()`` with nothing iterated is woken at the end only, not for each step
+    # (an event loop woken per step takes the GIL and a core from the engine's thread, as
+    # generate() did); ``async for`` still gets each step
+    from pydflash import _generation
+
+    wakes: list[int] = []
+    wake = _generation._wake
+
+    def counted(fut) -> None:
+        wakes.append(1)
+        wake(fut)
+
+    monkeypatch.setattr(_generation, "_wake", counted)
+    with Llama(target_path, n_ctx=4096, n_threads=THREADS) as llm:
+        want = llm.generate([1, 2, 3], max_tokens=400, ignore_eos=True).tokens
+
+        async def whole() -> list[int]:
+            return (await llm.submit([1, 2, 3], max_tokens=400, ignore_eos=True).aresult()).tokens
+
+        assert asyncio.run(whole()) == want and len(wakes) <= 1
+
+        async def steps() -> list[int]:
+            return [t async for s in llm.submit([1, 2, 3], max_tokens=400, ignore_eos=True) for t in s.tokens]
+
+        wakes.clear()
+        assert asyncio.run(steps()) == want and len(wakes) > 1
+        # a task that stops awaiting cancels its generation, as leaving an iteration does
+        sub = llm.submit([1, 2, 3], max_tokens=4000, ignore_eos=True)
+
+        async def left() -> None:
+            task = asyncio.ensure_future(sub.aresult())
+            await asyncio.sleep(0.05)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        asyncio.run(left())
+        with pytest.raises(GenerationInterrupted):
+            sub.result()
+        assert llm.generate([1, 2, 3], max_tokens=400, ignore_eos=True).tokens == want
+
+
 def test_interrupt_stops_every_running_sequence_and_the_object_stays_usable(alone, target_path, model_dir):
     with open_llm(target_path, model_dir / "drafter-b8.gguf", 2) as llm:
         subs = [_running(llm, [1, 2, 3], 200), _running(llm, [4, 5], 200)]

@@ -67,9 +67,10 @@ class _Channel:
         with self._cv:
             self._items.append(item)
             self._ended = self._ended or end
+            waiter = None
             if end or not self.quiet:
                 self._cv.notify()
-            waiter, self._waiter = self._waiter, None
+                waiter, self._waiter = self._waiter, None
         if waiter is not None:
             loop, fut = waiter
             loop.call_soon_threadsafe(_wake, fut)
@@ -92,6 +93,20 @@ class _Channel:
             items = list(self._items)
             self._items.clear()
             return items
+
+    async def auntil_end(self) -> list[StreamStep | BaseException]:
+        """``until_end`` for asyncio: the event loop is woken once, at the end."""
+        while True:
+            with self._cv:
+                self.quiet = True
+                if self._ended:
+                    items = list(self._items)
+                    self._items.clear()
+                    return items
+                loop = asyncio.get_running_loop()
+                fut: asyncio.Future[None] = loop.create_future()
+                self._waiter = (loop, fut)
+            await fut
 
     async def aget(self) -> StreamStep | BaseException:
         while True:
@@ -208,12 +223,20 @@ class Generation:
         self.channel.quiet = True  # from its first step
         self.submit()
         try:
-            items = self.channel.until_end(None if cancel is None else CANCEL_POLL_S)
-            while items is None:
+            while (items := self.channel.until_end(None if cancel is None else CANCEL_POLL_S)) is None:
                 if cancel is not None and self.t_start > 0 and cancel():  # admitted: the engine asked first
                     raise GenerationInterrupted("the generation was cancelled")
-                items = self.channel.until_end(CANCEL_POLL_S)
             return [_step_or_raise(item) for item in items]
+        finally:
+            self.cancel()
+
+    async def await_end(self) -> list[StreamStep]:
+        """``wait()`` for asyncio, without blocking the event loop; a task that stops
+        awaiting (cancelled) cancels the generation."""
+        self.channel.quiet = True
+        self.submit()
+        try:
+            return [_step_or_raise(item) for item in await self.channel.auntil_end()]
         finally:
             self.cancel()
 

@@ -9,7 +9,7 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 
 from ._generation import Generation
-from .errors import PyDFlashError
+from .errors import GenerationInterrupted, PyDFlashError
 from .results import GenerationResult, StreamStep
 
 __all__ = ["Submission"]
@@ -46,7 +46,7 @@ class Submission:
         try:
             yield from self._gen
         except BaseException as e:
-            self._error = e
+            self._error = _kept(e)
             raise
 
     async def _asteps(self) -> AsyncIterator[StreamStep]:
@@ -54,7 +54,7 @@ class Submission:
             async for step in self._gen:
                 yield step
         except BaseException as e:
-            self._error = e
+            self._error = _kept(e)
             raise
 
     def _finished(self) -> GenerationResult:
@@ -64,18 +64,23 @@ class Submission:
             raise PyDFlashError("this submission's steps are being read elsewhere (by an async iteration)")
         return self._gen.result()
 
+    def _claim(self) -> bool:
+        """True where nothing iterated it: the caller reads it to the end, and a later
+        iteration yields nothing, as after a loop."""
+        with self._lock:
+            unread = self._it is None and self._ait is None
+            if unread:
+                self._it, self._ait = iter(()), _no_steps()
+            return unread
+
     def result(self) -> GenerationResult:
         """Wait for the end; its text, tokens, finish reason and stats. Raises the
         generation's error (GenerationInterrupted when cancelled)."""
-        with self._lock:
-            unread = self._it is None and self._ait is None
-            if unread:  # read here, to the end: a later iteration yields nothing, as after a loop
-                self._it, self._ait = iter(()), _no_steps()
-        if unread:
+        if self._claim():
             try:
                 self._gen.wait()  # asleep until the end, not woken for each step
             except BaseException as e:
-                self._error = e
+                self._error = _kept(e)
                 raise
         elif self._error is None and self._gen.finish is None:
             for _ in self:
@@ -83,8 +88,16 @@ class Submission:
         return self._finished()
 
     async def aresult(self) -> GenerationResult:
-        """``result()`` for asyncio: waits without blocking the event loop."""
-        if self._error is None and self._gen.finish is None:
+        """``result()`` for asyncio: waits without blocking the event loop (woken
+        once, at the end, where nothing iterated it). Cancelling the awaiting task
+        cancels the generation."""
+        if self._claim():
+            try:
+                await self._gen.await_end()
+            except BaseException as e:
+                self._error = _kept(e)
+                raise
+        elif self._error is None and self._gen.finish is None:
             async for _ in self:
                 pass
         return self._finished()
@@ -102,6 +115,12 @@ class Submission:
     def __repr__(self) -> str:
         state = "done" if self.done else "running"
         return f"<pydflash.Submission {len(self._gen.prompt)} prompt tokens, {state}>"
+
+
+def _kept(e: BaseException) -> BaseException:
+    """The error a later ``result()`` raises: the generation's own, or (where its reader
+    was interrupted: Ctrl-C, a cancelled task) that it was cancelled."""
+    return e if isinstance(e, Exception) else GenerationInterrupted("the generation was cancelled")
 
 
 async def _no_steps() -> AsyncIterator[StreamStep]:

@@ -219,17 +219,17 @@ def test_tool_call_over_http(files):
         assert url, "server did not start"
         drain = threading.Thread(target=proc.stderr.read, daemon=True)
         drain.start()
-        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
         kw = dict(model="x", messages=MSGS, tools=TOOLS, max_tokens=1, temperature=0,
                   logit_bias={str(ids["think+call"]): 100})
         # (OpenAI's logit_bias range is [-100, 100]; the phrase token wins at 100 too)
-        res = client.chat.completions.create(**kw)
+        with openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120) as client:
+            res = client.chat.completions.create(**kw)
+            chunks = list(client.chat.completions.create(stream=True, **kw))
         choice = res.choices[0]
         assert choice.finish_reason == "tool_calls"
         assert choice.message.tool_calls[0].function.name == "get_weather"
         assert json.loads(choice.message.tool_calls[0].function.arguments) == {"city": "Paris"}
         assert choice.message.to_dict()["reasoning_content"].strip() == "The user wants the weather."
-        chunks = list(client.chat.completions.create(stream=True, **kw))
         calls = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
         assert [tc.function.name for tc in calls] == ["get_weather"]
         assert chunks[-1].choices[0].finish_reason == "tool_calls"

@@ -35,7 +35,8 @@ def llm(tmp_path_factory, model_dir):
 @pytest.fixture(scope="module")
 def client(llm):
     srv = Server(llm, port=0, alias="tiny").start()
-    yield openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=120)
+    with openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=120) as c:
+        yield c  # closed: its pooled sockets would warn wherever the collector finds them
     srv.shutdown()
 
 

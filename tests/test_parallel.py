@@ -393,9 +393,12 @@ def test_the_server_runs_requests_side_by_side(alone, target_path, model_dir):
 
     prompts = [[60 + i, 61, 62] for i in range(3)]
     want = [alone.detokenize(alone.generate(p, max_tokens=20, ignore_eos=True).tokens) for p in prompts]
-    with open_llm(target_path, model_dir / "drafter-b8.gguf", 4) as llm, Server(llm, port=0) as srv:
+    with (
+        open_llm(target_path, model_dir / "drafter-b8.gguf", 4) as llm,
+        Server(llm, port=0) as srv,
+        openai.OpenAI(base_url=srv.url + "/v1", api_key="x") as client,
+    ):
         assert srv.parallel == 4
-        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x")
         # a long stream is running ...
         long = client.completions.create(model="m", prompt=[9, 9, 9], max_tokens=240, stream=True, temperature=0,
                                          extra_body={"ignore_eos": True})
@@ -546,8 +549,11 @@ def test_n_choices_through_the_server(target_path, model_dir):
     openai = pytest.importorskip("openai")
     from pydflash.server import Server
 
-    with open_llm(target_path, model_dir / "drafter-b8.gguf", 2) as llm, Server(llm, port=0) as srv:
-        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x")
+    with (
+        open_llm(target_path, model_dir / "drafter-b8.gguf", 2) as llm,
+        Server(llm, port=0) as srv,
+        openai.OpenAI(base_url=srv.url + "/v1", api_key="x") as client,
+    ):
         res = client.completions.create(model="m", prompt=[3, 4, 5], max_tokens=8, n=2, temperature=0.8, seed=3)
         assert [c.index for c in res.choices] == [0, 1] and res.usage.completion_tokens <= 16
         got = {0: "", 1: ""}

@@ -39,7 +39,8 @@ def llm(embedded_dflash: Llama) -> Llama:
 @pytest.fixture(scope="module")
 def client(embedded_dflash: Llama):
     srv = Server(embedded_dflash, port=0, alias="pair").start()
-    yield openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=300)
+    with openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=300) as c:
+        yield c  # closed: its pooled sockets would warn wherever the collector finds them
     srv.shutdown()
 
 

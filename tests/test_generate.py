@@ -50,9 +50,28 @@ def test_generate_sleeps_until_the_end(dflash, monkeypatch):
         self._cv = Counting()
 
     monkeypatch.setattr(_generation._Channel, "__init__", counted)
+    # ... and is handed one event, at the end, with every token and the whole text (building
+    # and queueing one per step took ~15 us of the engine's thread)
+    events: list[int] = []
+    event = _generation.Generation._event
+
+    def counted_event(self, step):
+        events.append(1)
+        return event(self, step)
+
+    monkeypatch.setattr(_generation.Generation, "_event", counted_event)
     res = dflash.generate("import os", max_tokens=40, ignore_eos=True, draft_max=0)
     assert res.stats.n_steps == 40 and len(res.tokens) == 40
-    assert notified == [1]
+    assert notified == [1] and events == [1]
+    # a whole completion's text is that one event's, cut at a stop string as a stream's
+    stop = res.text[12:15]
+    events.clear()
+    whole = dflash.create_completion("import os", max_tokens=40, temperature=0.0, ignore_eos=True, draft_max=0,
+                                     stop=[stop])
+    assert events == [1]
+    streamed = list(dflash.stream("import os", max_tokens=40, ignore_eos=True, draft_max=0, stop=[stop]))
+    assert whole["choices"][0]["text"] == "".join(s.text for s in streamed) == res.text[: res.text.find(stop)]
+    assert whole["choices"][0]["finish_reason"] == streamed[-1].finish_reason == "stop"
     # so do a whole completion's, which asks its cancel check now and then meanwhile
     notified.clear()
     out = dflash.create_completion("import os", max_tokens=40, temperature=0.0, ignore_eos=True, draft_max=0,
@@ -60,8 +79,9 @@ def test_generate_sleeps_until_the_end(dflash, monkeypatch):
     assert out["choices"][0]["text"] == res.text and notified == [1]
     # a stream's reader is woken for each of its steps
     notified.clear()
+    events.clear()
     steps = list(dflash.stream("import os", max_tokens=40, ignore_eos=True, draft_max=0))
-    assert len(steps) == 40 and len(notified) == 40
+    assert len(steps) == 40 and len(notified) == 40 and len(events) == 40
     assert sum((s.tokens for s in steps), []) == res.tokens
 
 

@@ -59,7 +59,9 @@ class _Channel:
         self._items: collections.deque[StreamStep | BaseException] = collections.deque()
         self._cv = threading.Condition()
         self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
-        self.quiet = False  # its consumer waits for the end only (until_end): no wake-up per step
+        # its consumer waits for the end only (until_end): no wake-up per step (and its
+        # generation sends nothing before the end: Generation.take_step)
+        self.quiet = False
         self._ended = False  # the last item (the finishing step or an error) is in
 
     def put(self, item: StreamStep | BaseException) -> None:
@@ -214,11 +216,12 @@ class Generation:
 
     def wait(self, cancel: Callable[[], bool] | None = None) -> list[StreamStep]:
         """Run it to the end for a caller that wants only what it gives (``result()``),
-        asleep until then rather than woken for each step; its steps not read yet, or
-        its error. ``cancel()`` (when given) is asked every CANCEL_POLL_S seconds
-        once it runs (while it waits for a slot only the engine asks, as it admits
-        it): True stops it with ``GenerationInterrupted``. Ctrl-C while waiting
-        cancels it, as leaving an iteration does."""
+        asleep until then rather than woken for each step; its steps not read yet (one,
+        with everything, where nothing read it before), or its error. ``cancel()``
+        (when given) is asked every CANCEL_POLL_S seconds once it runs (while it waits
+        for a slot only the engine asks, as it admits it): True stops it with
+        ``GenerationInterrupted``. Ctrl-C while waiting cancels it, as leaving an
+        iteration does."""
         self.cancel_check = cancel  # the engine also asks it before the prompt is evaluated
         self.channel.quiet = True  # from its first step
         self.submit()
@@ -308,9 +311,14 @@ class Generation:
         return -1 if self.config.draft_max is None else self.config.draft_max
 
     def take_step(self, step: _core.StepResult) -> None:
-        """One step's tokens: EOS, max_tokens, stop strings; delivered as a StreamStep."""
+        """One step's tokens: EOS, max_tokens, stop strings; delivered as a StreamStep
+        (to a reader that waits for the end only, one at the end, with every token and
+        all the text not delivered before: building and queueing one per step took
+        ~15 us of the engine's thread, 4% of a plain step of the embedded target)."""
         self.steps.append(step)
         self._take(step.tokens, step.logprobs)
+        if self.finish is None and self.channel.quiet:
+            return
         self._deliver(self._event(step))
 
     def fail(self, exc: BaseException) -> None:

@@ -85,6 +85,27 @@ def test_generate_sleeps_until_the_end(dflash, monkeypatch):
     assert sum((s.tokens for s in steps), []) == res.tokens
 
 
+def test_a_quiet_readers_stop_strings_are_searched_in_new_text_only(dflash, monkeypatch):
+    # a reader that waits for the end gets one event, but the text is still released step
+    # by step where stop strings are searched: each search covers the text not released
+    # yet, not everything so far (a 32K-token reply would search ~32K times its whole text)
+    from pydflash import _text
+
+    searched: list[int] = []
+    find = _text.TextAssembler.find_stop
+
+    def counted(self, final=False):
+        searched.append(len(self._buf) - self._sent)
+        return find(self, final)
+
+    monkeypatch.setattr(_text.TextAssembler, "find_stop", counted)
+    res = dflash.generate("import os", max_tokens=300, ignore_eos=True, draft_max=0, stop=["\x00never"])
+    assert len(res.tokens) == 300 and len(searched) == 300
+    assert max(searched) < 100 < len(res.text.encode())
+    whole = dflash.stream("import os", max_tokens=300, ignore_eos=True, draft_max=0, stop=["\x00never"])
+    assert "".join(s.text for s in whole) == res.text
+
+
 def test_text_matches_detokenize(dflash):
     res = dflash.generate("The quick", max_tokens=50, ignore_eos=True)
     assert res.text == dflash.detokenize(res.tokens)

@@ -169,6 +169,7 @@ class Generation:
         # one per token, in step with self.tokens, with logprobs=True
         self.logprobs: list[TokenLogprob] | None = [] if config.logprobs else None
         self.n_released = 0  # tokens already handed to a stream consumer
+        self._held: list[tuple[str, int]] = []  # text and tokens released, not handed yet
         self.steps: list[_core.StepResult] = []
         self.finish: FinishReason | None = None
         self.prefill_s = 0.0
@@ -318,6 +319,8 @@ class Generation:
         self.steps.append(step)
         self._take(step.tokens, step.logprobs)
         if self.finish is None and self.channel.quiet:
+            if self.text.stop_strings:  # released step by step all the same: each stop-string
+                self._held.append(self.text.release(final=False))  # search covers new text only
             return
         self._deliver(self._event(step))
 
@@ -357,6 +360,10 @@ class Generation:
 
     def _event(self, step: _core.StepResult | None) -> StreamStep:
         text, n_new = self.text.release(final=self.finish is not None)
+        if self._held:  # released while its reader waited for the end only (take_step)
+            text = "".join(t for t, _ in self._held) + text
+            n_new += sum(n for _, n in self._held)
+            self._held.clear()
         released = self.tokens[self.n_released : self.n_released + n_new]
         logprobs = None if self.logprobs is None else self.logprobs[self.n_released : self.n_released + n_new]
         self.n_released += n_new

@@ -121,6 +121,11 @@ public:
     // one target pass verifies them all, then each is accepted, rolled back and
     // injected on its own. Results in the order of `steps`.
     std::vector<StepResult> step_batch(const std::vector<SeqStep>& steps);
+    // Up to `n_steps` steps of one sequence in this loop (its budget shrinking by
+    // the tokens taken), each as step_batch({step}) would take it. Stops after a
+    // step that failed, one that brought the tokens to `n_tokens`, or one with an
+    // end-of-generation token (`stop_at_eog`), and before the context is full.
+    std::vector<StepResult> step_run(const SeqStep& step, int32_t n_steps, int32_t n_tokens, bool stop_at_eog);
 
     // Target logits for every position of `tokens` (row-major n x n_vocab),
     // evaluated from an empty cache; every sequence is left reset.

@@ -113,6 +113,32 @@ std::vector<StepResult> ContextPair::step_batch(const std::vector<SeqStep>& step
     return commit(work, t);
 }
 
+std::vector<StepResult> ContextPair::step_run(const SeqStep& step, int32_t n_steps, int32_t n_tokens,
+                                              bool stop_at_eog) {
+    // The caller's work per step (the engine's, in Python: ~40 us) was ~10% of a
+    // plain step of a small target, and what it touches evicts the target's
+    // weights from the caches: a run of steps it would take one by one runs here.
+    if (n_steps < 1) throw InvalidArgument("n_steps must be at least 1, got " + std::to_string(n_steps));
+    if (n_tokens < 1) throw InvalidArgument("n_tokens must be at least 1, got " + std::to_string(n_tokens));
+    std::vector<StepResult> out;
+    SeqStep st = step;
+    int32_t taken = 0;
+    for (int32_t i = 0; i < n_steps && taken < n_tokens; ++i) {
+        if (i > 0 && seq_at(st.seq).n_past >= n_ctx_seq()) break;  // full: the caller ends it
+        if (step.control.budget >= 0) st.control.budget = std::max(0, step.control.budget - taken);
+        std::vector<StepResult> rs = step_batch({st});
+        out.push_back(std::move(rs[0]));
+        const StepResult& r = out.back();
+        if (!r.error.empty()) break;
+        taken += static_cast<int32_t>(r.tokens.size());
+        if (stop_at_eog &&
+            std::any_of(r.tokens.begin(), r.tokens.end(), [this](llama_token t) { return target_->is_eog(t); })) {
+            break;
+        }
+    }
+    return out;
+}
+
 std::vector<ContextPair::Work> ContextPair::plan(const std::vector<SeqStep>& steps) {
     // every request is checked before any work: a bad one changes nothing
     std::vector<Work> work;

@@ -745,3 +745,48 @@ def test_a_probe_that_a_shorter_draft_would_have_won_with_restarts_the_drafting_
     p = vetoed()
     p.observe_lone(1, True, probe_ms, probe=True, k=7)  # kept nothing: no length would have paid
     assert p.drafting_loses()
+
+
+def test_a_run_of_plain_steps_is_the_skips_it_stands_for():
+    # a lone sequence that is off takes its plain steps in runs (one call to the core,
+    # Engine._step_run): a run is the skips it replaces and ends before the next weighing
+    import copy
+
+    p, sts = policy(cost(0.5), acceptance=0.02)
+    sts[0].spacing = 10**6  # no probes
+    while p.choose(sts, [MAX_DRAFT], [0]) != [0]:
+        pass
+    for _ in range(SWITCH_STEPS):  # past the switch of sizes after the drafting steps
+        p.observe_step(1, 10.0, 0, 0.0, 10.5)
+    p.recheck = 20
+    for n_max in (1, 7, 100):
+        ref_p, ref_st = copy.deepcopy((p, sts[0]))
+        n = p.plain_run(sts[0], n_max)
+        skips = 0
+        while skips < n_max and ref_p.skip(ref_st):
+            skips += 1
+            if ref_st.off_steps % ref_p.recheck == 0:
+                break  # a weighing is due next
+        assert n == skips and 1 <= n <= n_max
+        assert (sts[0].off_steps, sts[0].unforgotten) == (ref_st.off_steps, ref_st.unforgotten)
+    assert sts[0].off_steps % p.recheck == 0 and p.plain_run(sts[0], 100) == 0  # this one is weighed
+    assert p.choose(sts, [MAX_DRAFT], [0]) == [0]
+    # the steps of a switch are observed one by one: no runs there
+    p._after = 0
+    assert p.plain_run(sts[0], 100) == 1
+    p._after = SWITCH_STEPS
+    assert p.plain_run(sts[0], 100) == p.recheck - 2 > 0
+
+
+def test_a_runs_observation_is_its_steps_observed_one_by_one():
+    a = DraftPolicy(cost(0.5), MAX_DRAFT)
+    b = DraftPolicy(cost(0.5), MAX_DRAFT)
+    for p in (a, b):
+        p._after = SWITCH_STEPS
+    a.observe_plain_run(11.0, 12.0, 30)
+    for _ in range(30):
+        b.observe_step(1, 11.0, 0, 0.0, 12.0)
+        b.observe_lone(1, False, 12.0)
+    assert a.cost.step_ms(1, 0) == pytest.approx(b.cost.step_ms(1, 0), rel=1e-9)
+    assert a.plain_rate.value() == pytest.approx(b.plain_rate.value(), rel=1e-9)
+    assert a.plain_rate.n == pytest.approx(b.plain_rate.n, rel=1e-9)

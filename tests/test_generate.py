@@ -293,3 +293,49 @@ def test_memory_report(dflash, baseline, model_dir):
     assert "target" in str(rep) and "drafter" in str(rep)
     alone = baseline.memory()
     assert {r.role for r in alone.rows} == {"target"} and alone.drafter_bytes == 0
+
+
+class _CountingCore:
+    """The engine's core, counting its step calls (runs: their lengths)."""
+
+    def __init__(self, core):
+        self._c = core
+        self.runs: list[int] = []
+        self.steps = 0
+
+    def __getattr__(self, name):
+        return getattr(self._c, name)
+
+    def step_run(self, *args):
+        out = self._c.step_run(*args)
+        self.runs.append(len(out))
+        return out
+
+    def step_batch(self, steps):
+        self.steps += 1
+        return self._c.step_batch(steps)
+
+
+def test_a_lone_generation_that_drafts_nothing_steps_in_runs(baseline, dflash_b8, monkeypatch):
+    # where one sequence drafts nothing and its reader waits for the end, the engine hands
+    # its steps to the core in runs, one call for many (its own work per step cost the
+    # embedded target ~10% of its step): the same tokens as a stream's, taken one by one
+    counting = _CountingCore(baseline._engine._core)
+    monkeypatch.setattr(baseline._engine, "_core", counting)
+    res = baseline.generate("import os", max_tokens=300, ignore_eos=True)
+    assert sum(counting.runs) == 300 and counting.steps == 0 and len(counting.runs) < 30
+    counting.runs.clear()
+    streamed = list(baseline.stream("import os", max_tokens=300, ignore_eos=True))
+    assert counting.runs == [] and counting.steps == 300
+    assert sum((s.tokens for s in streamed), []) == res.tokens
+    # a stop string is searched after every step: no runs
+    stopped = baseline.generate("import os", max_tokens=300, ignore_eos=True, stop=[res.text[-20:-15]])
+    assert counting.runs == [] and stopped.finish_reason == "stop"
+    # an adaptive pair whose drafting does not pay (random drafter weights) goes off and
+    # runs its plain steps; every output is the target's
+    pair_core = _CountingCore(dflash_b8._engine._core)
+    monkeypatch.setattr(dflash_b8._engine, "_core", pair_core)
+    for prompt in ["import os", "def f(x):", "hello"]:
+        want = baseline.generate(prompt, max_tokens=400, ignore_eos=True).tokens
+        assert dflash_b8.generate(prompt, max_tokens=400, ignore_eos=True).tokens == want
+    assert sum(pair_core.runs) > 400 and pair_core.steps > 0

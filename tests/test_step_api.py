@@ -168,3 +168,47 @@ def test_steps_after_a_biased_generate_are_greedy(dflash_b8, reference):
     while len(out) < 40:
         out += pair.step().tokens
     assert out[:40] == reference[:40]
+
+
+def test_a_run_of_steps_is_its_steps_one_by_one(baseline, reference):
+    # the engine hands a lone sequence's plain steps to the core in runs (Engine._step_run)
+    from pydflash import _core
+
+    pair = baseline.pair
+    core = pair._core
+    pair.prefill(baseline.tokenize(PROMPT))
+    run = core.step_run(_core.SeqStep(0, 0), 30, 1000, True)
+    assert [t for r in run for t in r.tokens] == reference[:30]
+    assert [b.n_past - a.n_past for a, b in zip(run, run[1:])] == [1] * 29
+    assert all(r.n_drafted == 0 and r.error == "" for r in run)
+    pair.prefill(baseline.tokenize(PROMPT))  # it ends at n_tokens
+    assert [t for r in core.step_run(_core.SeqStep(0, 0), 30, 7, True) for t in r.tokens] == reference[:7]
+    for n_steps, n_tokens, what in [(0, 5, "n_steps"), (5, 0, "n_tokens")]:
+        with pytest.raises(ValueError, match=f"{what} must be at least 1"):
+            core.step_run(_core.SeqStep(0, 0), n_steps, n_tokens, True)
+    pair.reset()
+    with pytest.raises(ValueError, match="prefill"):
+        core.step_run(_core.SeqStep(0, 0), 3, 3, True)
+    pair.prefill(baseline.tokenize(PROMPT))  # still usable
+    assert list(pair.step().tokens) == reference[:1]
+
+
+def test_a_run_ends_at_the_end_of_generation_and_before_the_context_is_full(model_dir):
+    from pydflash import Llama, _core
+
+    with Llama(model_dir / "target-eos.gguf", n_ctx=64) as llm:
+        eos = llm.tokenize("<|endoftext|>", add_special=False)[0]
+        core = llm.pair._core
+        for prompt in ["a", "def", "import os", "x = 1", "class A:", "hello", "1 + 2", "return"]:
+            ids = llm.tokenize(prompt)
+            llm.pair.prefill(ids)
+            full = [t for r in core.step_run(_core.SeqStep(0, 0), 100, 100, False) for t in r.tokens]
+            # without stop_at_eog it runs to the full context: the prompt, the steps, the last sampled token
+            assert len(full) == 64 - len(ids) + 1
+            if eos in full:
+                break
+        else:
+            pytest.fail("no prompt reached EOS: pick others")
+        llm.pair.prefill(ids)
+        cut = [t for r in core.step_run(_core.SeqStep(0, 0), 100, 100, True) for t in r.tokens]
+        assert cut == full[: full.index(eos) + 1]

@@ -143,6 +143,10 @@ void register_context_pair(py::module_& m) {
              "(median of `reps` each); leaves it empty.")
         .def("step_batch", &ContextPair::step_batch, py::arg("steps"), release(),
              "One step of several sequences in shared passes; a result per SeqStep, in order.")
+        .def("step_run", &ContextPair::step_run, py::arg("step"), py::arg("n_steps"), py::arg("n_tokens"),
+             py::arg("stop_at_eog"), release(),
+             "Up to `n_steps` steps of one sequence in one call: stops after a failed step, at `n_tokens` "
+             "tokens, after an end-of-generation token (`stop_at_eog`) and before the context is full.")
         .def(
             "score",
             [](ContextPair& self, const std::vector<llama_token>& tokens) {

@@ -386,6 +386,21 @@ class DraftPolicy:
             return True
         return False
 
+    def plain_run(self, st: SequenceDraft, n_max: int) -> int:
+        """``skip`` for up to ``n_max`` steps at once: the plain steps a lone sequence
+        takes now (0: weigh this step). A run ends before the next weighing or probe
+        would be due; a switch's steps come one at a time (each is observed)."""
+        if not self.skip(st):
+            return 0
+        n = 1
+        if self._after < SWITCH_STEPS:
+            return n
+        while n < n_max and st.off_steps + 1 < max(st.probe_wait, st.spacing) and st.off_steps % self.recheck:
+            st.off_steps += 1
+            st.unforgotten += 1
+            n += 1
+        return n
+
     def _still_vetoed(self) -> bool:
         self._veto = self.drafting_loses()
         return self._veto
@@ -508,6 +523,11 @@ class DraftPolicy:
             times = PLAIN_SAMPLE  # standing for the steps not observed: the estimates keep their pace
         self.observe_step(1, verify_ms, 0, 0.0, wall_ms, times)
         self.observe_lone(tokens, False, wall_ms, times=times)
+
+    def observe_plain_run(self, verify_ms: float, wall_ms: float, n: int) -> None:
+        """``n`` plain steps of a run (``plain_run``), one token each: their mean times."""
+        self.observe_step(1, verify_ms, 0, 0.0, wall_ms, n)
+        self.observe_lone(1, False, wall_ms, times=n)
 
     def drafting_loses(self) -> bool:
         """A lone sequence's recent drafting steps (probes aside) gave fewer tokens per

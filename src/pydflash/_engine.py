@@ -33,6 +33,11 @@ __all__ = ["Engine"]
 
 IDLE_EXIT_S = 1.0  # an idle thread ends after this long; the next submission starts another
 CALIBRATION_REPS = 3  # timed passes per size when the draft policy calibrates
+# a lone sequence's run of steps in one call (Engine._step_run) takes about this long
+# at most: a generation submitted meanwhile waits for it to join
+RUN_MS = 20.0
+RUN_MAX_STEPS = 256
+RUN_ALPHA = 0.25  # weight of each run's time per step in the estimate that sizes runs
 
 _log = logging.getLogger("pydflash")
 
@@ -64,6 +69,7 @@ class Engine:
         self._aborting = False  # a cancel interrupted its lone generation's decode
         self._policy: DraftPolicy | None = None  # made (calibrated) before the first adaptive generation
         self._pooled = False  # this thread computed since it last released its OpenMP pool
+        self._run_step_ms = 1.0  # a step's time in a lone sequence's runs (_step_run), averaged
 
     # -- any thread --------------------------------------------------------------
 
@@ -319,7 +325,13 @@ class Engine:
         lengths = asked
         policy = self._policy
         lone = stepping[0].draft if len(stepping) == 1 else None
-        plain = policy is not None and lone is not None and policy.skip(lone)
+        n_run = self._run_max(stepping[0]) if len(stepping) == 1 else 1
+        n_plain = policy.plain_run(lone, n_run) if policy is not None and lone is not None else 0
+        plain = n_plain > 0
+        if n_plain > 1 or (n_run > 1 and policy is None and caps[0] == 0):
+            # alone, nothing to draft for a while, and a reader that waits for the end
+            self._step_run(stepping[0], n_plain or n_run, budgets[0], t0)
+            return
         if plain:
             # alone and off between weighings (most steps where drafting does not pay):
             # a plain step; only its costs are observed, below, as every step's are (the
@@ -365,6 +377,39 @@ class Engine:
         # n-gram drafts' tokens say nothing of what the drafter's steps or plain steps give
         if lone is not None and not first.error and first.source in MODEL_SOURCES:
             policy.observe_lone(len(first.tokens), first.draft_max > 0, wall, probe=lone.probing, k=first.n_drafted)
+
+    def _run_max(self, slot: _Slot) -> int:
+        """The steps a lone sequence may take in one call (``_step_run``): 1 where its
+        reader follows every step, a stop string must be searched after each, or a
+        generation waits to join or is still reading its prompt; else as many as take
+        about RUN_MS."""
+        gen = slot.gen
+        assert gen is not None
+        if not gen.channel.quiet or gen.text.stop_strings or self._queue or any(s.prefilling for s in self._slots):
+            return 1
+        return max(1, min(RUN_MAX_STEPS, int(RUN_MS / self._run_step_ms)))
+
+    def _step_run(self, s: _Slot, n: int, budget: int, t0: float) -> None:
+        """``n`` plain steps of one sequence in one call to the core: the engine's own
+        work per step cost a small target ~10% of its plain step."""
+        gen = s.gen
+        assert gen is not None
+        step = _core.SeqStep(s.seq, 0, gen.config.draft_min, gen.config.draft_p_min, budget=budget)
+        results = self._core.step_run(step, n, budget + 1, not gen.config.ignore_eos)
+        for r in results:
+            if r.error:
+                gen.fail(GrammarError(r.error))
+            else:
+                gen.take_step(r)
+            if gen.done:
+                with self._cv:
+                    self._release(s)
+                break
+        wall = (time.perf_counter() - t0) * 1e3 / len(results)
+        self._run_step_ms += RUN_ALPHA * (wall - self._run_step_ms)
+        if self._policy is not None and s.draft is not None:
+            verify = sum(r.t_verify_ms for r in results) / len(results)
+            self._policy.observe_plain_run(verify, wall, len(results))
 
 
 MODEL_SOURCES = ("draft-dflash", "draft-dspark", "draft-mtp", "")  # "": nothing drafted this step

@@ -388,18 +388,27 @@ class DraftPolicy:
 
     def plain_run(self, st: SequenceDraft, n_max: int) -> int:
         """``skip`` for up to ``n_max`` steps at once: the plain steps a lone sequence
-        takes now (0: weigh this step). A run ends before the next weighing or probe
-        would be due; a switch's steps come one at a time (each is observed)."""
-        if not self.skip(st):
+        takes now (0: weigh this step), ending before the next weighing or probe would
+        be due (a veto is checked where it would be, with the rates of the run's
+        start); a switch's steps come one at a time (each is observed)."""
+        off = st.off_steps
+        n = min(n_max, max(st.probe_wait, st.spacing) - 1 - off) if st.weighed else 0
+        to_weigh = -off % self.recheck  # steps before the next due weighing
+        if to_weigh < n and not (self._veto and self._still_vetoed()):
+            n = to_weigh
+        if n <= 0:
             return 0
-        n = 1
-        if self._after < SWITCH_STEPS:
-            return n
-        while n < n_max and st.off_steps + 1 < max(st.probe_wait, st.spacing) and st.off_steps % self.recheck:
-            st.off_steps += 1
-            st.unforgotten += 1
-            n += 1
+        if not self.settled:
+            n = 1
+        st.off_steps += n
+        st.unforgotten += n
         return n
+
+    @property
+    def settled(self) -> bool:
+        """No switch's steps are pending (``observe_step``): plain steps may be observed
+        together, as a run's."""
+        return self._after >= SWITCH_STEPS
 
     def _still_vetoed(self) -> bool:
         self._veto = self.drafting_loses()

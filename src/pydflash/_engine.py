@@ -342,6 +342,12 @@ class Engine:
             floors = [s.gen.config.draft_min if s.gen is not None else 0 for s in stepping]
             chosen = policy.choose([s.draft for s in stepping], caps, floors)
             lengths = [k if s.draft is not None else a for s, k, a in zip(stepping, chosen, asked, strict=True)]
+            if lone is not None and lengths == [0] and not lone.probing and n_run > 1 and policy.settled:
+                # weighed and off: the steps until the next weighing go with this one
+                n_plain = 1 + policy.plain_run(lone, n_run - 1)
+                if n_plain > 1:
+                    self._step_run(stepping[0], n_plain, budgets[0], t0)
+                    return
         steps = []
         for s, k, b in zip(stepping, lengths, budgets, strict=True):
             assert s.gen is not None

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from pydflash import _draft_policy
@@ -747,11 +749,21 @@ def test_a_probe_that_a_shorter_draft_would_have_won_with_restarts_the_drafting_
     assert p.drafting_loses()
 
 
+def run_as_skips(p: DraftPolicy, st, n_max: int) -> int:
+    """``p.plain_run(st, n_max)``, checked against the skips it stands for (on copies)."""
+    ref_p, ref_st = copy.deepcopy((p, st))
+    n = p.plain_run(st, n_max)
+    skips = 0
+    while skips < n_max and ref_p.skip(ref_st):
+        skips += 1
+    assert n == skips
+    assert (st.off_steps, st.unforgotten) == (ref_st.off_steps, ref_st.unforgotten)
+    return n
+
+
 def test_a_run_of_plain_steps_is_the_skips_it_stands_for():
     # a lone sequence that is off takes its plain steps in runs (one call to the core,
     # Engine._step_run): a run is the skips it replaces and ends before the next weighing
-    import copy
-
     p, sts = policy(cost(0.5), acceptance=0.02)
     sts[0].spacing = 10**6  # no probes
     while p.choose(sts, [MAX_DRAFT], [0]) != [0]:
@@ -760,13 +772,7 @@ def test_a_run_of_plain_steps_is_the_skips_it_stands_for():
         p.observe_step(1, 10.0, 0, 0.0, 10.5)
     p.recheck = 20
     for n_max in (1, 7, 100):
-        ref_p, ref_st = copy.deepcopy((p, sts[0]))
-        n = p.plain_run(sts[0], n_max)
-        skips = 0
-        while skips < n_max and ref_p.skip(ref_st):
-            skips += 1
-        assert n == skips and 1 <= n <= n_max
-        assert (sts[0].off_steps, sts[0].unforgotten) == (ref_st.off_steps, ref_st.unforgotten)
+        assert 1 <= run_as_skips(p, sts[0], n_max) <= n_max
     assert sts[0].off_steps % p.recheck == 0 and p.plain_run(sts[0], 100) == 0  # this one is weighed
     assert p.choose(sts, [MAX_DRAFT], [0]) == [0]
     # the steps of a switch are observed one by one: no runs there
@@ -780,15 +786,7 @@ def test_a_run_of_plain_steps_is_the_skips_it_stands_for():
         p.observe_lone(1, False, 1.0)
         p.observe_lone(2, True, 5.0)
     assert p.drafting_loses()
-    for n_max in (1, 7, 100):
-        ref_p, ref_st = copy.deepcopy((p, sts[0]))
-        n = p.plain_run(sts[0], n_max)
-        skips = 0
-        while skips < n_max and ref_p.skip(ref_st):
-            skips += 1
-        assert n == skips
-        assert (sts[0].off_steps, sts[0].unforgotten) == (ref_st.off_steps, ref_st.unforgotten)
-    assert n == 100
+    assert [run_as_skips(p, sts[0], n_max) for n_max in (1, 7, 100)] == [1, 7, 100]
 
 
 def test_a_runs_observation_is_its_steps_observed_one_by_one():

@@ -354,18 +354,10 @@ class Engine:
             steps.append(_core.SeqStep(s.seq, k, s.gen.config.draft_min, s.gen.config.draft_p_min, budget=b))
         results = core.step_batch(steps)
         for s, r in zip(stepping, results, strict=True):
-            gen = s.gen
-            assert gen is not None
             # n-gram drafts say nothing about the drafter's acceptance
             if not plain and policy is not None and s.draft is not None and not r.error and r.source in MODEL_SOURCES:
                 policy.observe_sequence(s.draft, r.n_drafted, r.n_accepted)
-            if r.error:
-                gen.fail(GrammarError(r.error))
-            else:
-                gen.take_step(r)
-            if gen.done:
-                with self._cv:
-                    self._release(s)
+            self._take(s, r)
         if policy is None:
             return
         wall = (time.perf_counter() - t0) * 1e3
@@ -395,6 +387,20 @@ class Engine:
             return 1
         return max(1, min(RUN_MAX_STEPS, int(RUN_MS / self._run_step_ms)))
 
+    def _take(self, s: _Slot, r: _core.StepResult) -> bool:
+        """One step's result to its generation; True (its slot freed) where that ended it."""
+        gen = s.gen
+        assert gen is not None
+        if r.error:
+            gen.fail(GrammarError(r.error))
+        else:
+            gen.take_step(r)
+        if not gen.done:
+            return False
+        with self._cv:
+            self._release(s)
+        return True
+
     def _step_run(self, s: _Slot, n: int, budget: int, t0: float) -> None:
         """``n`` plain steps of one sequence in one call to the core: the engine's own
         work per step cost a small target ~10% of its plain step."""
@@ -403,13 +409,7 @@ class Engine:
         step = _core.SeqStep(s.seq, 0, gen.config.draft_min, gen.config.draft_p_min, budget=budget)
         results = self._core.step_run(step, n, budget + 1, not gen.config.ignore_eos)
         for r in results:
-            if r.error:
-                gen.fail(GrammarError(r.error))
-            else:
-                gen.take_step(r)
-            if gen.done:
-                with self._cv:
-                    self._release(s)
+            if self._take(s, r):
                 break
         wall = (time.perf_counter() - t0) * 1e3 / len(results)
         self._run_step_ms += RUN_ALPHA * (wall - self._run_step_ms)

@@ -320,10 +320,13 @@ def test_a_lone_generation_that_drafts_nothing_steps_in_runs(baseline, dflash_b8
     # where one sequence drafts nothing and its reader waits for the end, the engine hands
     # its steps to the core in runs, one call for many (its own work per step cost the
     # embedded target ~10% of its step): the same tokens as a stream's, taken one by one
+    from pydflash import _engine
+
     counting = _CountingCore(baseline._engine._core)
     monkeypatch.setattr(baseline._engine, "_core", counting)
+    monkeypatch.setattr(_engine, "RUN_MS", 1e5)  # runs as long as allowed, whatever the machine's speed
     res = baseline.generate("import os", max_tokens=300, ignore_eos=True)
-    assert sum(counting.runs) == 300 and counting.steps == 0 and len(counting.runs) < 30
+    assert counting.runs == [_engine.RUN_MAX_STEPS, 300 - _engine.RUN_MAX_STEPS] and counting.steps == 0
     counting.runs.clear()
     streamed = list(baseline.stream("import os", max_tokens=300, ignore_eos=True))
     assert counting.runs == [] and counting.steps == 300
@@ -333,9 +336,15 @@ def test_a_lone_generation_that_drafts_nothing_steps_in_runs(baseline, dflash_b8
     assert counting.runs == [] and stopped.finish_reason == "stop"
     # an adaptive pair whose drafting does not pay (random drafter weights) goes off and
     # runs its plain steps; every output is the target's
+    from pydflash._draft_policy import DraftPolicy
+
     pair_core = _CountingCore(dflash_b8._engine._core)
     monkeypatch.setattr(dflash_b8._engine, "_core", pair_core)
+    observed: list[int] = []  # the policy sees every run's steps, a generation's last run's too
+    observe = DraftPolicy.observe_plain_run
+    monkeypatch.setattr(DraftPolicy, "observe_plain_run", lambda p, v, w, n: (observed.append(n), observe(p, v, w, n)))
     for prompt in ["import os", "def f(x):", "hello"]:
         want = baseline.generate(prompt, max_tokens=400, ignore_eos=True).tokens
         assert dflash_b8.generate(prompt, max_tokens=400, ignore_eos=True).tokens == want
     assert sum(pair_core.runs) > 400 and pair_core.steps > 0
+    assert observed == pair_core.runs

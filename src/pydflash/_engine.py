@@ -406,6 +406,7 @@ class Engine:
         work per step cost a small target ~10% of its plain step."""
         gen = s.gen
         assert gen is not None
+        observed = self._policy is not None and s.draft is not None  # before a release clears it
         step = _core.SeqStep(s.seq, 0, gen.config.draft_min, gen.config.draft_p_min, budget=budget)
         results = self._core.step_run(step, n, budget + 1, not gen.config.ignore_eos)
         for r in results:
@@ -413,7 +414,7 @@ class Engine:
                 break
         wall = (time.perf_counter() - t0) * 1e3 / len(results)
         self._run_step_ms += RUN_ALPHA * (wall - self._run_step_ms)
-        if self._policy is not None and s.draft is not None:
+        if observed and self._policy is not None:
             verify = sum(r.t_verify_ms for r in results) / len(results)
             self._policy.observe_plain_run(verify, wall, len(results))
 

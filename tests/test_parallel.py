@@ -58,30 +58,42 @@ def random_jobs(rng: random.Random, n: int, n_vocab: int) -> list[dict]:
     return jobs
 
 
-Run = tuple[list[int], list[int]]  # tokens, accepted drafts per step
+Run = tuple[list[int], list[int], list[list[int]]]  # tokens, accepted drafts and the drafts, per step
 
 
-def solo(llm: Llama, jobs: list[dict]) -> list[tuple[list[int], list[int], list[float]]]:
-    """Each job decoded alone, from an empty cache: tokens, accepted counts per step
-    and the margin between the top two logits at each token."""
+def solo(llm: Llama, jobs: list[dict]) -> list[tuple[list[int], list[int], list[list[int]], list[float]]]:
+    """Each job decoded alone, from an empty cache: tokens, accepted counts and drafts
+    per step, and the margin between the top two logits at each token."""
     out = []
     for j in jobs:
         res = llm.generate(cache_prompt=False, logprobs=True, top_logprobs=2, **j)
         assert res.logprobs is not None
         margins = [lp.top[0][1] - lp.top[1][1] for lp in res.logprobs]
-        out.append((res.tokens, [s.n_accepted for s in res.stats.steps], margins))
+        out.append((res.tokens, *_steps(res), margins))
     return out
 
 
-def assert_same(got: list[Run], want: list[tuple[list[int], list[int], list[float]]]) -> int:
+def _steps(res) -> tuple[list[int], list[list[int]]]:
+    return [s.n_accepted for s in res.stats.steps], [list(s.drafted) for s in res.stats.steps]
+
+
+def assert_same(got: list[Run], want: list[tuple[list[int], list[int], list[list[int]], list[float]]]) -> int:
     """Equal outputs and accepted counts, unless a sequence first differs at a
     near-tie of its reference (then its earlier tokens and steps must be equal).
+    The same tokens may come from other drafts after the drafter's own near-tie (a
+    drafter pass over several sequences' blocks sums in another order: seen once in
+    ~340 schedules of 5): its steps up to the first draft that differs must be equal,
+    and one sequence of a schedule at most may draft otherwise.
     Returns how many sequences stopped at a near-tie."""
     assert len(got) == len(want)
-    ties = 0
-    for k, ((toks, acc), (ref, ref_acc, margins)) in enumerate(zip(got, want, strict=True)):
+    ties = drafter_ties = 0
+    for k, ((toks, acc, drafts), (ref, ref_acc, ref_drafts, margins)) in enumerate(zip(got, want, strict=True)):
         if toks == ref:
-            assert acc == ref_acc, f"sequence {k}: same tokens, different accepted counts"
+            if acc != ref_acc:
+                i = next((i for i, (a, b) in enumerate(zip(drafts, ref_drafts, strict=False)) if a != b), None)
+                assert i is not None, f"sequence {k}: same tokens and drafts, different accepted counts"
+                assert acc[:i] == ref_acc[:i], f"sequence {k}: same drafts, different accepted counts"
+                drafter_ties += 1
             continue
         i = next((i for i, (a, b) in enumerate(zip(toks, ref, strict=False)) if a != b), min(len(toks), len(ref)))
         assert i < min(len(toks), len(ref)), f"sequence {k}: {len(toks)} tokens, alone {len(ref)}"
@@ -94,6 +106,7 @@ def assert_same(got: list[Run], want: list[tuple[list[int], list[int], list[floa
             assert a == b, f"sequence {k}: a step before the near-tie accepted {a}, alone {b}"
             n += b + 1
         ties += 1
+    assert drafter_ties <= 1, f"{drafter_ties} sequences drafted otherwise than alone, with the same tokens"
     return ties
 
 
@@ -109,7 +122,7 @@ def run_schedule(llm: Llama, jobs: list[dict], rng: random.Random) -> list[Run]:
         i += wave
         time.sleep(rng.choice([0.0, 0.001, 0.01]))
     results = [s.result() for s in subs]
-    return [(r.tokens, [s.n_accepted for s in r.stats.steps]) for r in results]
+    return [(r.tokens, *_steps(r)) for r in results]
 
 
 @pytest.fixture(scope="module")

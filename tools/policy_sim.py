@@ -1,0 +1,313 @@
+#!/usr/bin/env python3
+"""The adaptive draft length (the package's own DraftPolicy) replayed on recorded
+acceptance, against every fixed draft_max, with step times from a table instead of
+this machine's clock: a policy change is weighed without the timing noise that a
+real A/B of a few percent drowns in here.
+
+    python tools/policy_sim.py traces --workload prose [--prompts 40] --out prose.json
+    python tools/policy_sim.py costs --target T.gguf --draft D.gguf --out costs.json
+    python tools/policy_sim.py run prose.json [--machine padded|embedded|costs.json]
+        [--seeds 5] [--burst NORMAL,SLOW,FACTOR] [--set NAME=VALUE ...]
+
+A trace holds, per prompt, the tokens a full draft keeps at each position of the
+target's greedy output (the embedded pair's, 128 positions): the drafter's proposal
+at a position depends only on the prefix, which greedy decoding fixes, so a draft of
+k there keeps min(k, a[i]) (tests/test_policy_sim.py checks that against the engine).
+``run`` drives DraftPolicy as the engine drives one generation whose reader waits for
+the end (plain steps in runs, weighings, probes, the same observations), each step's
+time the machine table's for its rows times noise: lognormal per step and, with
+``--burst``, slow intervals in time (mean lengths in plain steps, and the slowdown)
+that every engine of a seed meets at the same times, as a busy neighbour would.
+It prints each engine's speed over the target alone, the mean over seeds.
+
+What it leaves out: llama.cpp's graph rebuilds beyond a fixed switch cost, and
+drafts that differ from the trace's near the end of a generation's budget."""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import math
+import random
+import statistics
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from pydflash import _draft_policy as dp
+from pydflash._draft_cost import CostModel
+
+OSL = 128
+BLOCK = 8  # the embedded drafter's block: its pass covers every row of it
+# step times in ms, measured with ``costs`` on this 2-core machine (2026-12-04):
+# verify[r]: the target pass over r rows; draft: the drafter pass; other_*: the rest of
+# a drafting / plain step; inject_row: per row a drafting step injects after steps off;
+# switch_*: the excess of the plain steps after a drafting step (the first, the next 15);
+# py_*: the engine's Python per single step, per step of a run, per weighing
+MACHINES: dict[str, dict[str, float | list[float]]] = {
+    "padded": dict(
+        verify=[0, 12.26, 18.10, 19.25, 20.62, 21.55, 22.68, 23.89, 25.97],
+        draft=1.95,
+        other_d=0.5,
+        other_p=0.1,
+        inject_row=0.01,
+        switch_first=0.0,
+        switch_each=0.0,
+        py_single=0.03,
+        py_run=0.01,
+        py_choose=0.04,
+    ),
+    "embedded": dict(
+        verify=[0, 0.48, 0.79, 0.95, 1.12, 1.29, 1.28, 1.60, 1.71],
+        draft=1.0,
+        other_d=0.27,
+        other_p=0.02,
+        inject_row=0.005,
+        switch_first=0.3,
+        switch_each=0.03,
+        py_single=0.04,
+        py_run=0.01,
+        py_choose=0.04,
+    ),
+}
+RUN_MS = 20.0  # the engine's RUN_MS
+
+
+class Machine:
+    """Step times: the table's, times lognormal noise, times the burst factor at ``now``."""
+
+    def __init__(self, m: dict, sigma: float, seed: int, burst: tuple[float, float, float] | None, noise: int = 0):
+        self.m, self.sigma = m, sigma
+        self.rng = random.Random(seed * 1000 + noise)
+        self.now = 0.0
+        self.after = 16  # plain steps since the last drafting step
+        self.burst = burst
+        self.edges: list[float] = []  # slow intervals: [start, end) pairs, in ms
+        if burst:
+            plain = m["verify"][1]
+            tr, t = random.Random(seed * 7919 + 1), 0.0
+            while len(self.edges) < 200_000:
+                t += tr.expovariate(1.0 / (burst[0] * plain))
+                self.edges.append(t)
+                t += tr.expovariate(1.0 / (burst[1] * plain))
+                self.edges.append(t)
+
+    def _noise(self) -> float:
+        f = math.exp(self.rng.gauss(0.0, self.sigma))
+        if self.burst and bisect.bisect_right(self.edges, self.now) % 2 == 1:
+            f *= self.burst[2]
+        return f
+
+    def step(self, k: int, deferred: int = 0) -> tuple[float, float, float]:
+        """(target pass, drafter pass, wall) of a step drafting ``k``."""
+        m = self.m
+        verify = m["verify"][1 + k] * self._noise()
+        if k:
+            self.after = 0
+            draft = m["draft"] * self._noise()
+            return verify, draft, verify + draft + m["other_d"] + m["inject_row"] * deferred
+        other = m["other_p"]
+        if self.after == 0:
+            other += m["switch_first"]
+        elif self.after < 16:
+            other += m["switch_each"]
+        self.after += 1
+        return verify, 0.0, verify + other
+
+
+def calibrated(m: dict) -> CostModel:
+    rows = list(range(1, BLOCK + 1))
+    return CostModel(rows, [m["verify"][r] for r in rows], rows, [m["draft"]] * BLOCK, BLOCK)
+
+
+def run_adaptive(traces: Sequence[Sequence[int]], mach: Machine, patch: Callable | None = None) -> float:
+    """Total ms of the generations, in order, through one DraftPolicy (its state carries,
+    as an engine's does). Mirrors Engine._step for a lone sequence and a quiet reader."""
+    m = mach.m
+    pol = dp.DraftPolicy(calibrated(m), BLOCK - 1, BLOCK)
+    if patch is not None:
+        patch(pol)
+    n_run = max(1, min(256, int(RUN_MS / m["verify"][1])))
+    total = 0.0
+    for a in traces:
+        st = pol.new_sequence()
+        ntok = off = 0
+        while ntok < OSL:
+            budget = OSL - ntok - 1
+
+            def run(n: int, budget: int = budget) -> None:
+                nonlocal total, ntok, off
+                n = min(n, budget + 1)
+                vs = ws = 0.0
+                for _ in range(n):
+                    mach.now = total + ws
+                    v, _, w = mach.step(0)
+                    vs, ws = vs + v, ws + w + m["py_run"]
+                total, ntok, off = total + ws, ntok + n, off + n
+                pol.observe_plain_run(vs / n, ws / n, n)
+
+            n_plain = pol.plain_run(st, n_run)
+            if n_plain > 1:
+                run(n_plain)
+                continue
+            plain = n_plain > 0
+            k = 0
+            if not plain:
+                k = pol.choose([st], [min(BLOCK - 1, budget)], [0])[0]
+                total += m["py_choose"]
+                if k == 0 and not st.probing and n_run > 1 and pol.settled:
+                    n2 = 1 + pol.plain_run(st, n_run - 1)
+                    if n2 > 1:
+                        run(n2)
+                        continue
+            acc = min(k, a[ntok])
+            mach.now = total
+            v, d, w = mach.step(k, off if k else 0)
+            w += m["py_single"]
+            off = 0 if k else off + 1
+            total += w
+            ntok += acc + 1
+            if plain:
+                pol.observe_plain(v, w, 1)
+                continue
+            pol.observe_sequence(st, k, acc)
+            pol.observe_step(1 + k, v, dp.drafter_rows(k, BLOCK) if k else 0, d, w)
+            pol.observe_lone(acc + 1, k > 0, w, probe=st.probing, k=k)
+        pol.end_sequence(st)
+    return total
+
+
+def run_fixed(traces: Sequence[Sequence[int]], mach: Machine, k: int) -> float:
+    """Total ms of the generations at a fixed draft_max ``k`` (0: the target alone, in runs)."""
+    m, total = mach.m, 0.0
+    for a in traces:
+        ntok = 0
+        while ntok < OSL:
+            kk = min(k, OSL - ntok - 1)
+            mach.now = total
+            total += mach.step(kk)[2] + (m["py_run"] if k == 0 else m["py_single"])
+            ntok += min(kk, a[ntok]) + 1
+    return total
+
+
+def evaluate(
+    traces: Sequence[Sequence[int]],
+    m: dict,
+    seeds: int = 5,
+    sigma: float = 0.05,
+    burst: tuple[float, float, float] | None = None,
+    patch: Callable | None = None,
+) -> dict[str, float]:
+    """Each engine's speed over the target alone (mean over seeds; each seed shuffles
+    the prompts and draws the noise every engine meets)."""
+    out: dict[str, list[float]] = {}
+    for s in range(seeds):
+        order = list(traces)
+        random.Random(s).shuffle(order)
+        t = run_fixed(order, Machine(m, sigma, s, burst), 0)
+        for name, ms in [(f"f{k}", run_fixed(order, Machine(m, sigma, s, burst), k)) for k in range(1, BLOCK)] + [
+            ("adaptive", run_adaptive(order, Machine(m, sigma, s, burst, noise=1), patch))
+        ]:
+            out.setdefault(name, []).append(t / ms)
+    return {k: statistics.mean(v) for k, v in out.items()}
+
+
+def record_traces(workload: str, n: int, target: str, draft: str, positions: int = OSL) -> list[list[int]]:
+    """Per prompt, what a full draft keeps at each of the first ``positions`` positions of
+    the target's greedy output (the prefix prefilled, then one step)."""
+    from pydflash import Llama
+    from pydflash.bench.tasks import prompts
+
+    with Llama(target, draft=draft, n_ctx=1024, n_batch=512) as pair:
+        core = pair._engine._core
+        out = []
+        for p in prompts(workload, pair.tokenize, pair.detokenize, 128, n):
+            ids = pair.tokenize(p)
+            gen = pair.generate(
+                ids, max_tokens=positions + BLOCK, ignore_eos=True, draft_max=0, cache_prompt=False
+            ).tokens
+            a = []
+            for i in range(positions):
+                core.prefill(ids + gen[:i], False, 0)
+                a.append(core.step(BLOCK - 1, seq=0).n_accepted)
+            out.append(a)
+        return out
+
+
+def measure_costs(target: str, draft: str, steps: int = 24) -> dict:
+    """A machine table: each draft_max's median pass times over ``steps`` steps of a prose
+    prompt (the overheads it does not time are the embedded table's)."""
+    from pydflash import Llama
+    from pydflash.bench.tasks import prompts
+
+    with Llama(target, draft=draft, n_ctx=1024, n_batch=512) as pair:
+        core = pair._engine._core
+        ids = pair.tokenize(prompts("prose", pair.tokenize, pair.detokenize, 128, 1)[0])
+        rows: dict[int, list[tuple[float, float, float]]] = {}
+        for k in range(BLOCK):
+            core.prefill(ids, False, 0)
+            for j in range(steps):
+                r = core.step(k, seq=0)
+                if j >= 4:  # past the graph rebuild for this size
+                    rows.setdefault(k, []).append((r.t_verify_ms, r.t_draft_ms, r.t_inject_ms))
+    med = {k: [statistics.median(x[i] for x in v) for i in range(3)] for k, v in rows.items()}
+    m = dict(MACHINES["embedded"])
+    m["verify"] = [0.0] + [med[k][0] for k in range(BLOCK)]
+    m["draft"] = statistics.median(med[k][1] for k in range(1, BLOCK))
+    m["other_d"] = statistics.median(med[k][2] for k in range(1, BLOCK))
+    return m
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    models = Path(__file__).resolve().parent.parent / "src" / "pydflash" / "models"
+    t = sub.add_parser("traces", help="record acceptance traces with the embedded pair")
+    t.add_argument("--workload", choices=["code", "prose", "edit"], required=True)
+    t.add_argument("--prompts", type=int, default=40)
+    t.add_argument("--out", required=True)
+    c = sub.add_parser("costs", help="measure a machine table on a pair")
+    c.add_argument("--target", default=str(models / "stdlib-code-target.gguf"))
+    c.add_argument("--draft", default=str(models / "stdlib-code-dflash.gguf"))
+    c.add_argument("--out", required=True)
+    r = sub.add_parser("run", help="simulate the adaptive policy and every fixed draft_max")
+    r.add_argument("traces")
+    r.add_argument("--machine", default="padded", help="padded, embedded, or a table from `costs`")
+    r.add_argument("--seeds", type=int, default=5)
+    r.add_argument("--sigma", type=float, default=0.05, help="per-step lognormal noise")
+    r.add_argument("--burst", help="NORMAL,SLOW,FACTOR: slow intervals (mean lengths in plain steps)")
+    r.add_argument("--set", action="append", default=[], help="NAME=VALUE: a _draft_policy constant")
+    args = ap.parse_args(argv)
+    if args.cmd == "traces":
+        tr = record_traces(
+            args.workload,
+            args.prompts,
+            str(models / "stdlib-code-target.gguf"),
+            str(models / "stdlib-code-dflash.gguf"),
+        )
+        Path(args.out).write_text(json.dumps(tr))
+        print(f"{len(tr)} traces, mean tokens kept by a full draft {statistics.mean(map(statistics.mean, tr)):.2f}")
+        return 0
+    if args.cmd == "costs":
+        Path(args.out).write_text(json.dumps(measure_costs(args.target, args.draft)))
+        return 0
+    m = MACHINES[args.machine] if args.machine in MACHINES else json.loads(Path(args.machine).read_text())
+    for kv in args.set:
+        name, _, value = kv.partition("=")
+        if not hasattr(dp, name):
+            ap.error(f"--set: _draft_policy has no {name}")
+        setattr(dp, name, type(getattr(dp, name))(value))
+    burst = tuple(float(x) for x in args.burst.split(",")) if args.burst else None
+    if burst is not None and len(burst) != 3:
+        ap.error("--burst takes NORMAL,SLOW,FACTOR")
+    res = evaluate(json.loads(Path(args.traces).read_text()), m, args.seeds, args.sigma, burst)
+    best = max((k for k in res if k.startswith("f")), key=res.__getitem__)
+    print("  ".join(f"{k} {v:.3f}" for k, v in res.items()))
+    print(f"adaptive / best fixed ({best}): {res['adaptive'] / res[best]:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

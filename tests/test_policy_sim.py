@@ -78,9 +78,33 @@ def test_the_cli_runs_a_trace_file(tmp_path):
     f = tmp_path / "t.json"
     f.write_text(json.dumps([[1, 2, 0, 3] * 32] * 4))
     out = subprocess.run(
-        [sys.executable, str(TOOL), "run", str(f), "--seeds", "1", "--burst", "50,20,2", "--set", "PROBE_BUDGET=0.02"],
-        capture_output=True, text=True, check=True, timeout=300,
+        [
+            sys.executable,
+            str(TOOL),
+            "run",
+            str(f),
+            "--seeds",
+            "1",
+            "--burst",
+            "50,20,2",
+            "--set",
+            "PROBE_BUDGET=0.02",
+            "--miscalibrate",
+            "0.5,0.8",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
     ).stdout
     assert "adaptive / best fixed" in out and "f7" in out
     bad = subprocess.run([sys.executable, str(TOOL), "run", str(f), "--set", "NOPE=1"], capture_output=True, text=True)
     assert bad.returncode == 2 and "_draft_policy has no NOPE" in bad.stderr
+
+
+def test_a_miscalibration_scales_the_drafting_passes_only():
+    m = machine([0, 1, 2, 3, 4, 5, 6, 7, 8], 1.0)
+    cm = sim.calibrated(m, (0.5, 2.0))
+    assert cm.verify_ms(1) == pytest.approx(1.0)  # a plain step's pass: as measured
+    assert cm.verify_ms(4) == pytest.approx(8.0)
+    assert cm.draft_ms(8) == pytest.approx(0.5)

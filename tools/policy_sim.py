@@ -7,7 +7,7 @@ real A/B of a few percent drowns in here.
     python tools/policy_sim.py traces --workload prose [--prompts 40] --out prose.json
     python tools/policy_sim.py costs --target T.gguf --draft D.gguf --out costs.json
     python tools/policy_sim.py run prose.json [--machine padded|embedded|costs.json]
-        [--seeds 5] [--burst NORMAL,SLOW,FACTOR] [--set NAME=VALUE ...]
+        [--seeds 5] [--burst NORMAL,SLOW,FACTOR] [--miscalibrate DRAFT,VERIFY] [--set NAME=VALUE ...]
 
 A trace holds, per prompt, the tokens a full draft keeps at each position of the
 target's greedy output (the embedded pair's, 128 positions): the drafter's proposal
@@ -17,7 +17,8 @@ k there keeps min(k, a[i]) (tests/test_policy_sim.py checks that against the eng
 the end (plain steps in runs, weighings, probes, the same observations), each step's
 time the machine table's for its rows times noise: lognormal per step and, with
 ``--burst``, slow intervals in time (mean lengths in plain steps, and the slowdown)
-that every engine of a seed meets at the same times, as a busy neighbour would.
+that every engine of a seed meets at the same times, as a busy neighbour would;
+``--miscalibrate`` starts the policy from a calibration that misjudged drafting steps.
 It prints each engine's speed over the target alone, the mean over seeds.
 
 What it leaves out: llama.cpp's graph rebuilds beyond a fixed switch cost, and
@@ -115,16 +116,25 @@ class Machine:
         return verify, 0.0, verify + other
 
 
-def calibrated(m: dict) -> CostModel:
+def calibrated(m: dict, miscal: tuple[float, float] = (1.0, 1.0)) -> CostModel:
+    """The policy's calibration: the table's passes, the drafter's times ``miscal[0]`` and
+    the target's over more than one row times ``miscal[1]`` (a calibration that
+    misjudged drafting steps, as one at a noisy moment or on a compute-bound target can)."""
     rows = list(range(1, BLOCK + 1))
-    return CostModel(rows, [m["verify"][r] for r in rows], rows, [m["draft"]] * BLOCK, BLOCK)
+    verify = [m["verify"][r] * (1.0 if r == 1 else miscal[1]) for r in rows]
+    return CostModel(rows, verify, rows, [m["draft"] * miscal[0]] * BLOCK, BLOCK)
 
 
-def run_adaptive(traces: Sequence[Sequence[int]], mach: Machine, patch: Callable | None = None) -> float:
+def run_adaptive(
+    traces: Sequence[Sequence[int]],
+    mach: Machine,
+    patch: Callable | None = None,
+    miscal: tuple[float, float] = (1.0, 1.0),
+) -> float:
     """Total ms of the generations, in order, through one DraftPolicy (its state carries,
     as an engine's does). Mirrors Engine._step for a lone sequence and a quiet reader."""
     m = mach.m
-    pol = dp.DraftPolicy(calibrated(m), BLOCK - 1, BLOCK)
+    pol = dp.DraftPolicy(calibrated(m, miscal), BLOCK - 1, BLOCK)
     if patch is not None:
         patch(pol)
     n_run = max(1, min(256, int(RUN_MS / m["verify"][1])))
@@ -197,6 +207,7 @@ def evaluate(
     sigma: float = 0.05,
     burst: tuple[float, float, float] | None = None,
     patch: Callable | None = None,
+    miscal: tuple[float, float] = (1.0, 1.0),
 ) -> dict[str, float]:
     """Each engine's speed over the target alone (mean over seeds; each seed shuffles
     the prompts and draws the noise every engine meets)."""
@@ -206,7 +217,7 @@ def evaluate(
         random.Random(s).shuffle(order)
         t = run_fixed(order, Machine(m, sigma, s, burst), 0)
         for name, ms in [(f"f{k}", run_fixed(order, Machine(m, sigma, s, burst), k)) for k in range(1, BLOCK)] + [
-            ("adaptive", run_adaptive(order, Machine(m, sigma, s, burst, noise=1), patch))
+            ("adaptive", run_adaptive(order, Machine(m, sigma, s, burst, noise=1), patch, miscal))
         ]:
             out.setdefault(name, []).append(t / ms)
     return {k: statistics.mean(v) for k, v in out.items()}
@@ -278,6 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--seeds", type=int, default=5)
     r.add_argument("--sigma", type=float, default=0.05, help="per-step lognormal noise")
     r.add_argument("--burst", help="NORMAL,SLOW,FACTOR: slow intervals (mean lengths in plain steps)")
+    r.add_argument(
+        "--miscalibrate", help="DRAFT,VERIFY: the calibration's drafter pass and multi-row target passes, scaled"
+    )
     r.add_argument("--set", action="append", default=[], help="NAME=VALUE: a _draft_policy constant")
     args = ap.parse_args(argv)
     if args.cmd == "traces":
@@ -302,7 +316,11 @@ def main(argv: list[str] | None = None) -> int:
     burst = tuple(float(x) for x in args.burst.split(",")) if args.burst else None
     if burst is not None and len(burst) != 3:
         ap.error("--burst takes NORMAL,SLOW,FACTOR")
-    res = evaluate(json.loads(Path(args.traces).read_text()), m, args.seeds, args.sigma, burst)
+    miscal = tuple(float(x) for x in args.miscalibrate.split(",")) if args.miscalibrate else (1.0, 1.0)
+    if len(miscal) != 2:
+        ap.error("--miscalibrate takes DRAFT,VERIFY")
+    traces = json.loads(Path(args.traces).read_text())
+    res = evaluate(traces, m, args.seeds, args.sigma, burst, miscal=miscal)
     best = max((k for k in res if k.startswith("f")), key=res.__getitem__)
     print("  ".join(f"{k} {v:.3f}" for k, v in res.items()))
     print(f"adaptive / best fixed ({best}): {res['adaptive'] / res[best]:.3f}")

@@ -40,11 +40,15 @@ from pydflash._draft_cost import CostModel
 
 OSL = 128
 BLOCK = 8  # the embedded drafter's block: its pass covers every row of it
-# step times in ms, measured with ``costs`` on this 2-core machine (2026-12-04):
-# verify[r]: the target pass over r rows; draft: the drafter pass; other_*: the rest of
-# a drafting / plain step; inject_row: per row a drafting step injects after steps off;
-# switch_*: the excess of the plain steps after a drafting step (the first, the next 15);
-# py_*: the engine's Python per single step, per step of a run, per weighing
+# step times in ms on this 2-core machine (2026-12-04). Measured as ``costs`` measures
+# them (medians of 20 steps per draft_max): verify[r], the target pass over r rows, and
+# draft, the drafter pass. Estimated from in-process timings, not measured one by one:
+# other_d / other_p, the rest of a drafting / plain step (a drafting step's injection
+# took 0.39 ms padded, 0.15 embedded); inject_row, per row a drafting step injects after
+# steps off; switch_*, the excess of the plain steps after a drafting step (the first,
+# the next 15: 16 steps after a probe averaged 13-40 us more each on the embedded pair);
+# py_*, the engine's Python per single step, per step of a run (505 against 487 us per
+# embedded plain step), per weighing
 MACHINES: dict[str, dict[str, float | list[float]]] = {
     "padded": dict(
         verify=[0, 12.26, 18.10, 19.25, 20.62, 21.55, 22.68, 23.89, 25.97],

@@ -76,6 +76,7 @@ MACHINES: dict[str, dict[str, float | list[float]]] = {
     ),
 }
 RUN_MS = 20.0  # the engine's RUN_MS
+SWITCH = 16  # plain steps after a drafting step that pay its switch (switch_first, then switch_each)
 
 
 class Machine:
@@ -85,7 +86,7 @@ class Machine:
         self.m, self.sigma = m, sigma
         self.rng = random.Random(seed * 1000 + noise)
         self.now = 0.0
-        self.after = 16  # plain steps since the last drafting step
+        self.after = SWITCH  # plain steps since the last drafting step
         self.burst = burst
         self.edges: list[float] = []  # slow intervals: [start, end) pairs, in ms
         if burst:
@@ -114,7 +115,7 @@ class Machine:
         other = m["other_p"]
         if self.after == 0:
             other += m["switch_first"]
-        elif self.after < 16:
+        elif self.after < SWITCH:
             other += m["switch_each"]
         self.after += 1
         return verify, 0.0, verify + other

@@ -108,3 +108,11 @@ def test_a_miscalibration_scales_the_drafting_passes_only():
     assert cm.verify_ms(1) == pytest.approx(1.0)  # a plain step's pass: as measured
     assert cm.verify_ms(4) == pytest.approx(8.0)
     assert cm.draft_ms(8) == pytest.approx(0.5)
+
+
+def test_a_replay_repeats_exactly():
+    # the policy's own timing of its weighings reads the table's clock, not this machine's
+    traces = [[(i * 7 + j) % 5 for i in range(128)] for j in range(6)]
+    runs = [sim.evaluate(traces, sim.MACHINES["embedded"], seeds=2, burst=(100.0, 40.0, 2.0)) for _ in range(2)]
+    assert runs[0] == runs[1]
+    assert 0.5 < runs[0]["adaptive"] < 1.5

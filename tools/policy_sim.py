@@ -19,7 +19,9 @@ time the machine table's for its rows times noise: lognormal per step and, with
 ``--burst``, slow intervals in time (mean lengths in plain steps, and the slowdown)
 that every engine of a seed meets at the same times, as a busy neighbour would;
 ``--miscalibrate`` starts the policy from a calibration that misjudged drafting steps.
-It prints each engine's speed over the target alone, the mean over seeds.
+It prints each engine's speed over the target alone, the mean over seeds; a
+replay repeats exactly (the policy's own timing of its weighings reads the
+table's clock).
 
 What it leaves out: llama.cpp's graph rebuilds beyond a fixed switch cost, and
 drafts that differ from the trace's near the end of a generation's budget."""
@@ -32,6 +34,7 @@ import json
 import math
 import random
 import statistics
+import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -139,6 +142,24 @@ def run_adaptive(
     """Total ms of the generations, in order, through one DraftPolicy (its state carries,
     as an engine's does). Mirrors Engine._step for a lone sequence and a quiet reader."""
     m = mach.m
+    # the policy times its own weighings (how often a lone sequence that is off weighs
+    # again): on the table's clock, so that a replay repeats exactly
+    clock = types.SimpleNamespace(t=0.0)
+
+    def perf_counter() -> float:
+        clock.t += m["py_choose"] / 1e3  # a weighing: two readings py_choose apart
+        return clock.t
+
+    real_time, dp.time = dp.time, types.SimpleNamespace(perf_counter=perf_counter)  # type: ignore[assignment]
+    try:
+        return _run_adaptive(traces, mach, m, patch, miscal)
+    finally:
+        dp.time = real_time
+
+
+def _run_adaptive(
+    traces: Sequence[Sequence[int]], mach: Machine, m: dict, patch: Callable | None, miscal: tuple[float, float]
+) -> float:
     pol = dp.DraftPolicy(calibrated(m, miscal), BLOCK - 1, BLOCK)
     if patch is not None:
         patch(pol)

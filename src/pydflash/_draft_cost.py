@@ -9,9 +9,13 @@ from collections.abc import Sequence
 
 from ._core import Calibration
 
-__all__ = ["COST_ALPHA", "CostModel"]
+__all__ = ["COST_ALPHA", "CostModel", "MachineSpeed"]
 
 COST_ALPHA = 0.1  # weight of each step's timings in the online cost correction
+SPEED_ALPHA = 0.3  # weight of each step in the machine's speed (a slow interval shows within steps)
+SPEED_SLOW = 0.005  # ... in a kind of step's usual time (a slow interval of 40 steps moves it 18%)
+SPEED_GATE = 20  # steps of a kind (target rows, drafter pass or not) seen before it moves the speed
+SPEED_CLIP = 4.0  # one step moves it as if at most this much slower or faster (a pause is not a speed)
 
 
 def _table(rows: Sequence[int], ms: Sequence[float], n: int) -> list[float]:
@@ -138,3 +142,35 @@ class CostModel:
         else:
             self.plain_overhead_ms += a * (max(other_ms, 0.0) - self.plain_overhead_ms)
             self.plain_seen += times
+
+
+class MachineSpeed:
+    """How much slower the machine runs now than it usually does: a fast running
+    average, over every kind of step (its target rows, with a drafter pass or not),
+    of each step's wall time over that kind's usual time (a slow running average of
+    its own). The policy divides every timing by it before it learns from them. On a
+    shared machine steps slow down and speed up together for tens of steps at a time
+    (here: 7.6% of plain steps over 1.6x the median, autocorrelated to 100 steps);
+    without it the cost model and the realized rates learn such a stretch as the cost
+    of the kind of step that ran in it. What persists (a calibration that misjudged a
+    kind, a context that grew) becomes the kind's usual time, and so the model's to
+    learn. Only kinds seen SPEED_GATE times move it (their usual time is the mean of
+    those steps at first)."""
+
+    def __init__(self) -> None:
+        self.value = 1.0
+        self._usual: dict[tuple[int, bool], tuple[float, float]] = {}  # kind: (usual ms, steps seen)
+
+    def observe(self, rows: int, drafting: bool, wall_ms: float, times: int = 1) -> None:
+        """A step of ``rows`` target rows (with a drafter pass or not), ``times`` in a
+        row at this mean wall time."""
+        if wall_ms <= 0:
+            return
+        key = (rows, drafting)
+        usual, seen = self._usual.get(key, (wall_ms, 0.0))
+        if seen >= SPEED_GATE:
+            ratio = min(max(wall_ms / usual, 1.0 / SPEED_CLIP), SPEED_CLIP)
+            self.value += (1.0 - (1.0 - SPEED_ALPHA) ** times) * (ratio - self.value)
+        # a kind's usual time: the mean of its first SPEED_GATE steps, then a slow average
+        a = times / (seen + times) if seen < SPEED_GATE else 1.0 - (1.0 - SPEED_SLOW) ** times
+        self._usual[key] = (usual + a * (wall_ms - usual), seen + times)

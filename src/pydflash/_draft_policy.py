@@ -14,8 +14,9 @@ together, since they share both passes:
 
 - ``CostModel`` (``_draft_cost``): pass times by row count, calibrated once on the pair
   (``ContextPair.calibrate``: the machine, model and backend decide them), then
-  scaled online from the timings every step returns (the context grows, the
-  machine is busy);
+  scaled online from the timings every step returns (the context grows), each
+  divided first by the machine's speed (``MachineSpeed``: a busy stretch of a
+  shared machine is not the cost of the kind of step that ran in it);
 - ``Acceptance``: one sequence's c_i, exponentially weighted over its recent
   steps (a rejected position counts against itself only; positions after it were
   not tried), each position's prior the pair's running estimate of it over every
@@ -49,7 +50,7 @@ import math
 import time
 from collections.abc import Sequence
 
-from ._draft_cost import CostModel
+from ._draft_cost import CostModel, MachineSpeed
 
 __all__ = [
     "Acceptance",
@@ -332,6 +333,7 @@ class DraftPolicy:
         # its sequence deferred while off and llama.cpp's graph rebuild for the sizes it
         # switches to, a probe costs more than a drafting step of a run (the model's)
         self.probe_ms = 0.0
+        self.speed = MachineSpeed()  # every timing is divided by it: the model's times are the machine's at speed 1
 
     def new_sequence(self) -> SequenceDraft:
         """A generation's state, its prior the pair's running estimate. Where the last
@@ -478,6 +480,7 @@ class DraftPolicy:
         plain or a drafting step (``probe``: a probe's, of ``k`` drafted tokens). A
         switch back (``observe_step`` just saw one) is a plain step whose excess time
         the drafting before it caused."""
+        wall_ms /= self.speed.value
         self._lone_drafts = self._lone_drafts + 1 if drafted else 0
         if drafted:
             self._probed = probe
@@ -559,7 +562,12 @@ class DraftPolicy:
         """The shared passes of one step and its wall time (the rest is overhead). The
         SWITCH_STEPS steps without a drafter pass after one with measure the switch instead:
         their excess over a plain step as modelled before them (once the model has seen
-        SWITCH_STEPS plain steps)."""
+        SWITCH_STEPS plain steps). The first half of a switch's steps, slower for the
+        switch's sake, say nothing of the machine's speed."""
+        if draft_rows > 0 or self._after >= SWITCH_STEPS // 2:
+            self.speed.observe(rows, draft_rows > 0, wall_ms, times)
+        s = self.speed.value
+        verify_ms, draft_ms, wall_ms = verify_ms / s, draft_ms / s, wall_ms / s
         self._switch_excess = 0.0
         if draft_rows > 0:
             self._after, self._switch_sum = 0, 0.0

@@ -1,0 +1,120 @@
+"""The machine's speed that the adaptive draft length divides its timings by
+(``pydflash._draft_cost.MachineSpeed``): a slow interval of a shared machine is not
+the cost of the kind of step that ran in it."""
+
+from __future__ import annotations
+
+import pytest
+
+from pydflash._draft_cost import SPEED_CLIP, SPEED_GATE, MachineSpeed
+from pydflash._draft_policy import PLAIN_SAMPLE, CostModel, DraftPolicy
+
+MAX_DRAFT = 7
+
+
+def test_a_slow_interval_is_the_machines_speed_and_a_lasting_change_the_kinds_time():
+    s = MachineSpeed()
+    for _ in range(SPEED_GATE):
+        s.observe(1, False, 10.0)
+    assert s.value == 1.0  # a kind's first steps set its usual time, not the speed
+    for _ in range(10):
+        s.observe(1, False, 20.0)
+    assert s.value > 1.9  # twice as slow: shows within 10 steps
+    for _ in range(10):
+        s.observe(1, False, 10.0)
+    assert s.value == pytest.approx(1.0, abs=0.05)
+    for _ in range(2000):  # lasting: becomes the kind's usual time
+        s.observe(1, False, 20.0)
+    assert s.value == pytest.approx(1.0, abs=0.01)
+
+
+def test_each_kind_of_step_is_measured_against_its_own_usual_time():
+    s = MachineSpeed()
+    for _ in range(SPEED_GATE):
+        s.observe(1, False, 10.0)
+        s.observe(8, True, 30.0)
+    for _ in range(20):  # the usual times of both kinds: the machine as usual
+        s.observe(1, False, 10.0)
+        s.observe(8, True, 30.0)
+    assert s.value == pytest.approx(1.0)
+    for _ in range(10):
+        s.observe(8, True, 45.0)
+    assert s.value == pytest.approx(1.5, rel=0.05)
+    for _ in range(5):  # a kind not yet known says nothing of the speed
+        s.observe(4, True, 500.0)
+    assert s.value == pytest.approx(1.5, rel=0.05)
+
+
+def test_one_stalled_step_moves_the_speed_as_a_clipped_one():
+    s = MachineSpeed()
+    for _ in range(SPEED_GATE):
+        s.observe(1, False, 10.0)
+    s.observe(1, False, 10_000.0)  # a pause (a page fault, a descheduled thread)
+    assert s.value == pytest.approx(1.0 + 0.3 * (SPEED_CLIP - 1.0))
+
+
+def test_a_run_moves_the_speed_as_its_steps_one_by_one_would_once_the_kind_is_known():
+    one, run = MachineSpeed(), MachineSpeed()
+    for _ in range(SPEED_GATE):
+        one.observe(1, False, 10.0)
+    run.observe(1, False, 10.0, times=SPEED_GATE)
+    for _ in range(PLAIN_SAMPLE):
+        one.observe(1, False, 15.0)
+    run.observe(1, False, 15.0, times=PLAIN_SAMPLE)
+    assert run.value == pytest.approx(one.value, rel=0.01)  # the usual time moves 2% per 4 steps
+
+
+def slow_cost() -> CostModel:
+    """A compute-bound pair: a plain step 10 ms, a drafting step of k 10 + 5k ms."""
+    rows = list(range(1, 65))
+    return CostModel(rows, [10.0 + 5.0 * (r - 1) for r in rows], rows, [0.0] * 64, 64)
+
+
+def test_a_slow_interval_of_plain_steps_does_not_lift_the_veto():
+    # where drafting realized less than plain steps, a slow stretch of plain steps made
+    # them look as slow as drafting (each rate learned it as its own kind's cost): the
+    # veto lifted and drafting came back for as long as the stretch lasted (before the
+    # speed, at the 14th slow step, with the model's plain step at 17.7 ms)
+    p = DraftPolicy(slow_cost(), MAX_DRAFT)
+    for _ in range(60):  # drafting: 3 tokens in 45 ms (0.067 per ms); plain: 1 in 10 (0.1)
+        p.observe_step(1 + MAX_DRAFT, 45.0, 8, 0.0, 45.0)
+        p.observe_lone(3, True, 45.0, k=MAX_DRAFT)
+    for _ in range(60):
+        p.observe_step(1, 10.0, 0, 0.0, 10.0)
+        p.observe_lone(1, False, 10.0)
+    assert p.drafting_loses()
+    for _ in range(40):  # the machine twice as slow for 40 plain steps
+        p.observe_step(1, 20.0, 0, 0.0, 20.0)
+        p.observe_lone(1, False, 20.0)
+        assert p.drafting_loses()
+    assert p.cost.step_ms(1, 0) < 12.0  # nor the plain steps' cost
+    assert p.speed.value > 1.6  # the machine's (its usual plain step moved 18% in 40)
+
+
+def fast_cost() -> CostModel:
+    """A memory-bound pair: a plain step 10 ms, a drafting step of k 10 + 0.5k ms."""
+    rows = list(range(1, 65))
+    return CostModel(rows, [10.0 + 0.5 * (r - 1) for r in rows], rows, [0.2] * 64, 64)
+
+
+def test_a_slow_interval_of_drafting_steps_does_not_stop_drafting():
+    # the other way round: a stretch 3x as slow while drafting (every draft kept) made
+    # drafting look worse than the plain steps measured before it
+    p = DraftPolicy(fast_cost(), MAX_DRAFT)
+    st = p.new_sequence()
+    ks = []
+    for i in range(140):
+        k = p.choose([st], [MAX_DRAFT], [0])[0]
+        slow = 3.0 if i >= 100 else 1.0
+        if k == 0:
+            p.observe_step(1, 10.0 * slow, 0, 0.0, 10.0 * slow)
+            p.observe_lone(1, False, 10.0 * slow)
+            continue
+        assert i < 100 or k > 0, f"step {i}: drafting stopped in the slow stretch"
+        ks.append(k)
+        ms = p.cost.step_ms(1 + k, 1 + k)  # the model's own time: nothing to learn but the speed
+        p.observe_sequence(st, k, k)
+        p.observe_step(1 + k, (ms - 0.2) * slow, 1 + k, 0.2 * slow, ms * slow)
+        p.observe_lone(k + 1, True, ms * slow, probe=st.probing, k=k)
+    assert p.plain_rate.n >= 5 and not p.drafting_loses()
+    assert min(ks[-30:]) >= MAX_DRAFT - 1  # nor made it draft shorter

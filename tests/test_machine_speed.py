@@ -12,10 +12,16 @@ from pydflash._draft_policy import PLAIN_SAMPLE, CostModel, DraftPolicy
 MAX_DRAFT = 7
 
 
-def test_a_slow_interval_is_the_machines_speed_and_a_lasting_change_the_kinds_time():
+def known() -> MachineSpeed:
+    """A speed that has seen SPEED_GATE plain steps of 10 ms, one by one."""
     s = MachineSpeed()
     for _ in range(SPEED_GATE):
         s.observe(1, False, 10.0)
+    return s
+
+
+def test_a_slow_interval_is_the_machines_speed_and_a_lasting_change_the_kinds_time():
+    s = known()
     assert s.value == 1.0  # a kind's first steps set its usual time, not the speed
     for _ in range(10):
         s.observe(1, False, 20.0)
@@ -46,17 +52,13 @@ def test_each_kind_of_step_is_measured_against_its_own_usual_time():
 
 
 def test_one_stalled_step_moves_the_speed_as_a_clipped_one():
-    s = MachineSpeed()
-    for _ in range(SPEED_GATE):
-        s.observe(1, False, 10.0)
+    s = known()
     s.observe(1, False, 10_000.0)  # a pause (a page fault, a descheduled thread)
     assert s.value == pytest.approx(1.0 + 0.3 * (SPEED_CLIP - 1.0))
 
 
 def test_a_run_moves_the_speed_as_its_steps_one_by_one_would_once_the_kind_is_known():
-    one, run = MachineSpeed(), MachineSpeed()
-    for _ in range(SPEED_GATE):
-        one.observe(1, False, 10.0)
+    one, run = known(), MachineSpeed()
     run.observe(1, False, 10.0, times=SPEED_GATE)
     for _ in range(PLAIN_SAMPLE):
         one.observe(1, False, 15.0)
@@ -106,11 +108,11 @@ def test_a_slow_interval_of_drafting_steps_does_not_stop_drafting():
     for i in range(140):
         k = p.choose([st], [MAX_DRAFT], [0])[0]
         slow = 3.0 if i >= 100 else 1.0
+        assert i < 100 or k > 0, f"step {i}: drafting stopped in the slow stretch"
         if k == 0:
             p.observe_step(1, 10.0 * slow, 0, 0.0, 10.0 * slow)
             p.observe_lone(1, False, 10.0 * slow)
             continue
-        assert i < 100 or k > 0, f"step {i}: drafting stopped in the slow stretch"
         ks.append(k)
         ms = p.cost.step_ms(1 + k, 1 + k)  # the model's own time: nothing to learn but the speed
         p.observe_sequence(st, k, k)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from pydflash._draft_cost import SPEED_CLIP, SPEED_GATE, MachineSpeed
-from pydflash._draft_policy import PLAIN_SAMPLE, CostModel, DraftPolicy
+from pydflash._draft_policy import PLAIN_SAMPLE, DraftPolicy
+from test_draft_policy import cost
 
 MAX_DRAFT = 7
 
@@ -66,18 +67,12 @@ def test_a_run_moves_the_speed_as_its_steps_one_by_one_would_once_the_kind_is_kn
     assert run.value == pytest.approx(one.value, rel=0.01)  # the usual time moves 2% per 4 steps
 
 
-def slow_cost() -> CostModel:
-    """A compute-bound pair: a plain step 10 ms, a drafting step of k 10 + 5k ms."""
-    rows = list(range(1, 65))
-    return CostModel(rows, [10.0 + 5.0 * (r - 1) for r in rows], rows, [0.0] * 64, 64)
-
-
 def test_a_slow_interval_of_plain_steps_does_not_lift_the_veto():
     # where drafting realized less than plain steps, a slow stretch of plain steps made
     # them look as slow as drafting (each rate learned it as its own kind's cost): the
     # veto lifted and drafting came back for as long as the stretch lasted (before the
     # speed, at the 14th slow step, with the model's plain step at 17.7 ms)
-    p = DraftPolicy(slow_cost(), MAX_DRAFT)
+    p = DraftPolicy(cost(5.0, draft_ms=0.0), MAX_DRAFT)  # compute-bound: a drafting step of k, 10 + 5k ms
     for _ in range(60):  # drafting: 3 tokens in 45 ms (0.067 per ms); plain: 1 in 10 (0.1)
         p.observe_step(1 + MAX_DRAFT, 45.0, 8, 0.0, 45.0)
         p.observe_lone(3, True, 45.0, k=MAX_DRAFT)
@@ -93,16 +88,10 @@ def test_a_slow_interval_of_plain_steps_does_not_lift_the_veto():
     assert p.speed.value > 1.6  # the machine's (its usual plain step moved 18% in 40)
 
 
-def fast_cost() -> CostModel:
-    """A memory-bound pair: a plain step 10 ms, a drafting step of k 10 + 0.5k ms."""
-    rows = list(range(1, 65))
-    return CostModel(rows, [10.0 + 0.5 * (r - 1) for r in rows], rows, [0.2] * 64, 64)
-
-
 def test_a_slow_interval_of_drafting_steps_does_not_stop_drafting():
     # the other way round: a stretch 3x as slow while drafting (every draft kept) made
     # drafting look worse than the plain steps measured before it
-    p = DraftPolicy(fast_cost(), MAX_DRAFT)
+    p = DraftPolicy(cost(0.5), MAX_DRAFT)  # memory-bound: a drafting step of k, 10 + 0.5k ms (+0.2)
     st = p.new_sequence()
     ks = []
     for i in range(140):

@@ -34,7 +34,6 @@ import json
 import math
 import random
 import statistics
-import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -142,25 +141,16 @@ def run_adaptive(
     """Total ms of the generations, in order, through one DraftPolicy (its state carries,
     as an engine's does). Mirrors Engine._step for a lone sequence and a quiet reader."""
     m = mach.m
+    pol = dp.DraftPolicy(calibrated(m, miscal), BLOCK - 1, BLOCK)
     # the policy times its own weighings (how often a lone sequence that is off weighs
     # again): on the table's clock, so that a replay repeats exactly
-    clock = types.SimpleNamespace(t=0.0)
+    clock = [0.0]
 
-    def perf_counter() -> float:
-        clock.t += m["py_choose"] / 1e3  # a weighing: two readings py_choose apart
-        return clock.t
+    def timer() -> float:
+        clock[0] += m["py_choose"] / 1e3  # a weighing: two readings py_choose apart
+        return clock[0]
 
-    real_time, dp.time = dp.time, types.SimpleNamespace(perf_counter=perf_counter)  # type: ignore[assignment]
-    try:
-        return _run_adaptive(traces, mach, m, patch, miscal)
-    finally:
-        dp.time = real_time
-
-
-def _run_adaptive(
-    traces: Sequence[Sequence[int]], mach: Machine, m: dict, patch: Callable | None, miscal: tuple[float, float]
-) -> float:
-    pol = dp.DraftPolicy(calibrated(m, miscal), BLOCK - 1, BLOCK)
+    pol.timer = timer
     if patch is not None:
         patch(pol)
     n_run = max(1, min(256, int(RUN_MS / m["verify"][1])))
@@ -339,12 +329,16 @@ def main(argv: list[str] | None = None) -> int:
         if not hasattr(dp, name):
             ap.error(f"--set: _draft_policy has no {name}")
         setattr(dp, name, type(getattr(dp, name))(value))
-    burst = tuple(float(x) for x in args.burst.split(",")) if args.burst else None
-    if burst is not None and len(burst) != 3:
-        ap.error("--burst takes NORMAL,SLOW,FACTOR")
-    miscal = tuple(float(x) for x in args.miscalibrate.split(",")) if args.miscalibrate else (1.0, 1.0)
-    if len(miscal) != 2:
-        ap.error("--miscalibrate takes DRAFT,VERIFY")
+
+    def floats(text: str, form: str) -> tuple[float, ...]:
+        """A comma-separated option of as many numbers as ``form`` names."""
+        vals = tuple(float(x) for x in text.split(","))
+        if len(vals) != form.count(",") + 1:
+            ap.error(form)
+        return vals
+
+    burst = floats(args.burst, "--burst takes NORMAL,SLOW,FACTOR") if args.burst else None
+    miscal = floats(args.miscalibrate, "--miscalibrate takes DRAFT,VERIFY") if args.miscalibrate else (1.0, 1.0)
     traces = json.loads(Path(args.traces).read_text())
     res = evaluate(traces, m, args.seeds, args.sigma, burst, miscal=miscal)
     best = max((k for k in res if k.startswith("f")), key=res.__getitem__)

@@ -306,6 +306,7 @@ class DraftPolicy:
         # ~20-40 us of Python, 5-10% of a plain step of a small compute-bound target
         self.recheck = RECHECK
         self._choice_ms = 0.0  # a weighing's time, averaged (one timing in a busy thread is noisy)
+        self.timer = time.perf_counter  # what times it (tools/policy_sim.py gives its own clock)
         self._clock: tuple[int, int] | None = None  # the last ended generation's steps off and spacing
         # what a lone sequence's plain and drafting steps (probes aside) realized
         # (observe_lone): the check on the model where one sequence has the pair
@@ -357,11 +358,11 @@ class DraftPolicy:
         lone = states[0] if len(states) == 1 else None
         if lone is not None and self.skip(lone):
             return [0]
-        t0 = time.perf_counter() if lone is not None else 0.0
+        t0 = self.timer() if lone is not None else 0.0
         ks = self._choose(states, caps, floors)
         if lone is not None and ks[0] == 0 and not lone.probing:
             # the next weighing waits until this one's time is CHOICE_BUDGET of the plain steps between
-            took = (time.perf_counter() - t0) * 1e3
+            took = (self.timer() - t0) * 1e3
             last = self._choice_ms if self._choice_ms > 0 else took
             self._choice_ms = last + PROBE_ALPHA * (took - last)
             n = math.ceil(self._choice_ms / (CHOICE_BUDGET * max(self.cost.step_ms(1, 0), 1e-6)))

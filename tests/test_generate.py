@@ -348,3 +348,18 @@ def test_a_lone_generation_that_drafts_nothing_steps_in_runs(baseline, dflash_b8
         assert dflash_b8.generate(prompt, max_tokens=400, ignore_eos=True).tokens == want
     assert sum(pair_core.runs) > 400 and pair_core.steps > 0
     assert observed == pair_core.runs
+
+
+def test_a_pinned_plain_generation_on_an_adaptive_pair_steps_in_runs(baseline, dflash_b8, monkeypatch):
+    # draft_max=0 for one call on a pair whose Llama adapts: nothing to weigh, so its steps
+    # go in runs as the target alone's do (one at a time, the engine's own work per step
+    # made it ~12% slower than the target alone on the embedded pair)
+    from pydflash import _engine
+
+    pair_core = _CountingCore(dflash_b8._engine._core)
+    monkeypatch.setattr(dflash_b8._engine, "_core", pair_core)
+    monkeypatch.setattr(_engine, "RUN_MS", 1e5)
+    want = baseline.generate("import os", max_tokens=300, ignore_eos=True).tokens
+    got = dflash_b8.generate("import os", max_tokens=300, ignore_eos=True, draft_max=0)
+    assert got.tokens == want and got.stats.n_drafted == 0
+    assert pair_core.runs == [_engine.RUN_MAX_STEPS, 300 - _engine.RUN_MAX_STEPS] and pair_core.steps == 0

@@ -328,8 +328,9 @@ class Engine:
         n_run = self._run_max(stepping[0]) if len(stepping) == 1 else 1
         n_plain = policy.plain_run(lone, n_run) if policy is not None and lone is not None else 0
         plain = n_plain > 0
-        if n_plain > 1 or (n_run > 1 and policy is None and caps[0] == 0):
-            # alone, nothing to draft for a while, and a reader that waits for the end
+        if n_plain > 1 or (n_run > 1 and lone is None and caps[0] == 0):
+            # alone, nothing to draft for a while (the policy's off, or no policy and no
+            # length: a pinned draft_max=0 too), and a reader that waits for the end
             self._step_run(stepping[0], n_plain or n_run, budgets[0], t0)
             return
         if plain:

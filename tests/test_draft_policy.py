@@ -783,11 +783,12 @@ def test_a_run_of_plain_steps_is_the_skips_it_stands_for():
         assert 1 <= run_as_skips(p, sts[0], n_max) <= n_max
     assert sts[0].off_steps % p.recheck == 0 and p.plain_run(sts[0], 100) == 0  # this one is weighed
     assert p.choose(sts, [MAX_DRAFT], [0]) == [0]
-    # the steps of a switch are observed one by one: no runs there
+    # a switch's steps go in runs too (observe_plain_run takes them one by one)
     p._after = 0
-    assert p.plain_run(sts[0], 100) == 1
+    settled, ref = copy.deepcopy((p, sts[0]))
+    settled._after = SWITCH_STEPS
+    assert run_as_skips(p, sts[0], 100) == settled.plain_run(ref, 100) > 1
     p._after = SWITCH_STEPS
-    assert p.plain_run(sts[0], 100) == p.recheck - 2 > 0
     # where drafting realized less than plain steps (a veto), the due weighings are
     # skipped: a run goes past them, as the skips would
     for _ in range(10):
@@ -802,10 +803,34 @@ def test_a_runs_observation_is_its_steps_observed_one_by_one():
     b = DraftPolicy(cost(0.5), MAX_DRAFT)
     for p in (a, b):
         p._after = SWITCH_STEPS
-    a.observe_plain_run(11.0, 12.0, 30)
+    a.observe_plain_run([11.0] * 30, [12.0] * 30)
     for _ in range(30):
         b.observe_step(1, 11.0, 0, 0.0, 12.0)
         b.observe_lone(1, False, 12.0)
     assert a.cost.step_ms(1, 0) == pytest.approx(b.cost.step_ms(1, 0), rel=1e-9)
     assert a.plain_rate.value() == pytest.approx(b.plain_rate.value(), rel=1e-9)
     assert a.plain_rate.n == pytest.approx(b.plain_rate.n, rel=1e-9)
+
+
+def test_a_runs_switch_steps_are_observed_one_by_one():
+    # the plain steps after a drafting step measure the switch (their excess over a plain
+    # step): in a run they are observed each by its own time, as if taken one at a time
+    a = DraftPolicy(cost(0.5), MAX_DRAFT)
+    for _ in range(SWITCH_STEPS):  # the model has seen plain steps: a switch is measured
+        a.observe_step(1, 10.0, 0, 0.0, 10.5)
+    a.observe_step(1 + MAX_DRAFT, 30.0, MAX_DRAFT + 1, 8.0, 40.0)  # a drafting step
+    b = copy.deepcopy(a)
+    verify = [14.0, 12.0, 11.0] + [10.0] * 27
+    wall = [v + 0.5 for v in verify]
+    a.observe_plain_run(verify, wall)
+    for v, w in zip(verify, wall, strict=True):
+        b.observe_step(1, v, 0, 0.0, w)
+        b.observe_lone(1, False, w)
+    assert a.switch_ms == b.switch_ms > 0  # the same switch, measured step by step
+    assert a._after == b._after == SWITCH_STEPS
+    assert a.plain_rate.n == pytest.approx(b.plain_rate.n, rel=1e-9)
+    assert a.cost.step_ms(1, 0) == pytest.approx(b.cost.step_ms(1, 0), rel=1e-9)
+    # a mean over the whole run would have counted the switch's excess as plain steps' cost
+    c = copy.deepcopy(b)
+    c.observe_step(1, sum(verify) / 30, 0, 0.0, sum(wall) / 30, 30)
+    assert c.cost.step_ms(1, 0) != pytest.approx(a.cost.step_ms(1, 0), rel=1e-3)

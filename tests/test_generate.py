@@ -342,7 +342,7 @@ def test_a_lone_generation_that_drafts_nothing_steps_in_runs(baseline, dflash_b8
     monkeypatch.setattr(dflash_b8._engine, "_core", pair_core)
     observed: list[int] = []  # the policy sees every run's steps, a generation's last run's too
     observe = DraftPolicy.observe_plain_run
-    monkeypatch.setattr(DraftPolicy, "observe_plain_run", lambda p, v, w, n: (observed.append(n), observe(p, v, w, n)))
+    monkeypatch.setattr(DraftPolicy, "observe_plain_run", lambda p, v, w: (observed.append(len(w)), observe(p, v, w)))
     for prompt in ["import os", "def f(x):", "hello"]:
         want = baseline.generate(prompt, max_tokens=400, ignore_eos=True).tokens
         assert dflash_b8.generate(prompt, max_tokens=400, ignore_eos=True).tokens == want

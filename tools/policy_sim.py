@@ -164,13 +164,16 @@ def run_adaptive(
             def run(n: int, budget: int = budget) -> None:
                 nonlocal total, ntok, off
                 n = min(n, budget + 1)
-                vs = ws = 0.0
+                vs: list[float] = []
+                ws: list[float] = []
                 for _ in range(n):
-                    mach.now = total + ws
+                    mach.now = total
                     v, _, w = mach.step(0)
-                    vs, ws = vs + v, ws + w + m["py_run"]
-                total, ntok, off = total + ws, ntok + n, off + n
-                pol.observe_plain_run(vs / n, ws / n, n)
+                    vs.append(v)
+                    ws.append(w + m["py_run"])
+                    total += ws[-1]
+                ntok, off = ntok + n, off + n
+                pol.observe_plain_run(vs, ws)
 
             n_plain = pol.plain_run(st, n_run)
             if n_plain > 1:
@@ -181,7 +184,7 @@ def run_adaptive(
             if not plain:
                 k = pol.choose([st], [min(BLOCK - 1, budget)], [0])[0]
                 total += m["py_choose"]
-                if k == 0 and not st.probing and n_run > 1 and pol.settled:
+                if k == 0 and not st.probing and n_run > 1:
                     n2 = 1 + pol.plain_run(st, n_run - 1)
                     if n2 > 1:
                         run(n2)

@@ -393,7 +393,7 @@ class DraftPolicy:
         """``skip`` for up to ``n_max`` steps at once: the plain steps a lone sequence
         takes now (0: weigh this step), ending before the next weighing or probe would
         be due (a veto is checked where it would be, with the rates of the run's
-        start); a switch's steps come one at a time (each is observed)."""
+        start)."""
         off = st.off_steps
         n = min(n_max, max(st.probe_wait, st.spacing) - 1 - off) if st.weighed else 0
         to_weigh = -off % self.recheck  # steps before the next due weighing
@@ -401,17 +401,9 @@ class DraftPolicy:
             n = to_weigh
         if n <= 0:
             return 0
-        if not self.settled:
-            n = 1
         st.off_steps += n
         st.unforgotten += n
         return n
-
-    @property
-    def settled(self) -> bool:
-        """No switch's steps are pending (``observe_step``): plain steps may be observed
-        together, as a run's."""
-        return self._after >= SWITCH_STEPS
 
     def _still_vetoed(self) -> bool:
         self._veto = self.drafting_loses()
@@ -537,10 +529,18 @@ class DraftPolicy:
         self.observe_step(1, verify_ms, 0, 0.0, wall_ms, times)
         self.observe_lone(tokens, False, wall_ms, times=times)
 
-    def observe_plain_run(self, verify_ms: float, wall_ms: float, n: int) -> None:
-        """``n`` plain steps of a run (``plain_run``), one token each: their mean times."""
-        self.observe_step(1, verify_ms, 0, 0.0, wall_ms, n)
-        self.observe_lone(1, False, wall_ms, times=n)
+    def observe_plain_run(self, verify_ms: Sequence[float], wall_ms: Sequence[float]) -> None:
+        """A run's plain steps (``plain_run``), one token each, by their times: those
+        of a switch one by one (their sum is the switch's), the rest as their mean."""
+        i, n = 0, len(wall_ms)
+        while i < n and self._after < SWITCH_STEPS:
+            self.observe_step(1, verify_ms[i], 0, 0.0, wall_ms[i])
+            self.observe_lone(1, False, wall_ms[i])
+            i += 1
+        if i < n:
+            verify, wall = sum(verify_ms[i:]) / (n - i), sum(wall_ms[i:]) / (n - i)
+            self.observe_step(1, verify, 0, 0.0, wall, n - i)
+            self.observe_lone(1, False, wall, times=n - i)
 
     def drafting_loses(self) -> bool:
         """A lone sequence's recent drafting steps (probes aside) gave fewer tokens per

@@ -343,7 +343,7 @@ class Engine:
             floors = [s.gen.config.draft_min if s.gen is not None else 0 for s in stepping]
             chosen = policy.choose([s.draft for s in stepping], caps, floors)
             lengths = [k if s.draft is not None else a for s, k, a in zip(stepping, chosen, asked, strict=True)]
-            if lone is not None and lengths == [0] and not lone.probing and n_run > 1 and policy.settled:
+            if lone is not None and lengths == [0] and not lone.probing and n_run > 1:
                 # weighed and off: the steps until the next weighing go with this one
                 n_plain = 1 + policy.plain_run(lone, n_run - 1)
                 if n_plain > 1:
@@ -413,11 +413,14 @@ class Engine:
         for r in results:
             if self._take(s, r):
                 break
-        wall = (time.perf_counter() - t0) * 1e3 / len(results)
-        self._run_step_ms += RUN_ALPHA * (wall - self._run_step_ms)
+        wall = (time.perf_counter() - t0) * 1e3
+        self._run_step_ms += RUN_ALPHA * (wall / len(results) - self._run_step_ms)
         if observed and self._policy is not None:
-            verify = sum(r.t_verify_ms for r in results) / len(results)
-            self._policy.observe_plain_run(verify, wall, len(results))
+            # each step's time in the core, and the run's own (the engine's) shared out
+            core = [r.t_verify_ms + r.t_draft_ms + r.t_inject_ms + r.t_sample_ms + r.t_rollback_ms for r in results]
+            share = max(wall - sum(core), 0.0) / len(results)
+            walls = [c + share for c in core]
+            self._policy.observe_plain_run([r.t_verify_ms for r in results], walls)
 
 
 MODEL_SOURCES = ("draft-dflash", "draft-dspark", "draft-mtp", "")  # "": nothing drafted this step

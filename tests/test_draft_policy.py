@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 
 import pytest
 
@@ -16,6 +17,7 @@ from pydflash._draft_policy import (
     PROBE_MAX,
     RATE_DECAY,
     RECHECK,
+    RECHECK_MAX,
     SWITCH_STEPS,
     Acceptance,
     Choice,
@@ -309,7 +311,7 @@ def test_the_weighings_of_a_sequence_that_is_off_keep_to_their_budget(monkeypatc
         return now[0]
 
     monkeypatch.setattr(_draft_policy.time, "perf_counter", clock)
-    for plain_ms, want in [(10.0, RECHECK), (1.0, 20)]:
+    for plain_ms, want in [(10.0, RECHECK), (1.0, 32)]:
         p, sts = policy(cost(0.5, verify_ms=plain_ms), acceptance=0.02)
         sts[0].spacing = 10**6  # no probes
         weighed = 0
@@ -319,11 +321,39 @@ def test_the_weighings_of_a_sequence_that_is_off_keep_to_their_budget(monkeypatc
                 assert p.choose(sts, [MAX_DRAFT], [0]) == [0]
         assert p.recheck == want
         assert weighed * 0.05 <= CHOICE_BUDGET * 400 * plain_ms + 0.05 * RECHECK
-    took[0] = 0.45e-3  # 9x the others: the average goes to 0.15 ms, 60 steps at 1 ms
+    took[0] = 0.45e-3  # 9x the others: the average goes to 0.15 ms, 60 steps at 1 ms (64)
     while p.skip(sts[0]):
         pass
     p.choose(sts, [MAX_DRAFT], [0])
-    assert p.recheck == 60
+    assert p.recheck == 64
+
+
+def test_weighings_that_take_a_little_more_or_less_stay_as_far_apart():
+    # the interval between weighings follows their measured time, which jitters: it moves
+    # in powers of two, so the next weighing stays where the steps since the last one put
+    # it (as the interval was 62, 63, 61 steps, a weighing came 7 steps after the last)
+    p, sts = policy(cost(0.5, verify_ms=0.3), acceptance=0.02)
+    sts[0].spacing = 10**6  # no probes
+    # 0.041-0.052 ms against plain steps of 0.3 ms: 55-70 steps apart for CHOICE_BUDGET
+    took = iter([0.050e-3, 0.045e-3, 0.048e-3, 0.041e-3, 0.052e-3] * 1000)
+    readings = [0]
+
+    def clock() -> float:  # a weighing reads it before and after: it took the next of took
+        readings[0] += 1
+        return next(took) if readings[0] % 2 == 0 else 0.0
+
+    p.timer = clock
+    at: list[int] = []
+    step = 0
+    while len(at) < 40:
+        n = p.plain_run(sts[0], 1000)
+        if n == 0:
+            assert p.choose(sts, [MAX_DRAFT], [0]) == [0]
+            at.append(step)
+            n = 1
+        step += n
+    gaps = {b - a for a, b in itertools.pairwise(at[5:])}
+    assert gaps == {p.recheck} and p.recheck == RECHECK_MAX
 
 
 def test_one_slow_pass_moves_a_size_a_tenth_of_the_way():
@@ -774,6 +804,7 @@ def test_a_run_of_plain_steps_is_the_skips_it_stands_for():
     # Engine._step_run): a run is the skips it replaces and ends before the next weighing
     p, sts = policy(cost(0.5), acceptance=0.02)
     sts[0].spacing = 10**6  # no probes
+    p.timer = lambda: 0.0  # weighings take no time: they recheck every RECHECK steps
     while p.choose(sts, [MAX_DRAFT], [0]) != [0]:
         pass
     for _ in range(SWITCH_STEPS):  # past the switch of sizes after the drafting steps

@@ -74,7 +74,7 @@ PROBE_BUDGET = 0.01  # probes cost at most this share of the time (their expecte
 PROBE_ALPHA = 0.25  # weight of each lone probe's measured time (probes are few; the first sets it)
 PROBE_WAIT_MAX = 1024  # the longest wait between probes, whatever they cost
 RECHECK = 4  # a lone sequence that is off weighs drafting again every this many steps at least,
-RECHECK_MAX = 64  # ... at most, and between them as often as CHOICE_BUDGET allows
+RECHECK_MAX = 64  # ... at most, and between them as often as CHOICE_BUDGET allows (powers of 2)
 # the weighings of a lone sequence that is off cost at most this share of its steps (they
 # can only turn drafting on through its estimate's drift toward the pair's, which takes tens
 # of steps; at 1% one took 38 us in the engine's thread, every 6 steps on the embedded pair:
@@ -366,7 +366,9 @@ class DraftPolicy:
             last = self._choice_ms if self._choice_ms > 0 else took
             self._choice_ms = last + PROBE_ALPHA * (took - last)
             n = math.ceil(self._choice_ms / (CHOICE_BUDGET * max(self.cost.step_ms(1, 0), 1e-6)))
-            self.recheck = min(max(n, RECHECK), RECHECK_MAX)
+            # a power of two: as it moves with the weighings' jitter, the next one stays
+            # where the steps since the last put it (off_steps % recheck)
+            self.recheck = min(max(1 << (n - 1).bit_length(), RECHECK), RECHECK_MAX)
             self._veto = self.drafting_loses()
         return ks
 

@@ -566,8 +566,9 @@ class DraftPolicy:
         SWITCH_STEPS steps without a drafter pass after one with measure the switch instead:
         their excess over a plain step as modelled before them (once the model has seen
         SWITCH_STEPS plain steps). The first half of a switch's steps, slower for the
-        switch's sake, say nothing of the machine's speed."""
-        if draft_rows > 0 or self._after >= SWITCH_STEPS // 2:
+        switch's sake, and the first drafting step after plain ones (its deferred rows'
+        injection, the graph rebuild) say nothing of the machine's speed."""
+        if self._after == 0 if draft_rows > 0 else self._after >= SWITCH_STEPS // 2:
             self.speed.observe(rows, draft_rows > 0, wall_ms, times)
         s = self.speed.value
         verify_ms, draft_ms, wall_ms = verify_ms / s, draft_ms / s, wall_ms / s

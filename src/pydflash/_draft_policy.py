@@ -568,7 +568,7 @@ class DraftPolicy:
         SWITCH_STEPS plain steps). The first half of a switch's steps, slower for the
         switch's sake, and the first drafting step after plain ones (its deferred rows'
         injection, the graph rebuild) say nothing of the machine's speed."""
-        if self._after == 0 if draft_rows > 0 else self._after >= SWITCH_STEPS // 2:
+        if (self._after == 0) if draft_rows > 0 else (self._after >= SWITCH_STEPS // 2):
             self.speed.observe(rows, draft_rows > 0, wall_ms, times)
         s = self.speed.value
         verify_ms, draft_ms, wall_ms = verify_ms / s, draft_ms / s, wall_ms / s

@@ -123,6 +123,21 @@ def test_draft_window_reaches_the_pydflash_engines(tmp_path, capsys):
         BenchConfig(draft_window=-1).validate()
 
 
+def test_a_context_sweep_at_draft_max_0_is_the_pair_decoding_plainly(tmp_path, capsys):
+    # --ctx-draft-max 0 measures the pair pinned to plain steps beside the target alone
+    # (it was read as "not given": block size - 1)
+    j = tmp_path / "b.json"
+    rc = cli(["bench", "--isl", "16", "--repeats", "1", "--warmup", "0", "--ctx-draft-max", "0", "--draft-max", "0",
+              "--pad-ffn", "0", "--engines", "pydflash-target,pydflash-dflash", "--no-bandwidth", "--json", str(j)])
+    assert rc == 0, capsys.readouterr().err
+    data = json.loads(j.read_text())
+    assert data["meta"]["ctx_draft_max"] == 0 and data["meta"]["draft_max_sweep"] == [0]
+    pair = [r for r in data["rows"] if r["engine"] == "pydflash-dflash"]
+    assert [(r["draft_max"], r["mean_draft_len"], r["tau"]) for r in pair] == [(0, 0.0, 1.0)]
+    with pytest.raises(ValueError, match="ctx_draft_max must be >= 0"):
+        BenchConfig(ctx_draft_max=-1).validate()
+
+
 def test_target_only_engines(tmp_path, capsys):
     # no engine drafts: there is no draft_max sweep to run (was a ZeroDivisionError)
     j = tmp_path / "b.json"

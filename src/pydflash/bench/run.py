@@ -64,6 +64,8 @@ class BenchConfig:
             raise ValueError("osl: give one per isl (or none for OSL = ISL)")
         if self.repeats < 1 or self.warmup < 0:
             raise ValueError("repeats must be >= 1 and warmup >= 0")
+        if self.ctx_draft_max is not None and self.ctx_draft_max < 0:
+            raise ValueError("ctx_draft_max must be >= 0 (0: the pair without drafts)")
         if self.draft_window is not None and self.draft_window < 0:
             raise ValueError("draft_window must be >= 0 (0: the whole context)")
         unknown = set(self.engines) - set(ENGINES)
@@ -93,7 +95,7 @@ def run(cfg: BenchConfig, log: Log = print) -> dict[str, Any]:
 
                 with Llama(target, draft=draft, n_ctx=256) as probe:
                     max_draft = probe.pair.max_draft
-            ctx_dm = cfg.ctx_draft_max or max_draft
+            ctx_dm = max_draft if cfg.ctx_draft_max is None else cfg.ctx_draft_max  # 0: the pair decoding plainly
             sweep = sorted({d for d in (cfg.draft_max or DRAFT_MAX_SWEEP) if d <= max_draft} | {ctx_dm})
             if not any(_sweeps(e) for e in engines):
                 sweep = []  # only target-only engines: nothing to sweep

@@ -534,15 +534,14 @@ class DraftPolicy:
     def observe_plain_run(self, verify_ms: Sequence[float], wall_ms: Sequence[float]) -> None:
         """A run's plain steps (``plain_run``), one token each, by their times: those
         of a switch one by one (their sum is the switch's), the rest as their mean."""
-        i, n = 0, len(wall_ms)
-        while i < n and self._after < SWITCH_STEPS:
-            self.observe_step(1, verify_ms[i], 0, 0.0, wall_ms[i])
-            self.observe_lone(1, False, wall_ms[i])
-            i += 1
-        if i < n:
-            verify, wall = sum(verify_ms[i:]) / (n - i), sum(wall_ms[i:]) / (n - i)
-            self.observe_step(1, verify, 0, 0.0, wall, n - i)
-            self.observe_lone(1, False, wall, times=n - i)
+        k = min(len(wall_ms), max(SWITCH_STEPS - self._after, 0))  # each plain step counts 1 in _after
+        for verify, wall in zip(verify_ms[:k], wall_ms[:k], strict=True):
+            self.observe_step(1, verify, 0, 0.0, wall)
+            self.observe_lone(1, False, wall)
+        if (n := len(wall_ms) - k) > 0:
+            verify, wall = sum(verify_ms[k:]) / n, sum(wall_ms[k:]) / n
+            self.observe_step(1, verify, 0, 0.0, wall, n)
+            self.observe_lone(1, False, wall, times=n)
 
     def drafting_loses(self) -> bool:
         """A lone sequence's recent drafting steps (probes aside) gave fewer tokens per

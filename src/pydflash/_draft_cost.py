@@ -1,6 +1,7 @@
 """The adaptive draft length's cost model: milliseconds of a step by the rows of
 its target and drafter passes, calibrated once on the pair and corrected online
-(``_draft_policy`` chooses lengths with it)."""
+(``_draft_policy`` chooses lengths with it), and the other measurements it
+divides or weighs timings with: the machine's speed, realized rates."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Sequence
 
 from ._core import Calibration
 
-__all__ = ["COST_ALPHA", "CostModel", "MachineSpeed"]
+__all__ = ["COST_ALPHA", "CostModel", "MachineSpeed", "Rate"]
 
 COST_ALPHA = 0.1  # weight of each step's timings in the online cost correction
 SPEED_ALPHA = 0.3  # weight of each step in the machine's speed (a slow interval shows within steps)
@@ -174,3 +175,28 @@ class MachineSpeed:
         # a kind's usual time: the mean of its first SPEED_GATE steps, then a slow average
         a = times / (seen + times) if seen < SPEED_GATE else 1.0 - (1.0 - SPEED_SLOW) ** times
         self._usual[key] = (usual + a * (wall_ms - usual), seen + times)
+
+
+class Rate:
+    """Tokens per ms, exponentially weighted over observed steps."""
+
+    __slots__ = ("decay", "ms", "n", "tokens")
+
+    def __init__(self, decay: float):
+        self.decay = decay
+        self.tokens = self.ms = self.n = 0.0
+
+    def observe(self, tokens: int, ms: float, times: int = 1) -> None:
+        """A step's tokens and time (``times``: as if seen that many times in a row)."""
+        d = self.decay**times
+        w = (1.0 - d) / (1.0 - self.decay) if times > 1 else 1.0
+        self.tokens = self.tokens * d + tokens * w
+        self.ms = self.ms * d + ms * w
+        self.n = self.n * d + w
+
+    def charge(self, ms: float) -> None:
+        """Time the last observed step caused later (no step of its own)."""
+        self.ms += ms
+
+    def value(self) -> float:
+        return self.tokens / self.ms if self.ms > 0 else 0.0

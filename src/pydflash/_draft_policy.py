@@ -50,7 +50,7 @@ import math
 import time
 from collections.abc import Sequence
 
-from ._draft_cost import CostModel, MachineSpeed
+from ._draft_cost import CostModel, MachineSpeed, Rate
 
 __all__ = [
     "Acceptance",
@@ -178,31 +178,6 @@ class Acceptance:
         """c_1 alone."""
         prior = self.prior if isinstance(self.prior, (int, float)) else self.prior.first()
         return (self._hit[0] + PRIOR_WEIGHT * prior) / (self._try[0] + PRIOR_WEIGHT) if self.n else prior
-
-
-class Rate:
-    """Tokens per ms, exponentially weighted over observed steps."""
-
-    __slots__ = ("decay", "ms", "n", "tokens")
-
-    def __init__(self, decay: float):
-        self.decay = decay
-        self.tokens = self.ms = self.n = 0.0
-
-    def observe(self, tokens: int, ms: float, times: int = 1) -> None:
-        """A step's tokens and time (``times``: as if seen that many times in a row)."""
-        d = self.decay**times
-        w = (1.0 - d) / (1.0 - self.decay) if times > 1 else 1.0
-        self.tokens = self.tokens * d + tokens * w
-        self.ms = self.ms * d + ms * w
-        self.n = self.n * d + w
-
-    def charge(self, ms: float) -> None:
-        """Time the last observed step caused later (no step of its own)."""
-        self.ms += ms
-
-    def value(self) -> float:
-        return self.tokens / self.ms if self.ms > 0 else 0.0
 
 
 @dataclasses.dataclass

@@ -177,3 +177,15 @@ def test_a_calibration_that_fails_falls_back(target_path, model_dir):
 def test_no_drafter_no_policy(baseline):
     res = baseline.generate("abc", max_tokens=10, ignore_eos=True)
     assert lengths(res) == [0] * 10
+
+
+def test_each_prompts_prefill_is_told_to_the_policy(dflash_b8, monkeypatch):
+    # the steps right after a prompt's batch are slower (llama.cpp's graph rebuild): the
+    # policy must know where they are to leave their times out of plain steps' costs
+    from pydflash._draft_policy import DraftPolicy
+
+    told: list[int] = []
+    monkeypatch.setattr(DraftPolicy, "prefilled", lambda self: told.append(1))
+    for n in range(1, 4):
+        dflash_b8.generate(TEXT_PROMPTS[n], max_tokens=8, ignore_eos=True)
+        assert len(told) >= n

@@ -98,6 +98,9 @@ SWITCH_STEPS = 16
 # many is observed (observing one costs ~10 us of Python in the engine's thread, 1% of a
 # plain step of the embedded target; the costs they measure change slowly)
 PLAIN_SAMPLE = 4
+# steps after a prompt's prefill whose times are not their kind's (llama.cpp rebuilds the graph after
+# the prompt's batch: on the embedded target the first plain step took 1.9x the usual, the next 1.14x, 1.04x)
+PREFILL_STEPS = 3
 
 
 def expected_tokens(c: Sequence[float], k: int) -> float:
@@ -301,6 +304,7 @@ class DraftPolicy:
         # sequence's realized rates; the later ones only to probes: on a target whose weights
         # outgrow the caches they are plain steps, and their noise would bias the rates
         self._switch_excess = 0.0  # the last observed step's excess, if it was the first
+        self._unsettled, self._settling = 0, False  # steps a prefill slowed to come; the last one was
         self._veto = False  # drafting_loses() as of the last weighing, drafting step or check
         self._skipped = 0  # plain steps skipped (observe_plain), for its sampling
         self._lone_drafts = 0  # a lone sequence's drafting steps since its last plain one
@@ -326,6 +330,12 @@ class DraftPolicy:
     def end_sequence(self, st: SequenceDraft) -> None:
         """A generation ended: its probe clock, where it was off, goes to the next."""
         self._clock = (st.off_steps, st.spacing) if st.off_steps > 0 else None
+
+    def prefilled(self) -> None:
+        """A prompt (or part of one) was read: the next PREFILL_STEPS steps' times say
+        nothing of their kind's cost, the machine's speed or the realized rates (a
+        drafting step among them still starts a switch and its acceptance counts)."""
+        self._unsettled = PREFILL_STEPS
 
     def choose(self, states: Sequence[SequenceDraft | None], caps: Sequence[int], floors: Sequence[int]) -> list[int]:
         """This step's length per sequence. ``states[i]`` None: pinned to ``caps[i]``;
@@ -454,6 +464,9 @@ class DraftPolicy:
         self._lone_drafts = self._lone_drafts + 1 if drafted else 0
         if drafted:
             self._probed = probe
+        if self._settling:
+            return
+        if drafted:
             if probe:  # the first probe sets it
                 last = self.probe_ms if self.probe_ms > 0 else wall_ms
                 self.probe_ms = last + PROBE_ALPHA * (wall_ms - last)
@@ -498,6 +511,9 @@ class DraftPolicy:
         outside a switch's steps, counted PLAIN_SAMPLE times (a switch's steps are all
         observed: their sum is the switch's)."""
         times = 1
+        if self._unsettled:
+            self._unsettled -= 1
+            return
         if self._after >= SWITCH_STEPS:
             self._skipped += 1
             if self._skipped % PLAIN_SAMPLE:
@@ -508,7 +524,11 @@ class DraftPolicy:
 
     def observe_plain_run(self, verify_ms: Sequence[float], wall_ms: Sequence[float]) -> None:
         """A run's plain steps (``plain_run``), one token each, by their times: those
-        of a switch one by one (their sum is the switch's), the rest as their mean."""
+        of a switch one by one (their sum is the switch's), the rest as their mean
+        (those right after a prefill aside)."""
+        skip = min(self._unsettled, len(wall_ms))
+        self._unsettled -= skip
+        verify_ms, wall_ms = verify_ms[skip:], wall_ms[skip:]
         k = min(len(wall_ms), max(SWITCH_STEPS - self._after, 0))  # each plain step counts 1 in _after
         for verify, wall in zip(verify_ms[:k], wall_ms[:k], strict=True):
             self.observe_step(1, verify, 0, 0.0, wall)
@@ -541,7 +561,15 @@ class DraftPolicy:
         their excess over a plain step as modelled before them (once the model has seen
         SWITCH_STEPS plain steps). The first half of a switch's steps, slower for the
         switch's sake, and the first drafting step after plain ones (its deferred rows'
-        injection, the graph rebuild) say nothing of the machine's speed."""
+        injection, the graph rebuild) say nothing of the machine's speed; the
+        PREFILL_STEPS steps after a prefill say nothing at all."""
+        self._settling = self._unsettled > 0
+        if self._settling:
+            self._unsettled -= 1
+            if draft_rows > 0:
+                self._after, self._switch_sum = 0, 0.0
+            self._switch_excess = 0.0
+            return
         if (self._after == 0) if draft_rows > 0 else (self._after >= SWITCH_STEPS // 2):
             self.speed.observe(rows, draft_rows > 0, wall_ms, times)
         s = self.speed.value

@@ -267,6 +267,7 @@ class Engine:
         try:
             self._pair.sequence(slot.seq).set_sampling_config(gen.config, gen.seed)
             gen.started(self._core.prefill_begin(slot.seq, gen.prompt, gen.config.cache_prompt))
+            self._prefilled()
             slot.prefilling = self._core.prefill_remaining(slot.seq) > 0
             if not slot.prefilling:
                 gen.prefilled()
@@ -277,11 +278,17 @@ class Engine:
 
     def _prefill(self, slots: list[_Slot]) -> None:
         self._core.prefill_some([s.seq for s in slots], self._chunk)
+        self._prefilled()
         for s in slots:
             if self._core.prefill_remaining(s.seq) == 0:
                 s.prefilling = False
                 assert s.gen is not None
                 s.gen.prefilled()
+
+    def _prefilled(self) -> None:
+        # the steps after a prompt's batch are slower (llama.cpp's graph rebuild): not their kind's cost
+        if self._policy is not None:
+            self._policy.prefilled()
 
     def _make_policy(self) -> DraftPolicy:
         """The adaptive draft length's policy, its costs timed on an empty slot

@@ -17,7 +17,7 @@ together, since they share both passes:
   scaled online from the timings every step returns (the context grows), each
   divided first by the machine's speed (``MachineSpeed``: a busy stretch of a
   shared machine is not the cost of the kind of step that ran in it);
-- ``Acceptance``: one sequence's c_i, exponentially weighted over its recent
+- ``Acceptance`` (``_draft_acceptance``): one sequence's c_i, exponentially weighted over its recent
   steps (a rejected position counts against itself only; positions after it were
   not tried), each position's prior the pair's running estimate of it over every
   sequence (slower to change: one unlucky step does not stop drafting; the pair's
@@ -50,6 +50,7 @@ import math
 import time
 from collections.abc import Sequence
 
+from ._draft_acceptance import PRIOR_ACCEPTANCE, Acceptance, expected_gains, expected_tokens
 from ._draft_cost import CostModel, MachineSpeed, Rate
 
 __all__ = [
@@ -63,9 +64,6 @@ __all__ = [
     "expected_tokens",
 ]
 
-PRIOR_ACCEPTANCE = 0.6  # c_1 before anything was observed on this pair
-PRIOR_WEIGHT = 2.0  # pseudo-observations of a position's prior
-DECAY = 0.9  # a sequence's estimate: weight of the past per observation (about the last 10 steps)
 POOLED_DECAY = 0.98  # the pair's running estimate (the prior of new sequences)
 PROBE_WEIGHT = 2.0  # a probe counts as this many steps (it is the only news while off)
 PROBE_FIRST = 4  # steps off before the first probe
@@ -101,86 +99,6 @@ PLAIN_SAMPLE = 4
 # steps after a prompt's prefill whose times are not their kind's (llama.cpp rebuilds the graph after
 # the prompt's batch: on the embedded target the first plain step took 1.9x the usual, the next 1.14x, 1.04x)
 PREFILL_STEPS = 3
-
-
-def expected_tokens(c: Sequence[float], k: int) -> float:
-    """Tokens a step drafting ``k`` yields on average: 1 + sum_{j<=k} prod_{i<=j} c_i."""
-    e, p = 1.0, 1.0
-    for i in range(k):
-        p *= c[i]
-        e += p
-    return e
-
-
-def _gains(c: Sequence[float], k_max: int) -> list[float]:
-    """E(0..k_max)."""
-    out, e, p = [1.0], 1.0, 1.0
-    for i in range(k_max):
-        p *= c[i]
-        e += p
-        out.append(e)
-    return out
-
-
-class Acceptance:
-    """One sequence's conditional acceptance per draft position (see the module
-    docstring). ``prior``: another estimate (the pair's), whose estimate of each
-    position as it is now is that position's prior; or a number, the first
-    position's prior, each later position's being the estimate of the one before."""
-
-    def __init__(self, n: int, prior: float | Acceptance = PRIOR_ACCEPTANCE, decay: float = DECAY):
-        self.n = n
-        self.prior = prior
-        self.decay = decay
-        self._hit = [0.0] * n  # exponentially weighted kept / tried, per position
-        self._try = [0.0] * n
-
-    def observe(self, n_drafted: int, n_accepted: int, weight: float = 1.0) -> None:
-        """A step that drafted ``n_drafted`` and kept ``n_accepted`` of them: positions
-        1..n_accepted were kept, the next one rejected, the rest not tried. It counts
-        as ``weight`` steps."""
-        d = self.decay
-        tried = min(n_drafted, n_accepted + 1, self.n)
-        for i in range(tried):
-            self._hit[i] = self._hit[i] * d + (weight if i < n_accepted else 0.0)
-            self._try[i] = self._try[i] * d + weight
-        # the positions not tried weigh less, their prior more (as while off): an estimate
-        # of a position no short draft reaches would otherwise stay as it was for good, and
-        # a low one would keep every draft short (the pair's too: nothing would try it)
-        for i in range(tried, self.n):
-            self._hit[i] *= d
-            self._try[i] *= d
-
-    def forget(self, steps: int = 1) -> None:
-        """Steps without news (not drafted): what was seen weighs less, the prior more."""
-        d = self.decay**steps
-        self._hit = [h * d for h in self._hit]
-        self._try = [t * d for t in self._try]
-
-    def conditional(self, pooled: Sequence[float] | None = None) -> list[float]:
-        """c_1..c_n: each position's weighted rate shrunk toward its prior (an untried
-        position: its prior). ``pooled``: the prior's conditional(), where the caller has
-        it (a joint choice over many sequences computes it once)."""
-        out: list[float] = []
-        if not isinstance(self.prior, (int, float)):  # each position's prior: the pair's estimate of it
-            if pooled is None:
-                pooled = self.prior.conditional()
-            for i in range(self.n):
-                out.append((self._hit[i] + PRIOR_WEIGHT * pooled[i]) / (self._try[i] + PRIOR_WEIGHT))
-            return out
-        prior = self.prior
-        for i in range(self.n):
-            c = (self._hit[i] + PRIOR_WEIGHT * prior) / (self._try[i] + PRIOR_WEIGHT)
-            out.append(c)
-            # the next position's prior: this estimate where higher than the first's prior (a
-            # low one chained along would keep drafts short, and nothing would try further)
-            prior = max(c, self.prior)
-        return out
-
-    def first(self) -> float:
-        """c_1 alone."""
-        prior = self.prior if isinstance(self.prior, (int, float)) else self.prior.first()
-        return (self._hit[0] + PRIOR_WEIGHT * prior) / (self._try[0] + PRIOR_WEIGHT) if self.n else prior
 
 
 @dataclasses.dataclass
@@ -402,12 +320,12 @@ class DraftPolicy:
         for st, cap, lo in zip(states, caps, floors, strict=True):
             cap = max(0, min(cap, self.max_draft))
             if st is None:  # its gain counts in the rate (the pair's estimate); its length is given
-                choices.append(Choice(_gains(pooled, cap), 0, cap, pinned=cap))
+                choices.append(Choice(expected_gains(pooled, cap), 0, cap, pinned=cap))
             else:
                 if st.unforgotten:
                     st.acceptance.forget(st.unforgotten)
                     st.unforgotten = 0
-                choices.append(Choice(_gains(st.acceptance.conditional(pooled), cap), lo, cap))
+                choices.append(Choice(expected_gains(st.acceptance.conditional(pooled), cap), lo, cap))
         ks = choose_lengths(self.cost, choices, self.pass_rows)
         if len(ks) == 1 and ks[0] > 0 and states[0] is not None:
             if self.drafting_loses():

@@ -68,7 +68,8 @@ POOLED_DECAY = 0.98  # the pair's running estimate (the prior of new sequences)
 PROBE_WEIGHT = 2.0  # a probe counts as this many steps (it is the only news while off)
 PROBE_FIRST = 4  # steps off before the first probe
 PROBE_MAX = 64  # the longest doubling wait between probes (a costly probe waits longer)
-PROBE_BUDGET = 0.01  # probes cost at most this share of the time (their expected loss)
+PROBE_BUDGET = 0.01  # probes cost at most this share of the time (their expected loss) ...
+PROBE_ROOM = 0.5  # ... where a whole block kept would save this share of it or more; less pro rata
 PROBE_ALPHA = 0.25  # weight of each lone probe's measured time (probes are few; the first sets it)
 PROBE_WAIT_MAX = 1024  # the longest wait between probes, whatever they cost
 RECHECK = 4  # a lone sequence that is off weighs drafting again every this many steps at least,
@@ -350,10 +351,13 @@ class DraftPolicy:
         return ks
 
     def probe_spacing(self, c: Choice) -> int:
-        """Plain steps per probe that keep probes within PROBE_BUDGET of the time: a
+        """Plain steps per probe that keep probes within their budget of the time (by
+        what they could find: the share a whole block kept saves, see PROBE_ROOM): a
         probe's expected loss against plain steps (its time less what its expected
         tokens take plainly), at the current estimates and costs."""
-        plain = max(self.cost.step_ms(1, 0), 1e-9)
+        plain, k = max(self.cost.step_ms(1, 0), 1e-9), self.max_draft
+        room = 1.0 - self.cost.step_ms(1 + k, drafter_rows(k, self.pass_rows)) / ((1 + k) * plain)
+        budget = PROBE_BUDGET * min(room / PROBE_ROOM, 1.0)
         probe = max(self.cost.step_ms(1 + c.hi, drafter_rows(c.hi, self.pass_rows)), self.probe_ms)
         loss = probe - c.gains[min(c.hi, len(c.gains) - 1)] * plain
         realized = self._realized()
@@ -362,7 +366,7 @@ class DraftPolicy:
         loss += max(self.switch_ms, 0.0)  # and the plain step after it, slower by the switch of sizes
         if loss <= 0:
             return 0
-        return min(math.ceil(loss / (PROBE_BUDGET * plain)), PROBE_WAIT_MAX)
+        return min(math.ceil(loss / (budget * plain)), PROBE_WAIT_MAX) if budget > 0 else PROBE_WAIT_MAX
 
     def observe_sequence(self, st: SequenceDraft, n_drafted: int, n_accepted: int) -> None:
         """One sequence's step (only steps that drafted say anything about acceptance)."""

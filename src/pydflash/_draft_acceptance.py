@@ -33,7 +33,7 @@ def expected_gains(c: Sequence[float], k_max: int) -> list[float]:
 
 
 class Acceptance:
-    """One sequence's conditional acceptance per draft position (see the module
+    """One sequence's conditional acceptance per draft position (see ``_draft_policy``'s
     docstring). ``prior``: another estimate (the pair's), whose estimate of each
     position as it is now is that position's prior; or a number, the first
     position's prior, each later position's being the estimate of the one before."""

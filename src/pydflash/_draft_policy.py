@@ -17,14 +17,14 @@ together, since they share both passes:
   scaled online from the timings every step returns (the context grows), each
   divided first by the machine's speed (``MachineSpeed``: a busy stretch of a
   shared machine is not the cost of the kind of step that ran in it);
-- ``Acceptance`` (``_draft_acceptance``): one sequence's c_i, exponentially weighted over its recent
-  steps (a rejected position counts against itself only; positions after it were
-  not tried), each position's prior the pair's running estimate of it over every
-  sequence (slower to change: one unlucky step does not stop drafting; the pair's
-  own estimate takes each position's prior from the one before it where that is
-  higher than ``PRIOR_ACCEPTANCE``: acceptance changes smoothly along a block,
-  and a kept token makes the next likelier, but a rejected first position says
-  nothing of the positions after it);
+- ``Acceptance`` (``_draft_acceptance``): one sequence's c_i, exponentially weighted
+  over its recent steps (a rejected position counts against itself only; positions
+  after it were not tried), each position's prior the pair's running estimate of it
+  over every sequence (slower to change: one unlucky step does not stop drafting;
+  the pair's own estimate takes each position's prior from the one before it where
+  that is higher than ``PRIOR_ACCEPTANCE``: acceptance changes smoothly along a
+  block, and a kept token makes the next likelier, but a rejected first position
+  says nothing of the positions after it);
 - ``choose_lengths``: the joint choice, a coordinate ascent over sequences;
 - ``DraftPolicy``: the engine's side: per-sequence state, probing, observation.
 
@@ -223,7 +223,8 @@ class DraftPolicy:
         # sequence's realized rates; the later ones only to probes: on a target whose weights
         # outgrow the caches they are plain steps, and their noise would bias the rates
         self._switch_excess = 0.0  # the last observed step's excess, if it was the first
-        self._unsettled, self._settling = 0, False  # steps a prefill slowed to come; the last one was
+        self._unsettled = 0  # steps still slowed by the last prefill (prefilled())
+        self._settling = False  # observe_step's last step was one of them (observe_lone skips its time)
         self._veto = False  # drafting_loses() as of the last weighing, drafting step or check
         self._skipped = 0  # plain steps skipped (observe_plain), for its sampling
         self._lone_drafts = 0  # a lone sequence's drafting steps since its last plain one

@@ -59,6 +59,12 @@ def feed(p: DraftPolicy, st, acceptance: float, n: int = MAX_DRAFT) -> None:
         p.observe_sequence(st, n, geometric_run(q, acceptance, n))
 
 
+def unsettle(monkeypatch) -> None:
+    """Sequences that are off are never settled: their weighings keep coming every
+    ``recheck`` steps, as for an estimate that could still drift to drafting."""
+    monkeypatch.setattr(DraftPolicy, "_settled", lambda self, st: False)
+
+
 def geometric_run(q: int, c: float, k: int) -> int:
     """Tokens a draft of ``k`` keeps at the ``q``-th of 20 quantiles (0..19) when each
     position is kept with conditional rate ``c``."""
@@ -316,6 +322,7 @@ def test_the_weighings_of_a_sequence_that_is_off_keep_to_their_budget(monkeypatc
         return now[0]
 
     monkeypatch.setattr(_draft_policy.time, "perf_counter", clock)
+    unsettle(monkeypatch)
     for plain_ms, want in [(10.0, RECHECK), (1.0, 32)]:
         p, sts = policy(cost(0.5, verify_ms=plain_ms), acceptance=0.02)
         sts[0].spacing = 10**6  # no probes
@@ -333,10 +340,11 @@ def test_the_weighings_of_a_sequence_that_is_off_keep_to_their_budget(monkeypatc
     assert p.recheck == 64
 
 
-def test_weighings_that_take_a_little_more_or_less_stay_as_far_apart():
+def test_weighings_that_take_a_little_more_or_less_stay_as_far_apart(monkeypatch):
     # the interval between weighings follows their measured time, which jitters: it moves
     # in powers of two, so the next weighing stays where the steps since the last one put
     # it (as the interval was 62, 63, 61 steps, a weighing came 7 steps after the last)
+    unsettle(monkeypatch)
     p, sts = policy(cost(0.5, verify_ms=0.3), acceptance=0.02)
     sts[0].spacing = 10**6  # no probes
     # 0.041-0.052 ms against plain steps of 0.3 ms: 55-70 steps apart for CHOICE_BUDGET
@@ -359,6 +367,57 @@ def test_weighings_that_take_a_little_more_or_less_stay_as_far_apart():
         step += n
     gaps = {b - a for a, b in itertools.pairwise(at[5:])}
     assert gaps == {p.recheck} and p.recheck == RECHECK_MAX
+
+
+def test_an_off_sequence_that_no_drift_can_turn_on_is_weighed_again_only_after_news():
+    # its estimate and the pair's both low: while off its estimate only moves toward the
+    # pair's, so until the pair's changes (a drafting step's news) each weighing could only
+    # say 0 again. None comes (before: one every RECHECK steps here); each step it skipped,
+    # a weighing would have chosen 0
+    p, sts = policy(cost(0.5), acceptance=0.02)
+    st = sts[0]
+    st.spacing = 10**6  # no probes
+    p.timer = lambda: 0.0  # weighings take no time: without settling, one every RECHECK steps
+    assert p.choose(sts, [MAX_DRAFT], [0]) == [0]
+    assert st.settled == p.news
+    for _ in range(300):
+        assert p.skip(st)
+        q, qst = copy.deepcopy((p, st))
+        assert q._choose([qst], [MAX_DRAFT], [0]) == [0]
+    assert p.plain_run(st, 1000) == 1000
+    other = p.new_sequence()
+    p.observe_sequence(other, MAX_DRAFT, MAX_DRAFT)  # another sequence's drafts were kept
+    assert [p.skip(st) for _ in range(RECHECK)].count(False) == 1
+
+
+def test_an_off_sequence_whose_estimate_can_drift_to_drafting_keeps_being_weighed():
+    # the pair's estimate says drafting pays, this sequence's own drafts failed: it is off,
+    # and its estimate drifts back to the pair's, so a later weighing turns drafting on
+    p = DraftPolicy(cost(2.0), MAX_DRAFT)  # at the pair's prior (0.6) a draft of 1 pays
+    st = p.new_sequence()
+    st.spacing = 10**6  # no probes
+    for _ in range(30):
+        st.acceptance.observe(MAX_DRAFT, 0)
+    assert p.choose([st], [MAX_DRAFT], [0]) == [0]
+    assert st.settled == -1
+    for _ in range(200):
+        if not p.skip(st) and p.choose([st], [MAX_DRAFT], [0]) != [0]:
+            break
+    else:
+        pytest.fail("drafting never came back")
+
+
+def test_a_new_generation_after_a_settled_one_starts_without_a_weighing():
+    p, sts = policy(cost(0.5), acceptance=0.02)
+    sts[0].spacing = 10**6  # no probes
+    assert p.choose(sts, [MAX_DRAFT], [0]) == [0]
+    p.end_sequence(sts[0])
+    nxt = p.new_sequence()  # its estimate is the pair's: no higher than the last one's bound
+    assert nxt.settled == p.news and p.skip(nxt)
+    p.observe_sequence(p.new_sequence(), MAX_DRAFT, MAX_DRAFT)  # news
+    p.end_sequence(nxt)
+    last = p.new_sequence()
+    assert last.settled == -1 and not p.skip(last)
 
 
 def test_one_slow_pass_moves_a_size_a_tenth_of_the_way():
@@ -804,9 +863,10 @@ def run_as_skips(p: DraftPolicy, st, n_max: int) -> int:
     return n
 
 
-def test_a_run_of_plain_steps_is_the_skips_it_stands_for():
+def test_a_run_of_plain_steps_is_the_skips_it_stands_for(monkeypatch):
     # a lone sequence that is off takes its plain steps in runs (one call to the core,
     # Engine._step_run): a run is the skips it replaces and ends before the next weighing
+    unsettle(monkeypatch)
     p, sts = policy(cost(0.5), acceptance=0.02)
     sts[0].spacing = 10**6  # no probes
     p.timer = lambda: 0.0  # weighings take no time: they recheck every RECHECK steps

@@ -188,6 +188,9 @@ class SequenceDraft:
     unforgotten: int = 0  # off steps skipped between checks whose forget() is still due
     probing: bool = False  # this step is a probe
     weighed: bool = False  # its choice was weighed at least once (a new sequence is, at its first step)
+    # DraftPolicy.news when a weighing found that no drift of its estimate toward the
+    # pair's could turn drafting on (-1: not): its weighings wait for news or a probe
+    settled: int = -1
 
 
 class DraftPolicy:
@@ -204,7 +207,8 @@ class DraftPolicy:
         self.recheck = RECHECK
         self._choice_ms = 0.0  # a weighing's time, averaged (one timing in a busy thread is noisy)
         self.timer = time.perf_counter  # what times it (tools/policy_sim.py gives its own clock)
-        self._clock: tuple[int, int] | None = None  # the last ended generation's steps off and spacing
+        self._clock: tuple[int, int, int] | None = None  # the last ended generation's steps off, spacing, settled
+        self.news = 0  # drafting steps observed: each moves the pair's estimate (SequenceDraft.settled)
         # what a lone sequence's plain and drafting steps (probes aside) realized
         # (observe_lone): the check on the model where one sequence has the pair
         self.plain_rate = Rate(RATE_DECAY)
@@ -241,15 +245,18 @@ class DraftPolicy:
         spacing that keeps probes within PROBE_BUDGET (costly probes stay that sparse
         over a run of short generations instead of coming once per generation); the
         doubling wait starts anew (a new prompt may draft better: cheap probes come
-        soon)."""
+        soon). A new estimate is the pair's: where the last one was settled since the
+        pair's last news, so is the new one (no weighing at its first step)."""
         st = SequenceDraft(Acceptance(self.max_draft, self.pooled))
         if self._clock is not None:
-            st.off_steps, st.spacing = self._clock
+            st.off_steps, st.spacing, settled = self._clock
+            if settled == self.news:
+                st.settled, st.weighed = settled, True
         return st
 
     def end_sequence(self, st: SequenceDraft) -> None:
         """A generation ended: its probe clock, where it was off, goes to the next."""
-        self._clock = (st.off_steps, st.spacing) if st.off_steps > 0 else None
+        self._clock = (st.off_steps, st.spacing, st.settled) if st.off_steps > 0 else None
 
     def prefilled(self) -> None:
         """A prompt (or part of one) was read: the next PREFILL_STEPS steps' times say
@@ -275,7 +282,21 @@ class DraftPolicy:
             # where the steps since the last put it (off_steps % recheck)
             self.recheck = min(max(1 << (n - 1).bit_length(), RECHECK), RECHECK_MAX)
             self._veto = self.drafting_loses()
+            lone.settled = self.news if self._settled(lone) else -1
         return ks
+
+    def _settled(self, st: SequenceDraft) -> bool:
+        """No drift of the sequence's estimate can turn drafting on before the pair's
+        estimate changes: while off, each position's estimate moves from where it is
+        toward the pair's, so it stays under the higher of the two, and with those
+        (the longest draft allowed, any draft_min) the model still chooses 0. Then its
+        weighings until the next news or probe would only say 0 again (on the embedded
+        pair they cost 1.2-1.5% of its decode time: a choice's Python, and the step it
+        takes alone, out of a run)."""
+        pooled = self.pooled.conditional()
+        high = [max(a, b) for a, b in zip(st.acceptance.conditional(pooled), pooled, strict=True)]
+        best = Choice(expected_gains(high, self.max_draft), 1, self.max_draft)
+        return _best_alone(self.cost, best, self.pass_rows) == 0
 
     def skip(self, st: SequenceDraft) -> bool:
         """For a sequence stepping alone: True (a plain step, counted) when it is off
@@ -289,7 +310,7 @@ class DraftPolicy:
         if (
             st.weighed
             and st.off_steps + 1 < max(st.probe_wait, st.spacing)
-            and (st.off_steps % self.recheck or (self._veto and self._still_vetoed()))
+            and (st.settled == self.news or st.off_steps % self.recheck or (self._veto and self._still_vetoed()))
         ):
             st.off_steps += 1
             st.unforgotten += 1
@@ -304,7 +325,7 @@ class DraftPolicy:
         off = st.off_steps
         n = min(n_max, max(st.probe_wait, st.spacing) - 1 - off) if st.weighed else 0
         to_weigh = -off % self.recheck  # steps before the next due weighing
-        if to_weigh < n and not (self._veto and self._still_vetoed()):
+        if to_weigh < n and st.settled != self.news and not (self._veto and self._still_vetoed()):
             n = to_weigh
         if n <= 0:
             return 0
@@ -375,6 +396,7 @@ class DraftPolicy:
             return
         st.acceptance.observe(n_drafted, n_accepted, PROBE_WEIGHT if st.probing else 1.0)
         self.pooled.observe(n_drafted, n_accepted)
+        self.news += 1
 
     def observe_lone(
         self, tokens: int, drafted: bool, wall_ms: float, probe: bool = False, times: int = 1, k: int = 0

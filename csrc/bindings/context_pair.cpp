@@ -77,6 +77,12 @@ void register_context_pair(py::module_& m) {
         .def_readonly("t_sample_ms", &StepResult::t_sample_ms)
         .def_readonly("t_rollback_ms", &StepResult::t_rollback_ms,
                       "Removing rejected tokens from the target (checkpoint: save, restore and replay).")
+        .def_property_readonly(
+            "t_step_ms",
+            [](const StepResult& r) {
+                return r.t_draft_ms + r.t_verify_ms + r.t_inject_ms + r.t_sample_ms + r.t_rollback_ms;
+            },
+            "The step's time in the core: drafting, verifying, injecting, sampling and rolling back.")
         .def("__repr__", py::overload_cast<const StepResult&>(&repr));
 
     py::class_<Calibration>(m, "Calibration", "ContextPair.calibrate's timings (ms) per pass size.")

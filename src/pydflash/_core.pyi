@@ -193,6 +193,8 @@ class StepResult:
     def t_rollback_ms(self) -> float: ...
     @property
     def t_sample_ms(self) -> float: ...
+    @property
+    def t_step_ms(self) -> float: ...  # the sum of the five above
 
 class Calibration:
     @property

@@ -189,3 +189,23 @@ def test_each_prompts_prefill_is_told_to_the_policy(dflash_b8, monkeypatch):
     for n in range(1, 4):
         dflash_b8.generate(TEXT_PROMPTS[n], max_tokens=8, ignore_eos=True)
         assert len(told) >= n
+
+
+def test_the_policys_steps_off_are_the_steps_taken(target_path, model_dir, monkeypatch):
+    # a run of plain steps that the generation's end cut short (max_tokens) was counted in
+    # full: the probe clock ran ahead of the steps (on the embedded pair, with the bench's
+    # 4-token generation before each timed one, probes came every ~700 steps, not 1,024)
+    from pydflash._draft_policy import DraftPolicy
+
+    ended: list[int] = []
+    end = DraftPolicy.end_sequence
+    monkeypatch.setattr(DraftPolicy, "end_sequence", lambda self, st: (ended.append(st.off_steps), end(self, st))[1])
+    with Llama(target_path, draft=model_dir / "drafter-b8.gguf", n_ctx=1024) as llm:
+        for max_tokens in (N_TOKENS, 5):
+            res = llm.generate(TEXT_PROMPTS[0], max_tokens=max_tokens, ignore_eos=True)
+            steps = res.stats.steps
+            last = max((i for i, s in enumerate(steps) if s.draft_max > 0), default=-1)
+            # the random drafter is mostly rejected: the generation ends off, its count carried on
+            assert last < len(steps) - 1
+            carried = ended[-2] if len(ended) > 1 and last < 0 else 0
+            assert ended[-1] == carried + len(steps) - 1 - last, (ended, lengths(res))

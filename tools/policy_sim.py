@@ -161,9 +161,11 @@ def run_adaptive(
         while ntok < OSL:
             budget = OSL - ntok - 1
 
-            def run(n: int, budget: int = budget) -> None:
+            def run(n: int, budget: int = budget, st: dp.SequenceDraft = st) -> None:
                 nonlocal total, ntok, off
-                n = min(n, budget + 1)
+                if n > budget + 1:  # the generation ends first, as the engine's run does
+                    pol.unrun(st, n - budget - 1)
+                    n = budget + 1
                 vs: list[float] = []
                 ws: list[float] = []
                 for _ in range(n):

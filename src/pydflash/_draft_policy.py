@@ -333,6 +333,15 @@ class DraftPolicy:
         st.unforgotten += n
         return n
 
+    def unrun(self, st: SequenceDraft, n: int) -> None:
+        """``n`` of the steps that ``plain_run`` (and the weighing before it) counted
+        were not taken: the generation ended first (max_tokens, an end-of-generation
+        token). Counted, its steps off ran ahead of the steps taken: on the embedded
+        pair, with the bench's 4-token generation before each timed one, probes came
+        every ~700 steps where their spacing said 1,024."""
+        st.off_steps = max(st.off_steps - n, 0)
+        st.unforgotten = max(st.unforgotten - n, 0)
+
     def _still_vetoed(self) -> bool:
         self._veto = self.drafting_loses()
         return self._veto

@@ -29,6 +29,7 @@ from pydflash._draft_policy import (
     CostModel,
     DraftPolicy,
     choose_lengths,
+    drafter_rows,
     expected_tokens,
 )
 
@@ -496,6 +497,36 @@ def test_drafting_that_realizes_less_than_plain_steps_stops():
     assert any(p.choose(sts, [MAX_DRAFT], [0])[0] > 0 for _ in range(RECHECK))  # at its next weighing
 
 
+def test_drafting_that_loses_for_its_acceptance_is_the_estimates_business_not_a_veto():
+    # a memory-bound pair whose steps cost what the model says: drafting steps that kept
+    # nothing (a generation's start, where drafts keep less) realized less than plain
+    # steps, but so would they at the model's costs: the acceptance estimates weigh that
+    # step by step. Vetoed, drafting stayed off until a probe (on the padded pair for
+    # whole generations in which a fixed draft of 2 gave 1.3-1.4x the target alone)
+    p, sts = policy(cost(0.5), acceptance=0.8)
+    st = sts[0]
+    plain = p.cost.step_ms(1, 0)
+    for _ in range(10):
+        p.observe_lone(1, False, plain)
+    for _ in range(8):  # drafts of 2 that keep nothing, each at the model's time
+        p.observe_sequence(st, 2, 0)
+        p.observe_lone(1, True, p.cost.step_ms(3, drafter_rows(2, p.pass_rows)), k=2)
+    assert p._realized() < 1.0 and not p.drafting_loses()
+    # the drafts keep again: drafting goes on as the estimates say, with no probe between
+    for _ in range(3):
+        feed(p, st, 0.8)
+    ks = [p.choose(sts, [MAX_DRAFT], [0])[0] for _ in range(RECHECK + 1)]
+    assert any(ks) and not st.probing
+    # the same tokens in 3x the model's time (costs it misses): a veto, probes only
+    p, sts = policy(cost(0.5), acceptance=0.8)
+    for _ in range(10):
+        p.observe_lone(1, False, plain)
+    for _ in range(8):
+        p.observe_lone(3, True, 3 * p.cost.step_ms(3, drafter_rows(2, p.pass_rows)), k=2)
+    assert p.drafting_loses()
+    assert p.choose(sts, [MAX_DRAFT], [0]) == [0]
+
+
 def test_realized_rates_need_both_kinds_of_step():
     p, sts = policy(cost(0.05), acceptance=0.8)
     for _ in range(10):
@@ -658,7 +689,8 @@ def test_a_lone_sequence_that_always_drafts_still_measures_plain_steps():
     true = cost(1.0, draft_ms=2.0, verify_ms=1.0)  # r rows: r ms; a drafter pass: 2 ms
     wrong = CostModel(rows, [6.0 if r == 1 else true.verify_ms(r) for r in rows], rows, [2.0] * 64, 64)
     p, ks = run_lone(wrong, true)
-    assert p.drafting_loses()
+    assert p.cost.step_ms(1, 0) == pytest.approx(1.0, rel=0.05)  # its plain steps taught the model
+    assert p._realized() < 1.0  # and what drafting realized agrees: the model now keeps it off
     assert sum(1 for k in ks[-300:] if k) <= 12  # probes only
     # where drafting does pay (memory-bound: 3 tokens for 1.4 ms), the check costs a few plain steps
     true = cost(0.02, draft_ms=0.2, verify_ms=1.0)
@@ -681,7 +713,7 @@ def run_lone(model: CostModel, true: CostModel) -> tuple[DraftPolicy, list[int]]
             p.observe_sequence(st, k, acc)
             ms = true.step_ms(1 + k, 1 + k)
             p.observe_step(1 + k, true.verify_ms(1 + k), 1 + k, 2.0, ms)
-            p.observe_lone(1 + acc, True, ms, probe=st.probing)
+            p.observe_lone(1 + acc, True, ms, probe=st.probing, k=k)
         else:
             ms = true.step_ms(1, 0)
             p.observe_step(1, ms, 0, 0.0, ms)

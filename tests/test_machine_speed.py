@@ -72,9 +72,11 @@ def test_a_slow_interval_of_plain_steps_does_not_lift_the_veto():
     # them look as slow as drafting (each rate learned it as its own kind's cost): the
     # veto lifted and drafting came back for as long as the stretch lasted (before the
     # speed, at the 14th slow step, with the model's plain step at 17.7 ms)
-    p = DraftPolicy(cost(5.0, draft_ms=0.0), MAX_DRAFT)  # compute-bound: a drafting step of k, 10 + 5k ms
+    p = DraftPolicy(cost(2.0, draft_ms=0.0), MAX_DRAFT)  # a drafting step of k: 10 + 2k ms, as modelled
     for _ in range(60):  # drafting: 3 tokens in 45 ms (0.067 per ms); plain: 1 in 10 (0.1)
-        p.observe_step(1 + MAX_DRAFT, 45.0, 8, 0.0, 45.0)
+        # ... of which the model's 24 ms of a step of 7 is all its passes took: the rest
+        # is what it misses (3 tokens in 24 ms would have paid: the veto is the costs')
+        p.observe_step(1 + MAX_DRAFT, 24.0, 8, 0.0, 24.0)
         p.observe_lone(3, True, 45.0, k=MAX_DRAFT)
     for _ in range(60):
         p.observe_step(1, 10.0, 0, 0.0, 10.0)

@@ -213,6 +213,9 @@ class DraftPolicy:
         # (observe_lone): the check on the model where one sequence has the pair
         self.plain_rate = Rate(RATE_DECAY)
         self.draft_rate = Rate(RATE_DECAY)
+        # the same drafting steps' tokens per ms at the model's costs: where those lose
+        # too, their acceptance explains the loss (drafting_loses)
+        self.draft_modelled = Rate(RATE_DECAY)
         # the SWITCH_STEPS steps without a drafter pass after one with are slower than plain
         # steps (llama.cpp rebuilds both graphs for the new sizes; on the embedded target
         # the first took 2x a plain step, and the target's weights come back into the
@@ -432,9 +435,10 @@ class DraftPolicy:
                 # anew from the next drafts
                 p = self.plain_rate
                 if p.n >= RATE_MIN and self._probe_rate(tokens, wall_ms, k) >= p.value():
-                    self.draft_rate = Rate(RATE_DECAY)
+                    self.draft_rate, self.draft_modelled = Rate(RATE_DECAY), Rate(RATE_DECAY)
             else:
                 self.draft_rate.observe(tokens, wall_ms)
+                self.draft_modelled.observe(tokens, self.cost.step_ms(1 + k, drafter_rows(k, self.pass_rows)))
             self._veto = self.drafting_loses()
             return
         excess = self._switch_excess
@@ -494,11 +498,19 @@ class DraftPolicy:
 
     def drafting_loses(self) -> bool:
         """A lone sequence's recent drafting steps (probes aside) gave fewer tokens per
-        ms than its plain steps: drafting does not pay, whatever the model expects (on a
-        compute-bound target even a whole accepted block can cost more than the
-        plain steps it replaces; the model's costs and acceptance are estimates)."""
+        ms than its plain steps, and at the model's costs the tokens they gave would
+        have paid: the loss is in costs the model misses (on a compute-bound target
+        even a whole accepted block can cost more than the plain steps it replaces;
+        the switch back), and drafting does not pay whatever the model expects. Where
+        those tokens lose at the model's costs too, their acceptance explains the loss:
+        the acceptance estimates weigh that step by step (on the padded pair a veto
+        set by the few drafting steps at a generation's start, where drafts keep less,
+        held the pair off for whole generations in which a fixed draft of 2 gave
+        1.3-1.4x the target alone)."""
         realized = self._realized()
-        return realized is not None and realized < 1.0
+        if realized is None or realized >= 1.0:
+            return False
+        return self.draft_modelled.value() * self.cost.step_ms(1, 0) >= 1.0
 
     def _realized(self) -> float | None:
         """Drafting steps' realized tokens per ms over plain steps', once both are known."""

@@ -62,7 +62,9 @@ def test_drafting_that_cannot_pay_stays_off():
     m = machine([0, 1, 9, 9, 9, 9, 9, 9, 9], 1.0)
     res = sim.evaluate([[1] * 128] * 20, m, seeds=2, sigma=0.05)
     assert max(res[f"f{k}"] for k in range(1, 8)) < 0.25
-    assert 0.95 < res["adaptive"] <= 1.0, res
+    # (<= 1, but the adaptive run draws its own per-step noise: its mean moves the ratio by
+    # ~0.1-0.2% either way, and with probes every 4,096 steps little else is left)
+    assert 0.95 < res["adaptive"] <= 1.005, res
 
 
 def test_drafting_that_pays_is_taken_at_its_best_length():

@@ -388,15 +388,19 @@ class DraftPolicy:
                 st.probe_wait = min(st.probe_wait * 2, PROBE_MAX)
         return ks
 
+    def _lone_ms(self, k: int) -> float:
+        """The model's time for a step of one sequence drafting ``k`` (0: a plain step)."""
+        return self.cost.step_ms(1 + k, drafter_rows(k, self.pass_rows))
+
     def probe_spacing(self, c: Choice) -> int:
         """Plain steps per probe that keep probes within their budget of the time (by
         what they could find: the share a whole block kept saves, see PROBE_ROOM): a
         probe's expected loss against plain steps (its time less what its expected
         tokens take plainly), at the current estimates and costs."""
         plain, k = max(self.cost.step_ms(1, 0), 1e-9), self.max_draft
-        room = 1.0 - self.cost.step_ms(1 + k, drafter_rows(k, self.pass_rows)) / ((1 + k) * plain)
+        room = 1.0 - self._lone_ms(k) / ((1 + k) * plain)
         budget = PROBE_BUDGET * min(room / PROBE_ROOM, 1.0)
-        probe = max(self.cost.step_ms(1 + c.hi, drafter_rows(c.hi, self.pass_rows)), self.probe_ms)
+        probe = max(self._lone_ms(c.hi), self.probe_ms)
         loss = probe - c.gains[min(c.hi, len(c.gains) - 1)] * plain
         realized = self._realized()
         if realized is not None:  # what drafting realized lately, where it is worse than the estimates
@@ -442,7 +446,7 @@ class DraftPolicy:
                     self.draft_rate, self.draft_modelled = Rate(RATE_DECAY), Rate(RATE_DECAY)
             else:
                 self.draft_rate.observe(tokens, wall_ms)
-                self.draft_modelled.observe(tokens, self.cost.step_ms(1 + k, drafter_rows(k, self.pass_rows)))
+                self.draft_modelled.observe(tokens, self._lone_ms(k))
             self._veto = self.drafting_loses()
             return
         excess = self._switch_excess
@@ -461,9 +465,9 @@ class DraftPolicy:
         rate = tokens / max(wall_ms, 1e-9)  # j = k: what it realized
         if k <= 1:
             return rate
-        scale = wall_ms / max(self.cost.step_ms(1 + k, drafter_rows(k, self.pass_rows)), 1e-9)
+        scale = wall_ms / max(self._lone_ms(k), 1e-9)
         for j in range(1, k):
-            ms = self.cost.step_ms(1 + j, drafter_rows(j, self.pass_rows)) * scale
+            ms = self._lone_ms(j) * scale
             rate = max(rate, (min(tokens - 1, j) + 1) / max(ms, 1e-9))
         return rate
 

@@ -414,22 +414,23 @@ class Engine:
         work per step cost a small target ~10% of its plain step."""
         gen = s.gen
         assert gen is not None
-        st = s.draft if self._policy is not None else None  # before a release clears it
+        policy = self._policy
+        st = s.draft if policy is not None else None  # before a release clears it
         step = _core.SeqStep(s.seq, 0, gen.config.draft_min, gen.config.draft_p_min, budget=budget)
         results = self._core.step_run(step, n, budget + 1, not gen.config.ignore_eos)
-        if st is not None and self._policy is not None and len(results) < n:
-            self._policy.unrun(st, n - len(results))  # the generation ended first: the policy counted them
+        if policy is not None and st is not None and len(results) < n:
+            policy.unrun(st, n - len(results))  # the generation ended first: the policy counted them
         for r in results:
             if self._take(s, r):
                 break
         wall = (time.perf_counter() - t0) * 1e3
         self._run_step_ms += RUN_ALPHA * (wall / len(results) - self._run_step_ms)
-        if st is not None and self._policy is not None:
+        if policy is not None and st is not None:
             # each step's time in the core, and the run's own (the engine's) shared out
             core = [r.t_step_ms for r in results]  # summed in C++: five attributes each cost ~35 us a run
             share = max(wall - sum(core), 0.0) / len(results)
             walls = [c + share for c in core]
-            self._policy.observe_plain_run([r.t_verify_ms for r in results], walls)
+            policy.observe_plain_run([r.t_verify_ms for r in results], walls)
 
 
 MODEL_SOURCES = ("draft-dflash", "draft-dspark", "draft-mtp", "")  # "": nothing drafted this step

@@ -15,6 +15,7 @@ from pydflash._draft_policy import (
     CHOICE_BUDGET,
     PLAIN_SAMPLE,
     PREFILL_STEPS,
+    PROBE_ALPHA,
     PROBE_BUDGET,
     PROBE_FIRST,
     PROBE_MAX,
@@ -1018,3 +1019,24 @@ def test_probes_spend_in_proportion_to_what_they_could_find():
     # a block that saves nothing, however likely kept (the whole budget: 115 steps), waits longest
     c = Choice([expected_tokens([0.99] * MAX_DRAFT, k) for k in range(MAX_DRAFT + 1)], 0, MAX_DRAFT)
     assert DraftPolicy(cost(10.0, draft_ms=0.0), MAX_DRAFT).probe_spacing(c) == PROBE_WAIT_MAX
+
+
+def test_probes_spend_by_the_room_their_measured_time_leaves():
+    # the calibration times passes on an empty slot with warm caches: on the embedded pair
+    # it put a whole block at 1.1 ms where probes took 3.7 (8 plain steps: 3.1), and its
+    # probes came every 200-1,700 steps for the ~40 generations the model took to learn
+    # that a block kept saves nothing. A probe's measured time bounds what a whole block
+    # kept could save, as it bounds the probe's loss
+    c = Choice([expected_tokens([0.5] * MAX_DRAFT, k) for k in range(MAX_DRAFT + 1)], 0, MAX_DRAFT)
+    p = DraftPolicy(cost(2.0, draft_ms=0.0), MAX_DRAFT)  # a block: 40 ms, 16 plain steps 160
+    plain = p.cost.step_ms(1, 0)
+    # the model's room, 0.75: the whole budget
+    assert p.probe_spacing(c) == math.ceil((40.0 - c.gains[MAX_DRAFT] * plain) / (PROBE_BUDGET * plain))
+    p.observe_lone(2, True, 100.0, probe=True, k=MAX_DRAFT)  # room 1 - 100 / 160: 3/4 of the budget
+    loss = 100.0 - c.gains[MAX_DRAFT] * plain
+    budget = PROBE_BUDGET * (1.0 - 100.0 / 160.0) / PROBE_ROOM
+    assert p.probe_spacing(c) == math.ceil(loss / (budget * plain)) > math.ceil(loss / (PROBE_BUDGET * plain))
+    p.observe_lone(2, True, 100.0 + 70.0 / PROBE_ALPHA, probe=True, k=MAX_DRAFT)  # now 170: no room
+    assert p.probe_ms == pytest.approx(170.0)
+    assert p.probe_spacing(c) == PROBE_WAIT_MAX
+

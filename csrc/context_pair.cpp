@@ -367,7 +367,7 @@ void ContextPair::decode_target_batch() {
     if (rc != 0) fail_decode("target decode", rc);
 }
 
-int32_t ContextPair::keep_common_prefix(int32_t seq, const std::vector<llama_token>& tokens, int32_t n) {
+int32_t ContextPair::keep_common_prefix(int32_t seq, const std::vector<llama_token>& tokens, int32_t n, bool defer) {
     Sequence& s = seqs_[static_cast<size_t>(seq)];
     // the longest prefix of the cached history that the new prompt repeats
     int32_t common = 0;
@@ -380,14 +380,18 @@ int32_t ContextPair::keep_common_prefix(int32_t seq, const std::vector<llama_tok
     // only when the whole history is a prefix (a conversation's next turn)
     const bool recurrent = rollback_ != RollbackKind::KvTrim;
     if (common == 0 || (recurrent && common < n_hist)) return 0;
-    if (drafter_) {  // the drafter's cache must end where the prompt's rows start
+    // the drafter's cache must end where the prompt's rows start, or where the
+    // deferred rows the prompt's will follow start
+    llama_pos drafter_end = common;
+    if (drafter_) {
         cut_deferred(s, common);
-        flush_deferred({seq});
+        if (!defer) flush_deferred({seq});
+        if (s.n_deferred > 0) drafter_end = s.deferred_pos0;
     }
     if (common < n_hist) {
         // K/V and the drafter's injected features are per position: drop the rest
         if (!llama_memory_seq_rm(llama_get_memory(ctx_tgt_.get()), seq, common, -1)) return 0;
-        if (ctx_dft_ && !cut_drafter(seq, common)) return 0;
+        if (ctx_dft_ && !cut_drafter(seq, drafter_end)) return 0;
         if (mtp_ && !mtp_->remove(seq, common)) return 0;
     }
     s.history.resize(static_cast<size_t>(common));
@@ -395,7 +399,7 @@ int32_t ContextPair::keep_common_prefix(int32_t seq, const std::vector<llama_tok
     return common;
 }
 
-int32_t ContextPair::prefill_begin(int32_t seq, const std::vector<llama_token>& tokens, bool reuse) {
+int32_t ContextPair::prefill_begin(int32_t seq, const std::vector<llama_token>& tokens, bool reuse, bool defer) {
     std::lock_guard<std::mutex> lock(mu_);
     Sequence& s = seq_at(seq);
     if (tokens.empty()) throw InvalidArgument("prefill needs at least one token");
@@ -412,10 +416,11 @@ int32_t ContextPair::prefill_begin(int32_t seq, const std::vector<llama_token>& 
     // a new generation: the grammar starts over
     if (s.grammar) s.grammar->assign_state(*s.grammar_start);
     const auto n = static_cast<int32_t>(tokens.size()) - 1;  // the last token stays pending
-    const int32_t cached = reuse ? keep_common_prefix(seq, tokens, n) : 0;
+    const int32_t cached = reuse ? keep_common_prefix(seq, tokens, n, defer) : 0;
     if (cached == 0) clear_sequence(seq);
     s.pending.reset();
     s.prompt = tokens;
+    s.defer_prompt = defer;
     s.n_cached = cached;
     if (s.n_past == n) {  // nothing left to evaluate
         s.pending = tokens.back();
@@ -452,9 +457,19 @@ double ContextPair::prefill_some(const std::vector<int32_t>& seqs, int32_t budge
         row += m;
     }
     if (row == 0) return 0.0;
-    if (drafter_) flush_deferred(seqs);  // none after prefill_begin; the prompt's rows follow them
+    std::vector<Span> now, later;  // the prompts' rows injected now, and deferred
+    std::vector<int32_t> flushed;
+    if (drafter_) {
+        for (const Span& sp : spans) {
+            const bool defer = seq_at(sp.seq).defer_prompt;
+            (defer ? later : now).push_back(sp);
+            if (!defer) flushed.push_back(sp.seq);
+        }
+        flush_deferred(flushed);  // none after prefill_begin; the prompt's rows follow them
+    }
     decode_target_batch();
-    if (drafter_) inject(spans);
+    if (!now.empty()) inject(now);
+    if (!later.empty()) defer(later);
     if (mtp_) {
         std::vector<MtpDrafter::Entry> entries;
         for (const Span& sp : spans) {

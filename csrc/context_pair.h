@@ -78,6 +78,7 @@ struct Sequence {
     std::optional<llama_token> pending;
     std::vector<llama_token> prompt;  // a prefill in progress: the whole prompt ...
     int32_t n_past = 0;               // ... of which history holds the first n_past
+    bool defer_prompt = false;        // ... whose rows' features wait as a plain step's do
     int32_t n_cached = 0;             // prompt tokens the last prefill took from the cache
     StateCheckpoint checkpoint;
     // kept rows whose features wait to be injected (injection.cpp): positions
@@ -108,8 +109,11 @@ public:
     // prefill_begin checks the prompt, keeps the cached prefix and returns its
     // length; each prefill_some evaluates at most `budget` more prompt tokens of
     // the given sequences in one target pass (a sequence whose prompt is done
-    // has its pending token). Returns the time spent in ms.
-    int32_t prefill_begin(int32_t seq, const std::vector<llama_token>& tokens, bool reuse);
+    // has its pending token). Returns the time spent in ms. With `defer`, the
+    // prompt's features wait in the sequence until it next drafts, as a plain
+    // step's do (for a generation not expected to draft: one that ends without
+    // drafting costs its drafter nothing).
+    int32_t prefill_begin(int32_t seq, const std::vector<llama_token>& tokens, bool reuse, bool defer = false);
     double prefill_some(const std::vector<int32_t>& seqs, int32_t budget);
     int32_t prefill_remaining(int32_t seq) const;
 
@@ -176,6 +180,7 @@ public:
     int32_t n_seq() const { return params_.n_seq; }
     int32_t n_past(int32_t seq) const { return seq_at(seq).n_past; }
     int32_t n_cached(int32_t seq) const { return seq_at(seq).n_cached; }  // taken from the cache by the last prefill
+    int32_t n_deferred(int32_t seq) const { return seq_at(seq).n_deferred; }  // rows whose features wait
     int32_t n_ctx() const { return params_.n_ctx; }
     int32_t n_ctx_seq() const { return params_.n_ctx / params_.n_seq; }  // one sequence's limit
     int32_t block_size() const { return drafter_ ? spec_.block_size : 0; }
@@ -253,7 +258,7 @@ private:
     void clear_sequence(int32_t seq);  // one (both caches)
     // Keeps the cached prefix of `seq` shared with tokens[0..n) in both contexts
     // (all or nothing for a recurrent target); returns its length (0: caller clears).
-    int32_t keep_common_prefix(int32_t seq, const std::vector<llama_token>& tokens, int32_t n);
+    int32_t keep_common_prefix(int32_t seq, const std::vector<llama_token>& tokens, int32_t n, bool defer);
     // A target pass over the batch already filled in batch_tgt_.
     void decode_target_batch();
     // feature injection (injection.cpp): the spans' rows of the last target pass now

@@ -5,7 +5,9 @@
 // sequence and are injected in one pass just before the drafter next drafts
 // for it. Features are per position, so this gives the drafter the same cache
 // as injecting every step; a run of plain steps then costs what the target
-// alone costs instead of one small drafter pass each.
+// alone costs instead of one small drafter pass each. A prompt defers its rows
+// too where the engine expects its generation not to draft (prefill_begin's
+// `defer`): one that ends without drafting costs its drafter nothing.
 #include <algorithm>
 #include <cstring>
 

@@ -209,3 +209,22 @@ def test_the_policys_steps_off_are_the_steps_taken(target_path, model_dir, monke
             assert last < len(steps) - 1
             carried = ended[-2] if len(ended) > 1 and last < 0 else 0
             assert ended[-1] == carried + len(steps) - 1 - last, (ended, lengths(res))
+
+
+@pytest.mark.parametrize("settled", [False, True])
+def test_a_generation_that_starts_settled_defers_its_prompts_features(
+    embedded_dflash, embedded_target, monkeypatch, settled
+):
+    # a generation that starts where nothing but news could turn drafting on leaves its
+    # prompt's features waiting, as its plain steps' (none is injected if it never drafts);
+    # one that may draft soon has its prompt injected with the prefill
+    from pydflash._draft_policy import DraftPolicy
+
+    monkeypatch.setattr(DraftPolicy, "starts_settled", lambda self, st: settled)
+    monkeypatch.setattr(DraftPolicy, "choose", lambda self, states, caps, floors: [0] * len(states))
+    prompt = embedded_dflash.tokenize("def parse_header(line):\n    key, _, value = line.partition(':')\n")
+    res = embedded_dflash.generate(prompt, max_tokens=24, ignore_eos=True, cache_prompt=False)
+    assert res.tokens == embedded_target.generate(prompt, max_tokens=24, ignore_eos=True).tokens
+    assert all(s.n_drafted == 0 for s in res.stats.steps)
+    core, n_past = embedded_dflash._pair_core, embedded_dflash.pair.n_past
+    assert core.n_deferred(0) == (n_past if settled else n_past - (len(prompt) - 1))

@@ -5,10 +5,12 @@ holds exactly what it would hold had every step injected its rows: its next
 block equals the one drafted after a fresh prefill of the same tokens. Checked
 through the paths that read or cut the drafter's cache: a long run of plain
 steps (injected in passes of at most one drafter ubatch, 512 rows here), a drafter window, a slot file
-and the prompt cache."""
+and the prompt cache; and for a prompt whose rows wait too (``prefill_begin(defer=True)``, what the
+engine asks for a generation that starts settled: ``test_adaptive_draft.py``)."""
 
 from __future__ import annotations
 
+import inspect
 import random
 
 import pytest
@@ -105,3 +107,50 @@ def test_greedy_output_with_plain_and_drafting_steps_mixed_is_the_targets(models
         while len(out) < 160:
             out += pair.step(draft_max=rng.choice([0, 0, 0, 3, 7])).tokens
         assert out[:160] == want
+
+
+def code_tokens(llm: Llama, n: int, skip: int = 0) -> list[int]:
+    """``n`` tokens of Python the embedded pair drafts well (its drafts depend on the
+    context its drafter holds: the tiny random drafter's are mostly one token)."""
+    import json
+
+    src = inspect.getsource(json.decoder) + inspect.getsource(json.encoder)
+    return llm.tokenize(src)[skip : skip + n]
+
+
+def prefill_deferred(llm: Llama, tokens: list[int], reuse: bool = False) -> int:
+    """The engine's prefill of a generation that starts settled: the prompt's features
+    wait in the sequence like a plain step's (returns the cached prefix's length)."""
+    core = llm._pair_core
+    cached = core.prefill_begin(0, tokens, reuse, True)
+    while core.prefill_remaining(0) > 0:
+        core.prefill_some([0], 64)  # in parts: one prompt's deferred rows stay contiguous
+    return cached
+
+
+@pytest.mark.parametrize("n_prompt", [40, 700])  # past 512: injected in a pass midway
+def test_a_deferred_prompt_leaves_the_drafter_as_injecting_it(embedded_dflash, n_prompt):
+    pair = embedded_dflash.pair
+    prefill_deferred(embedded_dflash, code_tokens(embedded_dflash, n_prompt))
+    for _ in range(5):
+        assert pair.step(draft_max=0).n_drafted == 0
+    context = pair.tokens
+    after = list(pair.step().drafted)
+    assert len(after) == pair.max_draft
+    assert after == fresh_block(pair, context)
+
+
+@pytest.mark.parametrize("drafted", [False, True])
+def test_a_deferred_prompt_after_the_prompt_cache_cut_deferred_rows(embedded_dflash, drafted):
+    # the cached prefix ends inside rows still deferred (the last prompt's, or plain
+    # steps' after a drafting one): the drafter's cache ends where they start, and the
+    # new prompt's rows follow them
+    llm, pair = embedded_dflash, embedded_dflash.pair
+    prefill_deferred(llm, code_tokens(llm, 60))
+    if drafted:
+        pair.step()
+    for _ in range(20):
+        pair.step(draft_max=0)
+    new = pair.tokens[:70] + code_tokens(llm, 12, skip=300)
+    assert prefill_deferred(llm, new, reuse=True) == 70
+    assert list(pair.step().drafted) == fresh_block(pair, new)

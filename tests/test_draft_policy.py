@@ -1040,3 +1040,16 @@ def test_probes_spend_by_the_room_their_measured_time_leaves():
     assert p.probe_ms == pytest.approx(170.0)
     assert p.probe_spacing(c) == PROBE_WAIT_MAX
 
+
+def test_a_generation_after_a_settled_one_starts_settled_until_news():
+    # its prompt's features may then wait for the drafter's next pass (Engine._start)
+    p = DraftPolicy(cost(10.0), MAX_DRAFT)  # drafting cannot pay: every weighing settles
+    st = p.new_sequence()
+    assert not p.starts_settled(st)  # the first generation: nothing weighed yet
+    assert p.choose([st], [MAX_DRAFT], [0]) == [0]
+    p.end_sequence(st)
+    nxt = p.new_sequence()
+    assert p.starts_settled(nxt)
+    p.end_sequence(nxt)
+    p.observe_sequence(p.new_sequence(), MAX_DRAFT, 3)  # news: the pair's estimate moved
+    assert not p.starts_settled(p.new_sequence())

@@ -123,7 +123,9 @@ void register_context_pair(py::module_& m) {
             },
             py::arg("tokens"), py::arg("reuse") = false, py::arg("seq") = 0, release())
         .def("prefill_begin", &ContextPair::prefill_begin, py::arg("seq"), py::arg("tokens"), py::arg("reuse"),
-             release(), "Check a prompt for `seq`, keep its cached prefix (returns its length); nothing is decoded.")
+             py::arg("defer") = false, release(),
+             "Check a prompt for `seq`, keep its cached prefix (returns its length); nothing is decoded. With "
+             "`defer`, the prompt's features wait for the sequence's next drafter pass, as a plain step's do.")
         .def("prefill_some", &ContextPair::prefill_some, py::arg("seqs"), py::arg("budget"), release(),
              "Evaluate at most `budget` more prompt tokens of these sequences in one target pass (ms).")
         .def("prefill_remaining", &ContextPair::prefill_remaining, py::arg("seq"))
@@ -224,6 +226,8 @@ void register_context_pair(py::module_& m) {
         .def_property_readonly("closed", &ContextPair::closed)
         .def_property_readonly("has_drafter", &ContextPair::has_drafter)
         .def("n_past", &ContextPair::n_past, py::arg("seq") = 0)
+        .def("n_deferred", &ContextPair::n_deferred, py::arg("seq") = 0,
+             "Rows of `seq` whose target features wait for its drafter's next pass (deferred injection).")
         .def("n_cached", &ContextPair::n_cached, py::arg("seq") = 0,
              "Prompt tokens the last prefill of `seq` took from the cache (prefill(reuse=True)).")
         .def_property_readonly("n_seq", &ContextPair::n_seq)

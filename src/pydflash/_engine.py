@@ -262,11 +262,13 @@ class Engine:
     def _start(self, slot: _Slot) -> None:
         gen = slot.gen
         assert gen is not None
+        defer = False  # the prompt's features wait for the drafter's next pass (none may come)
         if gen.adaptive and self._policy is not None:
             slot.draft = self._policy.new_sequence()
+            defer = self._policy.starts_settled(slot.draft)
         try:
             self._pair.sequence(slot.seq).set_sampling_config(gen.config, gen.seed)
-            gen.started(self._core.prefill_begin(slot.seq, gen.prompt, gen.config.cache_prompt))
+            gen.started(self._core.prefill_begin(slot.seq, gen.prompt, gen.config.cache_prompt, defer))
             self._prefilled()
             slot.prefilling = self._core.prefill_remaining(slot.seq) > 0
             if not slot.prefilling:

@@ -55,13 +55,19 @@ def test_fixed_lengths_replay_the_trace():
     # then at 126 the budget allows a draft of 1 (3 ms), which keeps it: 128
     assert sim.run_fixed([[2] * 128], sim.Machine(m, 0.0, 0, None), 3) == pytest.approx(42 * 5 + 3)
     assert sim.run_fixed([[2] * 128], sim.Machine(m, 0.0, 0, None), 0) == pytest.approx(128 * 1)
+    each: list[float] = []  # per generation, as the bench pairs runs by prompt
+    total = sim.run_fixed([[2] * 128, [0] * 128], sim.Machine(m, 0.0, 0, None), 3, each)
+    # nothing kept: a step per token, the draft cut short by the budget over the last three
+    assert each == pytest.approx([42 * 5 + 3, 125 * 5 + 4 + 3 + 1]) and sum(each) == pytest.approx(total)
 
 
 def test_drafting_that_cannot_pay_stays_off():
     # a drafting step costs 10 plain steps and yields at most 2 tokens
     m = machine([0, 1, 9, 9, 9, 9, 9, 9, 9], 1.0)
-    res = sim.evaluate([[1] * 128] * 20, m, seeds=2, sigma=0.05)
+    paired: dict[str, float] = {}
+    res = sim.evaluate([[1] * 128] * 20, m, seeds=2, sigma=0.05, paired=paired)
     assert max(res[f"f{k}"] for k in range(1, 8)) < 0.25
+    assert min(paired[f"f{k}"] for k in range(1, 8)) > 4 and 0.95 < paired["f0"] <= 1.01, paired
     # (<= 1, but the adaptive run draws its own per-step noise: its mean moves the ratio by
     # ~0.1-0.2% either way, and with probes every 4,096 steps little else is left)
     assert 0.95 < res["adaptive"] <= 1.005, res
@@ -100,6 +106,7 @@ def test_the_cli_runs_a_trace_file(tmp_path):
         timeout=300,
     ).stdout
     assert "adaptive / best fixed" in out and "f7" in out
+    assert "paired by prompt (median of ratios), adaptive / f0" in out
     bad = subprocess.run([sys.executable, str(TOOL), "run", str(f), "--set", "NOPE=1"], capture_output=True, text=True)
     assert bad.returncode == 2 and "_draft_policy has no NOPE" in bad.stderr
 

@@ -19,7 +19,8 @@ time the machine table's for its rows times noise: lognormal per step and, with
 ``--burst``, slow intervals in time (mean lengths in plain steps, and the slowdown)
 that every engine of a seed meets at the same times, as a busy neighbour would;
 ``--miscalibrate`` starts the policy from a calibration that misjudged drafting steps.
-It prints each engine's speed over the target alone, the mean over seeds; a
+It prints each engine's speed over the target alone (by total time) and the adaptive
+one's over each, paired by prompt as the bench pairs runs, the means over seeds; a
 replay repeats exactly (the policy's own timing of its weighings reads the
 table's clock).
 
@@ -137,9 +138,11 @@ def run_adaptive(
     mach: Machine,
     patch: Callable | None = None,
     miscal: tuple[float, float] = (1.0, 1.0),
+    per_prompt: list[float] | None = None,
 ) -> float:
     """Total ms of the generations, in order, through one DraftPolicy (its state carries,
-    as an engine's does). Mirrors Engine._step for a lone sequence and a quiet reader."""
+    as an engine's does). Mirrors Engine._step for a lone sequence and a quiet reader.
+    ``per_prompt``: each generation's ms appended there."""
     m = mach.m
     pol = dp.DraftPolicy(calibrated(m, miscal), BLOCK - 1, BLOCK)
     # the policy times its own weighings (how often a lone sequence that is off weighs
@@ -156,6 +159,7 @@ def run_adaptive(
     n_run = max(1, min(256, int(RUN_MS / m["verify"][1])))
     total = 0.0
     for a in traces:
+        start = total
         st = pol.new_sequence()
         ntok = off = 0
         while ntok < OSL:
@@ -205,19 +209,25 @@ def run_adaptive(
             pol.observe_step(1 + k, v, dp.drafter_rows(k, BLOCK) if k else 0, d, w)
             pol.observe_lone(acc + 1, k > 0, w, probe=st.probing, k=k)
         pol.end_sequence(st)
+        if per_prompt is not None:
+            per_prompt.append(total - start)
     return total
 
 
-def run_fixed(traces: Sequence[Sequence[int]], mach: Machine, k: int) -> float:
-    """Total ms of the generations at a fixed draft_max ``k`` (0: the target alone, in runs)."""
+def run_fixed(traces: Sequence[Sequence[int]], mach: Machine, k: int, per_prompt: list[float] | None = None) -> float:
+    """Total ms of the generations at a fixed draft_max ``k`` (0: the target alone, in runs);
+    ``per_prompt``: each generation's ms appended there."""
     m, total = mach.m, 0.0
     for a in traces:
+        start = total
         ntok = 0
         while ntok < OSL:
             kk = min(k, OSL - ntok - 1)
             mach.now = total
             total += mach.step(kk)[2] + (m["py_run"] if k == 0 else m["py_single"])
             ntok += min(kk, a[ntok]) + 1
+        if per_prompt is not None:
+            per_prompt.append(total - start)
     return total
 
 
@@ -229,18 +239,29 @@ def evaluate(
     burst: tuple[float, float, float] | None = None,
     patch: Callable | None = None,
     miscal: tuple[float, float] = (1.0, 1.0),
+    paired: dict[str, float] | None = None,
 ) -> dict[str, float]:
-    """Each engine's speed over the target alone (mean over seeds; each seed shuffles
-    the prompts and draws the noise every engine meets)."""
+    """Each engine's speed over the target alone (by total time, mean over seeds; each
+    seed shuffles the prompts and draws the noise every engine meets). ``paired``: filled
+    with the adaptive engine's speed over each other engine as the bench pairs runs, the
+    median over prompts of their ratios (mean over seeds)."""
     out: dict[str, list[float]] = {}
+    pairs: dict[str, list[float]] = {}
     for s in range(seeds):
         order = list(traces)
         random.Random(s).shuffle(order)
-        t = run_fixed(order, Machine(m, sigma, s, burst), 0)
-        for name, ms in [(f"f{k}", run_fixed(order, Machine(m, sigma, s, burst), k)) for k in range(1, BLOCK)] + [
-            ("adaptive", run_adaptive(order, Machine(m, sigma, s, burst, noise=1), patch, miscal))
-        ]:
+        times: dict[str, list[float]] = {name: [] for name in ["f0", *(f"f{k}" for k in range(1, BLOCK)), "adaptive"]}
+        t = run_fixed(order, Machine(m, sigma, s, burst), 0, times["f0"])
+        for name, ms in [
+            (f"f{k}", run_fixed(order, Machine(m, sigma, s, burst), k, times[f"f{k}"])) for k in range(1, BLOCK)
+        ] + [("adaptive", run_adaptive(order, Machine(m, sigma, s, burst, noise=1), patch, miscal, times["adaptive"]))]:
             out.setdefault(name, []).append(t / ms)
+        for name, ms in times.items():
+            if name != "adaptive":
+                ratios = [b / a for a, b in zip(times["adaptive"], ms, strict=True)]
+                pairs.setdefault(name, []).append(statistics.median(ratios))
+    if paired is not None:
+        paired.update({k: statistics.mean(v) for k, v in pairs.items()})
     return {k: statistics.mean(v) for k, v in out.items()}
 
 
@@ -345,10 +366,12 @@ def main(argv: list[str] | None = None) -> int:
     burst = floats(args.burst, "--burst takes NORMAL,SLOW,FACTOR") if args.burst else None
     miscal = floats(args.miscalibrate, "--miscalibrate takes DRAFT,VERIFY") if args.miscalibrate else (1.0, 1.0)
     traces = json.loads(Path(args.traces).read_text())
-    res = evaluate(traces, m, args.seeds, args.sigma, burst, miscal=miscal)
+    paired: dict[str, float] = {}
+    res = evaluate(traces, m, args.seeds, args.sigma, burst, miscal=miscal, paired=paired)
     best = max((k for k in res if k.startswith("f")), key=res.__getitem__)
     print("  ".join(f"{k} {v:.3f}" for k, v in res.items()))
     print(f"adaptive / best fixed ({best}): {res['adaptive'] / res[best]:.3f}")
+    print("paired by prompt (median of ratios), adaptive / " + "  ".join(f"{k} {v:.3f}" for k, v in paired.items()))
     return 0
 
 

@@ -15,7 +15,7 @@ import random
 
 import pytest
 
-from pydflash import Llama, testing
+from pydflash import Llama, embedded_pair, testing
 
 TARGET = testing.TargetSpec()
 B8 = testing.DrafterSpec()
@@ -154,3 +154,21 @@ def test_a_deferred_prompt_after_the_prompt_cache_cut_deferred_rows(embedded_dfl
     new = pair.tokens[:70] + code_tokens(llm, 12, skip=300)
     assert prefill_deferred(llm, new, reuse=True) == 70
     assert list(pair.step().drafted) == fresh_block(pair, new)
+
+
+def test_one_prefill_pass_defers_one_prompt_and_injects_another():
+    # two sequences' prompts in one target pass, one deferred (a settled generation) and one
+    # injected at once: each drafter sequence ends up as a fresh prefill of its own tokens
+    target, drafter = embedded_pair()
+    with Llama(target, draft=drafter, n_ctx=1024, n_parallel=2, draft_adaptive=False) as llm:
+        core = llm._pair_core
+        prompts = [code_tokens(llm, 50), code_tokens(llm, 45, skip=200)]
+        for seq, defer in ((0, True), (1, False)):
+            core.prefill_begin(seq, prompts[seq], False, defer)
+        while core.prefill_remaining(0) + core.prefill_remaining(1) > 0:
+            core.prefill_some([0, 1], 32)
+        assert core.n_deferred(0) == len(prompts[0]) - 1 and core.n_deferred(1) == 0
+        blocks = [list(llm.pair.sequence(seq).step().drafted) for seq in (0, 1)]
+        for seq in (0, 1):
+            pair = llm.pair.sequence(seq)
+            assert blocks[seq] == fresh_block(pair, prompts[seq]), seq

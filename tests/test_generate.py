@@ -346,7 +346,10 @@ def test_a_lone_generation_that_drafts_nothing_steps_in_runs(baseline, dflash_b8
     for prompt in ["import os", "def f(x):", "hello"]:
         want = baseline.generate(prompt, max_tokens=400, ignore_eos=True).tokens
         assert dflash_b8.generate(prompt, max_tokens=400, ignore_eos=True).tokens == want
-    assert sum(pair_core.runs) > 400 and pair_core.steps > 0
+    # (single steps, its weighings and probes, may be none here: a pair whose probes found
+    # that even a whole block kept saves nothing probes every 4,096 steps, and a settled
+    # sequence is not weighed)
+    assert sum(pair_core.runs) > 400
     assert observed == pair_core.runs
 
 

@@ -208,7 +208,11 @@ def test_the_policys_steps_off_are_the_steps_taken(target_path, model_dir, monke
             # the random drafter is mostly rejected: the generation ends off, its count carried on
             assert last < len(steps) - 1
             carried = ended[-2] if len(ended) > 1 and last < 0 else 0
-            assert ended[-1] == carried + len(steps) - 1 - last, (ended, lengths(res))
+            off = len(steps) - 1 - last
+            # a last step that follows a drafting one alone, with one token left, is not weighed
+            # (nothing to choose) and so not counted: a probe second to last (1 run in ~20)
+            allowed = {off, off - 1} if last == len(steps) - 2 else {off}
+            assert ended[-1] - carried in allowed, (ended, lengths(res))
 
 
 @pytest.mark.parametrize("settled", [False, True])

@@ -6,7 +6,8 @@ block equals the one drafted after a fresh prefill of the same tokens. Checked
 through the paths that read or cut the drafter's cache: a long run of plain
 steps (injected in passes of at most one drafter ubatch, 512 rows here), a drafter window, a slot file
 and the prompt cache; and for a prompt whose rows wait too (``prefill_begin(defer=True)``, what the
-engine asks for a generation that starts settled: ``test_adaptive_draft.py``)."""
+engine asks for a generation that starts settled: ``test_adaptive_draft.py``). On the shipped
+trained pair, whose blocks depend on the context its drafter holds (``code_tokens``)."""
 
 from __future__ import annotations
 
@@ -15,26 +16,18 @@ import random
 
 import pytest
 
-from pydflash import Llama, embedded_pair, testing
-
-TARGET = testing.TargetSpec()
-B8 = testing.DrafterSpec()
+from pydflash import Llama, embedded_pair
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    d = tmp_path_factory.mktemp("deferred")
-    testing.write_pair(d, TARGET, B8)
-    return d
+def code_tokens(llm: Llama, n: int, skip: int = 0) -> list[int]:
+    """``n`` tokens of Python that the embedded pair drafts well: its blocks depend on the
+    context its drafter holds, so a drafter that lost or misplaced rows drafts otherwise
+    (the tiny random drafter of ``pydflash.testing`` drafts mostly one token whatever its
+    context: a test on it passed with a prompt-cache cut that dropped the drafter's rows)."""
+    import json
 
-
-def open_pair(models, **kw) -> Llama:
-    return Llama(models / "tiny-target.gguf", draft=models / "tiny-drafter.gguf", n_ctx=2048, n_threads=1, **kw)
-
-
-def prompt_of(n: int, seed: int = 0) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(2, 300) for _ in range(n)]
+    src = inspect.getsource(json.decoder) + inspect.getsource(json.encoder)
+    return llm.tokenize(src)[skip : skip + n]
 
 
 def fresh_block(pair, tokens: list[int]) -> list[int]:
@@ -44,78 +37,73 @@ def fresh_block(pair, tokens: list[int]) -> list[int]:
     return list(pair.step().drafted)
 
 
+@pytest.fixture(scope="module")
+def windowed():
+    """The embedded pair whose drafter attends to its last 24 rows only."""
+    target, drafter = embedded_pair()
+    with Llama(target, draft=drafter, n_ctx=1024, draft_window=24) as llm:
+        yield llm
+
+
 @pytest.mark.parametrize("n_plain", [1, 5, 70, 600])  # past 512: injected in a pass midway
 @pytest.mark.parametrize("window", [0, 24])
-def test_a_run_of_plain_steps_leaves_the_drafter_as_injecting_every_step(models, n_plain, window):
-    with open_pair(models, draft_window=window, draft_adaptive=False) as llm:
-        pair = llm.pair
-        pair.prefill(prompt_of(40))
-        for _ in range(n_plain):
-            assert pair.step(draft_max=0).n_drafted == 0
-        context = pair.tokens
-        after = list(pair.step().drafted)
-        assert len(after) == B8.block_size - 1
-        assert after == fresh_block(pair, context)
+def test_a_run_of_plain_steps_leaves_the_drafter_as_injecting_every_step(embedded_dflash, windowed, n_plain, window):
+    llm = windowed if window else embedded_dflash
+    pair = llm.pair
+    pair.prefill(code_tokens(llm, 40))
+    for _ in range(n_plain):
+        assert pair.step(draft_max=0).n_drafted == 0
+    context = pair.tokens
+    after = list(pair.step().drafted)
+    assert len(after) == pair.max_draft
+    assert after == fresh_block(pair, context)
 
 
-def test_external_drafts_defer_too(models):
-    with open_pair(models, draft_adaptive=False) as llm:
-        pair = llm.pair
-        pair.prefill(prompt_of(30, seed=1))
-        for _ in range(6):
-            ref = pair.step(draft_max=0).tokens
-            pair.step(draft=[(ref[-1] + 1) % 300, 5, 6])  # an outside draft, its first token likely rejected
-        context = pair.tokens
-        assert list(pair.step().drafted) == fresh_block(pair, context)
+def test_external_drafts_defer_too(embedded_dflash):
+    llm, pair = embedded_dflash, embedded_dflash.pair
+    pair.prefill(code_tokens(llm, 30, skip=100))
+    for _ in range(6):
+        ref = pair.step(draft_max=0).tokens
+        pair.step(draft=[ref[-1], 5, 6])  # an outside draft, its first token likely rejected
+    context = pair.tokens
+    assert list(pair.step().drafted) == fresh_block(pair, context)
 
 
-def test_a_slot_file_saved_after_plain_steps_holds_every_position(models, tmp_path):
-    with open_pair(models, draft_adaptive=False) as llm:
-        pair = llm.pair
-        pair.prefill(prompt_of(30, seed=2))
-        for _ in range(12):
-            pair.step(draft_max=0)
-        context = pair.tokens
-        llm.save_slot(0, tmp_path / "slot.bin")
-        pair.reset()
-        llm.load_slot(0, tmp_path / "slot.bin")
-        assert pair.tokens == context
-        assert list(pair.step().drafted) == fresh_block(pair, context)
+def test_a_slot_file_saved_after_plain_steps_holds_every_position(embedded_dflash, tmp_path):
+    llm, pair = embedded_dflash, embedded_dflash.pair
+    pair.prefill(code_tokens(llm, 30, skip=200))
+    for _ in range(12):
+        pair.step(draft_max=0)
+    context = pair.tokens
+    llm.save_slot(0, tmp_path / "slot.bin")
+    pair.reset()
+    llm.load_slot(0, tmp_path / "slot.bin")
+    assert pair.tokens == context
+    assert list(pair.step().drafted) == fresh_block(pair, context)
 
 
-def test_the_prompt_cache_cuts_deferred_rows(models):
+def test_the_prompt_cache_cuts_deferred_rows(embedded_dflash):
     # a new prompt shares the first 45 tokens of a context whose last 20 rows were deferred
-    with open_pair(models, draft_adaptive=False) as llm:
-        pair = llm.pair
-        pair.prefill(prompt_of(35, seed=3))
-        for _ in range(20):
-            pair.step(draft_max=0)
-        new = pair.tokens[:45] + prompt_of(10, seed=4)
-        pair.prefill(new, reuse=True)
-        assert pair.n_cached == 45
-        assert list(pair.step().drafted) == fresh_block(pair, new)
+    llm, pair = embedded_dflash, embedded_dflash.pair
+    pair.prefill(code_tokens(llm, 35, skip=300))
+    for _ in range(20):
+        pair.step(draft_max=0)
+    new = pair.tokens[:45] + code_tokens(llm, 10, skip=600)
+    pair.prefill(new, reuse=True)
+    assert pair.n_cached == 45
+    assert list(pair.step().drafted) == fresh_block(pair, new)
 
 
-def test_greedy_output_with_plain_and_drafting_steps_mixed_is_the_targets(models):
+def test_greedy_output_with_plain_and_drafting_steps_mixed_is_the_targets(embedded_dflash, embedded_target):
     rng = random.Random(5)
-    with Llama(models / "tiny-target.gguf", n_ctx=2048, n_threads=1) as target:
-        want = target.generate(prompt_of(50, seed=5), max_tokens=160, ignore_eos=True).tokens
-    with open_pair(models, draft_adaptive=False) as llm:
-        pair = llm.pair
-        pair.prefill(prompt_of(50, seed=5))
-        out: list[int] = []
-        while len(out) < 160:
-            out += pair.step(draft_max=rng.choice([0, 0, 0, 3, 7])).tokens
-        assert out[:160] == want
-
-
-def code_tokens(llm: Llama, n: int, skip: int = 0) -> list[int]:
-    """``n`` tokens of Python the embedded pair drafts well (its drafts depend on the
-    context its drafter holds: the tiny random drafter's are mostly one token)."""
-    import json
-
-    src = inspect.getsource(json.decoder) + inspect.getsource(json.encoder)
-    return llm.tokenize(src)[skip : skip + n]
+    prompt = code_tokens(embedded_dflash, 50, skip=400)
+    want = embedded_target.generate(prompt, max_tokens=160, ignore_eos=True, cache_prompt=False).tokens
+    pair = embedded_dflash.pair
+    pair.prefill(prompt)
+    out: list[int] = []
+    while len(out) < 160:
+        out += pair.step(draft_max=rng.choice([0, 0, 0, 3, 7])).tokens
+    assert out[:160] == want
 
 
 def prefill_deferred(llm: Llama, tokens: list[int], reuse: bool = False) -> int:

@@ -8,6 +8,7 @@ real A/B of a few percent drowns in here.
     python tools/policy_sim.py costs --target T.gguf --draft D.gguf --out costs.json
     python tools/policy_sim.py run prose.json [--machine padded|embedded|costs.json]
         [--seeds 5] [--burst NORMAL,SLOW,FACTOR] [--miscalibrate DRAFT,VERIFY] [--set NAME=VALUE ...]
+    python tools/policy_sim.py rules prose.json [code.json ...] [--machine ...]
 
 A trace holds, per prompt, the tokens a full draft keeps at each position of the
 target's greedy output (the embedded pair's, 128 positions): the drafter's proposal
@@ -24,6 +25,16 @@ one's over each, paired by prompt as the bench pairs runs, the means over seeds;
 replay repeats exactly (the policy's own timing of its weighings reads the
 table's clock).
 
+``rules`` weighs every rule that sets a step's draft length by what the step
+before it did (``OUTCOMES``: the generation's first step, after a plain step, after
+a draft whose first token was rejected, after one partly kept, after one kept
+whole) without noise, beside the adaptive policy, each by three measures against
+every fixed draft_max: total time, the median of per-prompt ratios, and the ratio
+of the median per-prompt speeds (the bench's first goal line). It prints the rule
+best by total time and the best by total time of those whose every measure is at
+least GOAL (#15's 0.98): what a policy that sees only the last step's outcome could
+reach on these prompts, and what the goal's measures cost it.
+
 What it leaves out: llama.cpp's graph rebuilds beyond a fixed switch cost, and
 drafts that differ from the trace's near the end of a generation's budget."""
 
@@ -31,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import itertools
 import json
 import math
 import random
@@ -231,6 +243,66 @@ def run_fixed(traces: Sequence[Sequence[int]], mach: Machine, k: int, per_prompt
     return total
 
 
+# what a generation's last step did, and the draft lengths ``rules`` tries after each
+OUTCOMES = ("start", "plain", "miss", "part", "whole")
+RULE_LENGTHS = {"start": (1, 2), "plain": (0, 1, 2), "miss": (0, 1, 2), "part": (1, 2, 3), "whole": (2, 3, 4, 5, 7)}
+GOAL = 0.98  # adaptive / the best fixed draft_max, by every measure
+
+
+def run_rule(
+    traces: Sequence[Sequence[int]], mach: Machine, rule: dict[str, int], per_prompt: list[float] | None = None
+) -> float:
+    """Total ms of the generations when each step drafts ``rule[o]``, o the outcome of the
+    generation's step before it (OUTCOMES); ``per_prompt``: each generation's ms appended."""
+    m, total = mach.m, 0.0
+    for a in traces:
+        start, ntok, last = total, 0, "start"
+        while ntok < OSL:
+            k = min(rule[last], OSL - ntok - 1)
+            mach.now = total
+            total += mach.step(k)[2] + m["py_single"]
+            kept = min(k, a[ntok])
+            ntok += kept + 1
+            last = "plain" if k == 0 else "miss" if kept == 0 else "whole" if kept == k else "part"
+        if per_prompt is not None:
+            per_prompt.append(total - start)
+    return total
+
+
+def measures(each: Sequence[float], fixed: dict[int, list[float]]) -> tuple[float, float, float]:
+    """Per-prompt times ``each`` against every fixed draft_max's (per-prompt times): the
+    worst over them of the speed ratio by total time, the median of per-prompt ratios,
+    and the ratio of median per-prompt speeds."""
+    total = min(sum(f) / sum(each) for f in fixed.values())
+    paired = min(statistics.median(b / a for a, b in zip(each, f, strict=True)) for f in fixed.values())
+    medians = min(statistics.median(f) / statistics.median(each) for f in fixed.values())
+    return total, paired, medians
+
+
+def rule_search(traces: Sequence[Sequence[int]], m: dict) -> dict[str, tuple[dict[str, int], tuple[float, ...]]]:
+    """Every rule of RULE_LENGTHS without noise: the best by total time ("total"), the best
+    by total time of those whose every measure is at least GOAL ("goal", where one is),
+    and the adaptive policy ("adaptive", no rule), each with ``measures`` against every
+    fixed draft_max from 1."""
+    fixed: dict[int, list[float]] = {}
+    for k in range(1, BLOCK):
+        fixed[k] = []
+        run_fixed(traces, Machine(m, 0.0, 0, None), k, fixed[k])
+    scored = []
+    for lengths in itertools.product(*(RULE_LENGTHS[o] for o in OUTCOMES)):
+        rule = dict(zip(OUTCOMES, lengths, strict=True))
+        each: list[float] = []
+        run_rule(traces, Machine(m, 0.0, 0, None), rule, each)
+        scored.append((rule, measures(each, fixed)))
+    each = []
+    run_adaptive(traces, Machine(m, 0.0, 0, None, noise=1), per_prompt=each)
+    found = {"total": max(scored, key=lambda r: r[1][0])}
+    if goal := [r for r in scored if min(r[1]) >= GOAL]:
+        found["goal"] = max(goal, key=lambda r: r[1][0])
+    found["adaptive"] = ({}, measures(each, fixed))
+    return found
+
+
 def evaluate(
     traces: Sequence[Sequence[int]],
     m: dict,
@@ -335,6 +407,9 @@ def main(argv: list[str] | None = None) -> int:
         "--miscalibrate", help="DRAFT,VERIFY: the calibration's drafter pass and multi-row target passes, scaled"
     )
     r.add_argument("--set", action="append", default=[], help="NAME=VALUE: a _draft_policy constant")
+    u = sub.add_parser("rules", help="every draft length by the last step's outcome, beside the adaptive policy")
+    u.add_argument("traces", nargs="+")
+    u.add_argument("--machine", default="padded", help="padded, embedded, or a table from `costs`")
     args = ap.parse_args(argv)
     if args.cmd == "traces":
         tr = record_traces(
@@ -350,6 +425,13 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out).write_text(json.dumps(measure_costs(args.target, args.draft)))
         return 0
     m = MACHINES[args.machine] if args.machine in MACHINES else json.loads(Path(args.machine).read_text())
+    if args.cmd == "rules":
+        print("worst over fixed draft_max 1-7 of: total time, paired (median of ratios), ratio of medians")
+        for path in args.traces:
+            for name, (rule, ratios) in rule_search(json.loads(Path(path).read_text()), m).items():
+                what = " ".join(f"{o} {k}" for o, k in rule.items()) or "the package's policy, no noise"
+                print(f"{Path(path).name}: {name:8} " + " ".join(f"{r:.3f}" for r in ratios) + f"  ({what})")
+        return 0
     for kv in args.set:
         name, _, value = kv.partition("=")
         if not hasattr(dp, name):

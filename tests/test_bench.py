@@ -77,8 +77,16 @@ def test_adaptive_ratios(result):
     assert r["paired_over_fixed"] == pytest.approx({str(d): v for d, v in per.items()})
     assert r["paired_over_best_fixed"] == pytest.approx(min(per.values()))
     assert r["paired_over_default_fixed"] == pytest.approx(per[7])
+    # by total decode time: each run decodes OSL tokens, so the times are inverse rates
+    tot = {d: sum(1 / runs[(report.DFLASH, 24, d)][k] for k in ad) / sum(1 / ad[k] for k in ad) for d in (1, 3, 7)}
+    assert r["total_over_fixed"] == pytest.approx({str(d): v for d, v in tot.items()})
+    assert r["total_over_best_fixed"] == pytest.approx(min(tot.values()))
+    assert r["total_best_fixed_draft_max"] == min(tot, key=tot.__getitem__)
+    assert r["total_over_default_fixed"] == pytest.approx(tot[7])
+    assert r["total_over_target_alone"] == pytest.approx(sum(1 / tg[k] for k in ad) / sum(1 / ad[k] for k in ad))
     assert ratios[40]["fixed_draft_max_measured"] == [7]  # only the context sweep's draft_max there
     assert sum("adaptive / best fixed draft_max" in g for g in result["goals"]) == 2
+    assert sum(g.startswith("by total decode time") for g in result["goals"]) == 2
     assert "~" in report.table(rows)  # the adaptive row's draft_max column: its mean length
 
 
@@ -170,3 +178,21 @@ def test_native_output_parser():
     assert m["decode_s"] == pytest.approx(1.5) and m["prefill_s"] == pytest.approx(0.21)
     with pytest.raises(RuntimeError, match="could not read"):
         parse_native_output("decoded 3 tokens")
+
+
+def test_adaptive_ratios_beside_the_target_alone_only():
+    # the embedded pair's runs measure the adaptive engine beside the target alone only:
+    # the paired and total-time lines still print, against the target alone
+    def row(engine: str, dm: int | None, runs: list[float]) -> dict:
+        return dict(engine=engine, isl=128, osl=128, draft_max=dm, decode_tok_s=statistics.median(runs),
+                    repeats_run=list(range(len(runs))), decode_tok_s_runs=runs)
+
+    rows = [row(report.TARGET_ONLY, 0, [100.0, 200.0, 100.0]), row(report.ADAPTIVE, None, [110.0, 100.0, 100.0])]
+    (r,) = report.adaptive_ratios(rows)
+    assert r["paired_over_target_alone"] == pytest.approx(1.0)  # the median of 1.1, 0.5, 1.0
+    total = (1 / 100 + 1 / 200 + 1 / 100) / (1 / 110 + 1 / 100 + 1 / 100)
+    assert r["total_over_target_alone"] == pytest.approx(total)
+    assert r["total_over_best_fixed"] is None and r["total_over_fixed"] == {}
+    lines = report.goals(rows)
+    assert "paired by prompt (median of run-by-run ratios), isl 128 osl 128: adaptive / target alone 1.000" in lines
+    assert f"by total decode time, isl 128 osl 128: adaptive / target alone {total:.3f}" in lines

@@ -120,22 +120,37 @@ def goals(rows: list[Row]) -> list[str]:
     return out
 
 
-def paired(a: Row, b: Row) -> float | None:
-    """The median over the runs both rows have of a's decode tok/s over b's on the
-    same prompt (run r of every engine decodes prompt r): the prompts' spread, wider
-    than the engines' differences where acceptance varies by prompt, cancels."""
+def _runs(a: Row, b: Row) -> tuple[dict[int, float], dict[int, float], list[int]]:
+    """Each row's decode tok/s by run, and the runs both have (run r of every engine
+    decodes prompt r)."""
     ra = dict(zip(a.get("repeats_run") or (), a.get("decode_tok_s_runs") or (), strict=True))
     rb = dict(zip(b.get("repeats_run") or (), b.get("decode_tok_s_runs") or (), strict=True))
-    both = sorted(set(ra) & set(rb))
+    return ra, rb, sorted(set(ra) & set(rb))
+
+
+def paired(a: Row, b: Row) -> float | None:
+    """The median over the runs both rows have of a's decode tok/s over b's on the
+    same prompt: the prompts' spread, wider than the engines' differences where
+    acceptance varies by prompt, cancels."""
+    ra, rb, both = _runs(a, b)
     return statistics.median(ra[r] / rb[r] for r in both) if both else None
+
+
+def by_total(a: Row, b: Row) -> float | None:
+    """a's speed over b's by their total decode time over the runs both have: what a
+    user who runs every prompt waits for. Each run of a pydflash engine decodes OSL
+    tokens (the end of generation ignored), so the times are inverse rates."""
+    ra, rb, both = _runs(a, b)
+    return sum(1.0 / rb[r] for r in both) / sum(1.0 / ra[r] for r in both) if both else None
 
 
 def adaptive_ratios(rows: list[Row]) -> list[dict[str, Any]]:
     """Per workload (ISL, OSL) with an adaptive row: its decode tok/s over the best
     fixed draft_max measured there, over the default fixed one (block size - 1, the
     largest measured) and over the target alone (medians, measured side by side);
-    and the same run by run (``paired_*``: the median of the per-prompt ratios; the
-    best fixed draft_max there is the one adaptive does worst against)."""
+    the same run by run (``paired_*``: the median of the per-prompt ratios; the
+    best fixed draft_max there is the one adaptive does worst against) and by total
+    decode time (``total_*``, the same choice of best)."""
     out = []
     for a in (r for r in rows if r["engine"] == ADAPTIVE):
         fixed = [r for r in rows if r["engine"] == DFLASH and (r["isl"], r["osl"]) == (a["isl"], a["osl"])]
@@ -148,6 +163,9 @@ def adaptive_ratios(rows: list[Row]) -> list[dict[str, Any]]:
         per_fixed = {r["draft_max"]: paired(a, r) for r in fixed}
         known = {d: v for d, v in per_fixed.items() if v is not None}
         worst = min(known, key=lambda d: known[d], default=None)
+        total_fixed = {r["draft_max"]: by_total(a, r) for r in fixed}
+        total_known = {d: v for d, v in total_fixed.items() if v is not None}
+        total_worst = min(total_known, key=lambda d: total_known[d], default=None)
         out.append(
             {
                 "isl": a["isl"],
@@ -165,6 +183,11 @@ def adaptive_ratios(rows: list[Row]) -> list[dict[str, Any]]:
                 "paired_over_best_fixed": known[worst] if worst is not None else None,
                 "paired_over_default_fixed": per_fixed.get(default["draft_max"]) if default else None,
                 "paired_over_target_alone": paired(a, target) if target else None,
+                "total_over_fixed": {str(d): v for d, v in sorted(total_fixed.items())},
+                "total_best_fixed_draft_max": total_worst,
+                "total_over_best_fixed": total_known[total_worst] if total_worst is not None else None,
+                "total_over_default_fixed": total_fixed.get(default["draft_max"]) if default else None,
+                "total_over_target_alone": by_total(a, target) if target else None,
             }
         )
     return out
@@ -185,13 +208,18 @@ def _adaptive_lines(r: dict[str, Any]) -> list[str]:
         )
     if r["over_target_alone"] is not None:
         lines.append(f"adaptive / target alone, {where}: {r['over_target_alone']:.3f} (goal >= 0.98)")
-    if r.get("paired_over_best_fixed") is not None:
-        lines.append(
-            f"paired by prompt (median of run-by-run ratios), {where}: adaptive / its hardest fixed draft_max "
-            f"({r['paired_best_fixed_draft_max']}) {r['paired_over_best_fixed']:.3f}, / default fixed "
-            f"{r['paired_over_default_fixed']:.3f}"
-            + (f", / target alone {r['paired_over_target_alone']:.3f}" if r["paired_over_target_alone"] else "")
-        )
+    for key, label in (("paired", "paired by prompt (median of run-by-run ratios)"), ("total", "by total decode time")):
+        parts = []
+        if r.get(f"{key}_over_best_fixed") is not None:
+            parts.append(
+                f"its hardest fixed draft_max ({r[f'{key}_best_fixed_draft_max']}) {r[f'{key}_over_best_fixed']:.3f}"
+            )
+        if r.get(f"{key}_over_default_fixed") is not None:
+            parts.append(f"default fixed {r[f'{key}_over_default_fixed']:.3f}")
+        if r.get(f"{key}_over_target_alone") is not None:
+            parts.append(f"target alone {r[f'{key}_over_target_alone']:.3f}")
+        if parts:
+            lines.append(f"{label}, {where}: adaptive / " + ", / ".join(parts))
     return lines
 
 

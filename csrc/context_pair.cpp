@@ -458,14 +458,11 @@ double ContextPair::prefill_some(const std::vector<int32_t>& seqs, int32_t budge
     }
     if (row == 0) return 0.0;
     std::vector<Span> now, later;  // the prompts' rows injected now, and deferred
-    std::vector<int32_t> flushed;
     if (drafter_) {
-        for (const Span& sp : spans) {
-            const bool defer = seq_at(sp.seq).defer_prompt;
-            (defer ? later : now).push_back(sp);
-            if (!defer) flushed.push_back(sp.seq);
-        }
-        flush_deferred(flushed);  // none after prefill_begin; the prompt's rows follow them
+        for (const Span& sp : spans) (seq_at(sp.seq).defer_prompt ? later : now).push_back(sp);
+        std::vector<int32_t> flushed;  // none after prefill_begin; the prompt's rows follow them
+        for (const Span& sp : now) flushed.push_back(sp.seq);
+        flush_deferred(flushed);
     }
     decode_target_batch();
     if (!now.empty()) inject(now);

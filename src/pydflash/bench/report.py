@@ -160,36 +160,28 @@ def adaptive_ratios(rows: list[Row]) -> list[dict[str, Any]]:
         best = max(fixed, key=lambda r: r["decode_tok_s"], default=None)
         default = max(fixed, key=lambda r: r["draft_max"] or 0, default=None)
         tok_s = a["decode_tok_s"]
-        per_fixed = {r["draft_max"]: paired(a, r) for r in fixed}
-        known = {d: v for d, v in per_fixed.items() if v is not None}
-        worst = min(known, key=lambda d: known[d], default=None)
-        total_fixed = {r["draft_max"]: by_total(a, r) for r in fixed}
-        total_known = {d: v for d, v in total_fixed.items() if v is not None}
-        total_worst = min(total_known, key=lambda d: total_known[d], default=None)
-        out.append(
-            {
-                "isl": a["isl"],
-                "osl": a["osl"],
-                "adaptive_tok_s": tok_s,
-                "mean_draft_len": a.get("mean_draft_len"),
-                "best_fixed_draft_max": best["draft_max"] if best else None,
-                "fixed_draft_max_measured": sorted(r["draft_max"] for r in fixed),
-                "over_best_fixed": tok_s / best["decode_tok_s"] if best else None,
-                "default_draft_max": default["draft_max"] if default else None,
-                "over_default_fixed": tok_s / default["decode_tok_s"] if default else None,
-                "over_target_alone": tok_s / target["decode_tok_s"] if target else None,
-                "paired_over_fixed": {str(d): v for d, v in sorted(per_fixed.items())},
-                "paired_best_fixed_draft_max": worst,
-                "paired_over_best_fixed": known[worst] if worst is not None else None,
-                "paired_over_default_fixed": per_fixed.get(default["draft_max"]) if default else None,
-                "paired_over_target_alone": paired(a, target) if target else None,
-                "total_over_fixed": {str(d): v for d, v in sorted(total_fixed.items())},
-                "total_best_fixed_draft_max": total_worst,
-                "total_over_best_fixed": total_known[total_worst] if total_worst is not None else None,
-                "total_over_default_fixed": total_fixed.get(default["draft_max"]) if default else None,
-                "total_over_target_alone": by_total(a, target) if target else None,
-            }
-        )
+        entry: dict[str, Any] = {
+            "isl": a["isl"],
+            "osl": a["osl"],
+            "adaptive_tok_s": tok_s,
+            "mean_draft_len": a.get("mean_draft_len"),
+            "best_fixed_draft_max": best["draft_max"] if best else None,
+            "fixed_draft_max_measured": sorted(r["draft_max"] for r in fixed),
+            "over_best_fixed": tok_s / best["decode_tok_s"] if best else None,
+            "default_draft_max": default["draft_max"] if default else None,
+            "over_default_fixed": tok_s / default["decode_tok_s"] if default else None,
+            "over_target_alone": tok_s / target["decode_tok_s"] if target else None,
+        }
+        for key, ratio in (("paired", paired), ("total", by_total)):
+            per_fixed = {r["draft_max"]: ratio(a, r) for r in fixed}
+            known = {d: v for d, v in per_fixed.items() if v is not None}
+            worst = min(known, key=lambda d: known[d], default=None)
+            entry[f"{key}_over_fixed"] = {str(d): v for d, v in sorted(per_fixed.items())}
+            entry[f"{key}_best_fixed_draft_max"] = worst
+            entry[f"{key}_over_best_fixed"] = known[worst] if worst is not None else None
+            entry[f"{key}_over_default_fixed"] = per_fixed.get(default["draft_max"]) if default else None
+            entry[f"{key}_over_target_alone"] = ratio(a, target) if target else None
+        out.append(entry)
     return out
 
 

@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """Build llama.cpp's own DFlash loop, `llama-speculative-simple`, and its
 server, `llama-server`, from the vendored tree (the same commit pydflash
-links), for `pydflash bench`'s native engines. The binaries go to
-build/native/bin/ (git-ignored; never committed). A clean build takes ~10
-minutes on 2 cores (llama, ggml, common), the server a few more.
+links), for `pydflash bench`'s native engines and the tests that compare
+steps with them. llama-speculative-simple gets one object of ours,
+tools/native/flush_log_at_exit.cpp, which only flushes its log at exit (its
+loop is llama.cpp's). The binaries go to build/native/bin/ (git-ignored;
+never committed). A clean build takes ~10 minutes on 2 cores (llama, ggml,
+common), the server a few more.
 
     python tools/build_native.py [--src vendor/llama.cpp] [--build build/native] [--target NAME ...]
 """
@@ -26,9 +29,12 @@ def build(src: Path, build_dir: Path, jobs: int | None = None, targets: list[str
     configure = ["cmake", "-S", str(src), "-B", str(build_dir), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
                  "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_COMMON=ON",
                  "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_TOOLS=ON",
-                 "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_OPENSSL=OFF"]
-    if not (build_dir / "CMakeCache.txt").is_file():
-        subprocess.run(configure, check=True)
+                 "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_OPENSSL=OFF",
+                 # flush the logger at exit, or a loaded machine loses the run's figures
+                 f"-DCMAKE_PROJECT_llama.cpp_INCLUDE={ROOT / 'tools' / 'native' / 'flush_log.cmake'}"]
+    # configure every time (seconds): a build directory made before an option
+    # here changed takes it up
+    subprocess.run(configure, check=True)
     targets = targets or TARGETS
     cmd = ["cmake", "--build", str(build_dir), "--target", *targets]
     if jobs:

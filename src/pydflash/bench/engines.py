@@ -223,8 +223,9 @@ class NativeEngine:
             self.flash_attn,
         ]
         # Its logger is asynchronous and never flushed at exit (upstream issue
-        # 22142): under load the final figures can be lost. Rerun then; the
-        # count of such reruns is reported.
+        # 22142): under load the final figures can be lost. tools/build_native.py
+        # links in a flush at exit; a binary built otherwise is rerun then, and
+        # the count of such reruns is reported.
         for _ in range(self.ATTEMPTS):
             out, rss = self._once(cmd)
             try:

@@ -84,8 +84,8 @@ def run(a: argparse.Namespace) -> int:
             # timing is not a cold start: not the machine's (caches, graphs) and not the
             # adaptive draft length's, which learns the pair's acceptance from a generation's
             # steps. After 8 tokens alone it had seen only a generation's first positions,
-            # where this drafter keeps least, and the first timed prompt read 0.99-1.32x in 13
-            # of 20 fresh processes (README).
+            # where this drafter keeps least, and the first timed prompt read 0.99-1.32x in 14
+            # of 24 fresh processes (README).
             for llm in (base, spec):
                 llm.generate(WARMUP_PROMPT, max_tokens=a.max_tokens, ignore_eos=True)
             tot_spec = tot_base = 0.0

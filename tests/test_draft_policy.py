@@ -10,6 +10,7 @@ import math
 import pytest
 
 from pydflash import _draft_policy
+from pydflash._draft_acceptance import expected_gains
 from pydflash._draft_cost import SPEED_GATE
 from pydflash._draft_policy import (
     CHOICE_BUDGET,
@@ -19,6 +20,7 @@ from pydflash._draft_policy import (
     PROBE_BUDGET,
     PROBE_FIRST,
     PROBE_MAX,
+    PROBE_NEWS,
     PROBE_ROOM,
     PROBE_WAIT_MAX,
     RATE_DECAY,
@@ -35,6 +37,12 @@ from pydflash._draft_policy import (
 )
 
 MAX_DRAFT = 15  # a block of 16
+
+
+def seasoned(p: DraftPolicy) -> DraftPolicy:
+    """``p`` as if it had observed PROBE_NEWS drafting steps (budgeted probe spacing)."""
+    p.news = PROBE_NEWS
+    return p
 
 
 def cost(verify_per_row: float, draft_ms: float = 0.2, verify_ms: float = 10.0, max_rows: int = 64) -> CostModel:
@@ -540,7 +548,7 @@ def test_the_switch_back_to_plain_steps_is_charged_to_probes():
     # the first plain step after a drafting one rebuilds llama.cpp's graphs (2x a plain
     # step on the embedded target): its excess is learned apart, kept out of the plain
     # steps' costs, and spaces probes further apart
-    p = DraftPolicy(cost(0.5), MAX_DRAFT)
+    p = seasoned(DraftPolicy(cost(0.5), MAX_DRAFT))
     c = Choice([expected_tokens([0.3] * MAX_DRAFT, k) for k in range(MAX_DRAFT + 1)], 0, MAX_DRAFT)
     plain = p.cost.step_ms(1, 0)
     spacing = p.probe_spacing(c)
@@ -615,7 +623,7 @@ def test_the_steps_slowed_after_a_switch_back_are_charged_to_probes():
     # (the drafter's pass evicted the target's weights from the caches: on the embedded
     # pair the next 20 took 1.4-15 ms more than plain steps, more than the first one's
     # graph rebuild): their excess is part of what a probe costs
-    p = DraftPolicy(cost(0.5), MAX_DRAFT)
+    p = seasoned(DraftPolicy(cost(0.5), MAX_DRAFT))
     c = Choice([expected_tokens([0.3] * MAX_DRAFT, k) for k in range(MAX_DRAFT + 1)], 0, MAX_DRAFT)
     plain = p.cost.step_ms(1, 0)
     spacing = p.probe_spacing(c)
@@ -665,7 +673,7 @@ def test_probes_are_spaced_by_the_time_they_measured():
     # a lone probe injects the rows its sequence deferred while off and makes llama.cpp
     # rebuild its graphs: it takes longer than the model's drafting step of a run, and
     # that measured time is what it costs against plain steps
-    p = DraftPolicy(cost(0.5), MAX_DRAFT)
+    p = seasoned(DraftPolicy(cost(0.5), MAX_DRAFT))
     c = Choice([expected_tokens([0.3] * MAX_DRAFT, k) for k in range(MAX_DRAFT + 1)], 0, MAX_DRAFT)
     plain = p.cost.step_ms(1, 0)
     modelled = p.cost.step_ms(1 + MAX_DRAFT, 1 + MAX_DRAFT)
@@ -1009,7 +1017,7 @@ def test_probes_spend_in_proportion_to_what_they_could_find():
     # drafted exactly as before)
     for per_row, room, acceptance in ((7.0, 1.0 - 115.0 / 160.0, 0.95), (2.0, 1.0 - 40.0 / 160.0, 0.5)):
         c = Choice([expected_tokens([acceptance] * MAX_DRAFT, k) for k in range(MAX_DRAFT + 1)], 0, MAX_DRAFT)
-        p = DraftPolicy(cost(per_row, draft_ms=0.0), MAX_DRAFT)
+        p = seasoned(DraftPolicy(cost(per_row, draft_ms=0.0), MAX_DRAFT))
         block = p.cost.step_ms(1 + MAX_DRAFT, 1 + MAX_DRAFT)
         assert 1.0 - block / 160.0 == pytest.approx(room)
         budget = PROBE_BUDGET * min(room / PROBE_ROOM, 1.0)
@@ -1028,7 +1036,7 @@ def test_probes_spend_by_the_room_their_measured_time_leaves():
     # that a block kept saves nothing. A probe's measured time bounds what a whole block
     # kept could save, as it bounds the probe's loss
     c = Choice([expected_tokens([0.5] * MAX_DRAFT, k) for k in range(MAX_DRAFT + 1)], 0, MAX_DRAFT)
-    p = DraftPolicy(cost(2.0, draft_ms=0.0), MAX_DRAFT)  # a block: 40 ms, 16 plain steps 160
+    p = seasoned(DraftPolicy(cost(2.0, draft_ms=0.0), MAX_DRAFT))  # a block: 40 ms, 16 plain steps 160
     plain = p.cost.step_ms(1, 0)
     # the model's room, 0.75: the whole budget
     assert p.probe_spacing(c) == math.ceil((40.0 - c.gains[MAX_DRAFT] * plain) / (PROBE_BUDGET * plain))
@@ -1039,6 +1047,43 @@ def test_probes_spend_by_the_room_their_measured_time_leaves():
     p.observe_lone(2, True, 100.0 + 70.0 / PROBE_ALPHA, probe=True, k=MAX_DRAFT)  # now 170: no room
     assert p.probe_ms == pytest.approx(170.0)
     assert p.probe_spacing(c) == PROBE_WAIT_MAX
+
+
+def test_a_new_pairs_probes_follow_the_doubling_wait_until_it_has_news():
+    # a new pair's first drafts come at a generation's first positions, where drafters keep
+    # least (the shipped pair kept nothing for 3-11 steps, then most blocks whole): budgeted
+    # at an estimate from those alone, its probes came 63-72 steps apart, and the demo's
+    # first prompt read 0.99-1.32x the target alone in 14 of 24 processes. Until PROBE_NEWS
+    # drafting steps, probes follow the doubling wait alone where a block could save much
+    c = Choice([expected_tokens([0.2] * MAX_DRAFT, k) for k in range(MAX_DRAFT + 1)], 0, MAX_DRAFT)
+    p = DraftPolicy(cost(0.5), MAX_DRAFT)  # memory-bound: a block kept saves 1 - 20 / 160
+    st = p.new_sequence()
+    for _ in range(PROBE_NEWS):
+        assert p.probe_spacing(c) == 0
+        p.observe_sequence(st, MAX_DRAFT, 0)
+    plain = p.cost.step_ms(1, 0)
+    block = p.cost.step_ms(1 + MAX_DRAFT, 1 + MAX_DRAFT)
+    assert p.probe_spacing(c) == math.ceil((block - c.gains[MAX_DRAFT] * plain) / (PROBE_BUDGET * plain)) > 0
+    # off from its first step (its drafts keep nothing), a new pair probes on the doubling
+    # wait: PROBE_FIRST steps off, then twice as many after each probe, up to PROBE_MAX
+    p = DraftPolicy(cost(2.0, draft_ms=0.0), MAX_DRAFT)  # a block: 40 ms, 16 plain steps 160
+    st = p.new_sequence()
+    st.acceptance.observe(MAX_DRAFT, 0, 30.0)
+    probes, step = [], 0
+    while p.news < PROBE_NEWS:
+        k = p.choose([st], [MAX_DRAFT], [0])[0]
+        if st.probing:
+            probes.append(step)
+        if k:
+            p.observe_sequence(st, k, 0)
+        step += 1
+    assert probes[:3] == [PROBE_FIRST - 1, 3 * PROBE_FIRST - 1, 7 * PROBE_FIRST - 1]
+    assert max(b - a for a, b in zip(probes, probes[1:], strict=False)) == PROBE_MAX
+    # then (as for a seasoned pair) the budget spaces them: at these estimates ~300 steps apart
+    c = Choice(expected_gains(st.acceptance.conditional(), MAX_DRAFT), 0, MAX_DRAFT)
+    assert p.probe_spacing(c) > 4 * PROBE_MAX
+    # where a block kept saves little (a compute-bound target), the budget spaces them from the start
+    assert DraftPolicy(cost(7.0, draft_ms=0.0), MAX_DRAFT).probe_spacing(c) > 0
 
 
 def test_a_generation_after_a_settled_one_starts_settled_until_news():

@@ -111,6 +111,24 @@ def test_the_cli_runs_a_trace_file(tmp_path):
     assert bad.returncode == 2 and "_draft_policy has no NOPE" in bad.stderr
 
 
+@pytest.mark.parametrize("missed", [3, 6, 11])
+def test_a_new_pairs_first_generation_drafts_after_its_first_positions_missed(missed):
+    # the shipped pair on the demo's prompts: nothing kept for the first 3-11 steps, then
+    # most blocks whole. A new pair's estimate then came from those steps alone and its
+    # probes were budgeted 60-70 steps apart: 1.63x the target alone here where a fixed
+    # draft of 7 gave 2.15-2.95x. It probes on the doubling wait until PROBE_NEWS
+    trace = [[0] * missed + [sim.BLOCK - 1] * (sim.OSL - missed)]
+    for name, least in (("padded", 0.95), ("embedded", None)):
+        m = sim.MACHINES[name]
+        alone = sim.run_fixed(trace, sim.Machine(m, 0.0, 0, None), 0)
+        fixed = sim.run_fixed(trace, sim.Machine(m, 0.0, 0, None), sim.BLOCK - 1)
+        adaptive = sim.run_adaptive(trace, sim.Machine(m, 0.0, 0, None, noise=1))
+        if least is not None:
+            assert fixed / adaptive >= least, (alone / adaptive, alone / fixed)
+        else:  # compute-bound: drafting cannot pay, and the probes stay within budget
+            assert alone / adaptive >= 0.98
+
+
 def test_a_miscalibration_scales_the_drafting_passes_only():
     m = machine([0, 1, 2, 3, 4, 5, 6, 7, 8], 1.0)
     cm = sim.calibrated(m, (0.5, 2.0))

@@ -38,7 +38,9 @@ and the waits are long enough that probes cost at most ``PROBE_BUDGET`` of the
 time (a probe's expected loss against plain steps, at the estimates of then and
 at least at the time probes measured, plus the measured extra time of the plain
 steps after it: llama.cpp rebuilds its graphs for the sizes it switches between, and
-the target's weights come back into the caches).
+the target's weights come back into the caches). A new pair's first probes follow
+the doubling wait alone (``PROBE_NEWS``): its estimate then comes from a generation's
+first positions, where drafters keep least.
 
 Pure Python without the model: tests drive it with synthetic costs and acceptances.
 """
@@ -71,6 +73,13 @@ PROBE_MAX = 64  # the longest doubling wait between probes (a costly probe waits
 PROBE_BUDGET = 0.01  # probes cost at most this share of the time (their expected loss) ...
 PROBE_ROOM = 0.5  # ... where a whole block kept would save this share of it or more; less pro rata
 PROBE_ALPHA = 0.25  # weight of each lone probe's measured time (probes are few; the first sets it)
+# until the pair has observed this many drafting steps, probes follow the doubling wait alone
+# where a whole block kept would save PROBE_ROOM of its time or more: a new pair's first drafts
+# come at a generation's first positions, where drafters keep least (the shipped pair kept
+# nothing for 3-11 steps, then most blocks whole), and budgeted at an estimate from those
+# alone, probes came 63-72 steps apart (the demo's first prompt after 8 tokens of warm-up read
+# 0.99-1.32x the target alone in 14 of 24 processes)
+PROBE_NEWS = 16
 # the longest wait between probes, whatever they cost: it binds only where a probe costs over
 # PROBE_BUDGET of that many plain steps (at 1,024 the embedded pair's probes, ~4 ms against
 # plain steps of ~0.33 ms, took ~1.2% of its decode time); it bounds how late a pair finds
@@ -403,12 +412,16 @@ class DraftPolicy:
         """Plain steps per probe that keep probes within their budget of the time (by
         what they could find: the share a whole block kept saves, see PROBE_ROOM): a
         probe's expected loss against plain steps (its time less what its expected
-        tokens take plainly), at the current estimates and costs."""
+        tokens take plainly), at the current estimates and costs. None (the doubling
+        wait alone) while the pair has seen fewer than PROBE_NEWS drafting steps and a
+        block could save PROBE_ROOM."""
         plain, k = max(self.cost.step_ms(1, 0), 1e-9), self.max_draft
         # probes' measured time where it exceeds the model's: the calibration times passes
         # on an empty slot with warm caches (the embedded pair's put a block at 1.1 ms where
         # probes took 3.7 and 8 plain steps 3.1), and the model learns from the few probes slowly
         room = 1.0 - max(self._lone_ms(k), self.probe_ms) / ((1 + k) * plain)
+        if self.news < PROBE_NEWS and room >= PROBE_ROOM:
+            return 0
         budget = PROBE_BUDGET * min(room / PROBE_ROOM, 1.0)
         probe = max(self._lone_ms(c.hi), self.probe_ms)
         loss = probe - c.gains[min(c.hi, len(c.gains) - 1)] * plain

@@ -115,7 +115,7 @@ def test_the_cli_runs_a_trace_file(tmp_path):
 def test_a_new_pairs_first_generation_drafts_after_its_first_positions_missed(missed):
     # the shipped pair on the demo's prompts: nothing kept for the first 3-11 steps, then
     # most blocks whole. A new pair's estimate then came from those steps alone and its
-    # probes were budgeted 60-70 steps apart: 1.63x the target alone here where a fixed
+    # probes were budgeted tens of steps apart: 1.63x the target alone here where a fixed
     # draft of 7 gave 2.15-2.95x. It probes on the doubling wait until PROBE_NEWS
     trace = [[0] * missed + [sim.BLOCK - 1] * (sim.OSL - missed)]
     for name, least in (("padded", 0.95), ("embedded", None)):

@@ -412,9 +412,9 @@ class DraftPolicy:
         """Plain steps per probe that keep probes within their budget of the time (by
         what they could find: the share a whole block kept saves, see PROBE_ROOM): a
         probe's expected loss against plain steps (its time less what its expected
-        tokens take plainly), at the current estimates and costs. None (the doubling
-        wait alone) while the pair has seen fewer than PROBE_NEWS drafting steps and a
-        block could save PROBE_ROOM."""
+        tokens take plainly), at the current estimates and costs. 0 (the doubling wait
+        alone) while the pair has seen fewer than PROBE_NEWS drafting steps and a block
+        kept could save PROBE_ROOM of its time."""
         plain, k = max(self.cost.step_ms(1, 0), 1e-9), self.max_draft
         # probes' measured time where it exceeds the model's: the calibration times passes
         # on an empty slot with warm caches (the embedded pair's put a block at 1.1 ms where

@@ -823,6 +823,60 @@ def test_a_rejected_first_position_does_not_shorten_a_new_pairs_drafts():
     assert p.choose([st], [7], [0]) == [0]
 
 
+def test_a_sequence_that_keeps_less_past_the_first_position_expects_less_further_along():
+    # the pair's estimate of a block's later positions comes from the sequences that
+    # reach them, whose drafts keep most (here every draft past the first position is
+    # kept whole): a sequence whose drafts stop at its second position reaches the later
+    # ones rarely, and their priors are scaled down by its share of the pair's estimate
+    # of the second. Replayed on the bench's prompts with the padded pair's costs, the
+    # adaptive engine had drafted past what a prompt's drafts keep
+    p = DraftPolicy(cost(0.5), MAX_DRAFT)
+    pair = p.new_sequence()
+    for i in range(400):
+        p.observe_sequence(pair, MAX_DRAFT, 0 if i % 2 else MAX_DRAFT)
+    pooled = p.pooled.conditional()
+    assert pooled[0] == pytest.approx(0.5, abs=0.05) and min(pooled[1:]) > 0.9
+    st = p.new_sequence()
+    for _ in range(6):
+        p.observe_sequence(st, MAX_DRAFT, 1)  # the first position kept, the second rejected
+    c, flat = st.acceptance.conditional(pooled), st.acceptance.conditional(pooled, along=False)
+    share = c[1] / pooled[1]
+    assert c[0] > pooled[0] and share < 0.5
+    assert c[2] == pytest.approx(pooled[2] * share) and c[2:] == pytest.approx([x * share for x in pooled[2:]])
+    assert flat[2:] == pytest.approx(pooled[2:])  # without the scaling: the pair's, untried
+    # the first position's rejections alone leave the later positions' priors as they were
+    first = p.new_sequence()
+    for _ in range(6):
+        p.observe_sequence(first, MAX_DRAFT, 0)
+    assert first.acceptance.conditional(pooled)[1:] == pytest.approx(pooled[1:])
+    # a sequence that keeps more than the pair is not scaled up
+    good = p.new_sequence()
+    for _ in range(6):
+        p.observe_sequence(good, 2, 2)
+    assert good.acceptance.conditional(pooled)[2:] == pytest.approx(pooled[2:])
+
+
+def test_the_estimate_without_scaling_bounds_the_one_with_it_while_off():
+    # DraftPolicy._settled takes the higher of the sequence's estimate without the scaling
+    # and the pair's as the most that its drift while off can reach: so it must be
+    p = DraftPolicy(cost(0.5), MAX_DRAFT)
+    for n in range(300):
+        p.observe_sequence(p.new_sequence(), MAX_DRAFT, (n * 5) % (MAX_DRAFT + 1))
+    pooled = p.pooled.conditional()
+    for seed in range(41):
+        st = p.new_sequence()
+        for j in range(seed % 9 + 1):
+            k = 1 + (seed * 3 + j) % MAX_DRAFT
+            st.acceptance.observe(k, (seed + j * j) % (k + 1))
+        if seed == 40:  # the second position mostly rejected, the later ones kept where tried
+            for j in range(12):
+                st.acceptance.observe(MAX_DRAFT, MAX_DRAFT if j == 11 else 1)
+        high = [max(a, b) for a, b in zip(st.acceptance.conditional(pooled, along=False), pooled, strict=True)]
+        for _ in range(60):
+            st.acceptance.forget()
+            assert all(c <= h + 1e-12 for c, h in zip(st.acceptance.conditional(pooled), high, strict=True))
+
+
 def kept(n: int, c: float, k: int) -> int:
     """Tokens the ``n``-th draft, of ``k``, keeps when each position is kept with
     conditional rate ``c``: a deterministic mix over 20 drafts (geometric quantiles)."""

@@ -24,7 +24,8 @@ together, since they share both passes:
   the pair's own estimate takes each position's prior from the one before it where
   that is higher than ``PRIOR_ACCEPTANCE``: acceptance changes smoothly along a
   block, and a kept token makes the next likelier, but a rejected first position
-  says nothing of the positions after it);
+  says nothing of the positions after it; where a sequence keeps less than the pair
+  at a later position, the priors after it are scaled down by as much);
 - ``choose_lengths``: the joint choice, a coordinate ascent over sequences;
 - ``DraftPolicy``: the engine's side: per-sequence state, probing, observation.
 
@@ -310,14 +311,15 @@ class DraftPolicy:
 
     def _settled(self, st: SequenceDraft) -> bool:
         """No drift of the sequence's estimate can turn drafting on before the pair's
-        estimate changes: while off, each position's estimate moves from where it is
-        toward the pair's, so it stays under the higher of the two, and with those
+        estimate changes: while off, each position's estimate without the scaling along
+        the block (which bounds the one with it) moves from where it is toward the
+        pair's, so it stays under the higher of the two, and with those
         (the longest draft allowed, any draft_min) the model still chooses 0. Then its
         weighings until the next news or probe would only say 0 again (on the embedded
         pair they cost 1.2-1.5% of its decode time: a choice's Python, and the step it
         takes alone, out of a run)."""
         pooled = self.pooled.conditional()
-        high = [max(a, b) for a, b in zip(st.acceptance.conditional(pooled), pooled, strict=True)]
+        high = [max(a, b) for a, b in zip(st.acceptance.conditional(pooled, along=False), pooled, strict=True)]
         best = Choice(expected_gains(high, self.max_draft), 1, self.max_draft)
         return _best_alone(self.cost, best, self.pass_rows) == 0
 

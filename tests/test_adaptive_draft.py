@@ -75,6 +75,36 @@ def test_adaptive_on_the_embedded_pair_drafts_long_blocks(embedded_target, monke
         assert max(lengths(res)) == llm.pair.max_draft
 
 
+def test_adaptive_drafts_end_where_the_drafter_is_unsure(embedded_target, monkeypatch):
+    # a chosen length comes with the policy's confidence cut (CONFIDENCE_CUT): a DFlash
+    # draft ends at the first token the drafter gives less than that probability; a
+    # generation's own draft_p_min pins the cut (here: none). Both lossless
+    import pydflash
+    from pydflash._draft_policy import CostModel, DraftPolicy
+
+    monkeypatch.setattr(CostModel, "from_calibration", classmethod(lambda cls, cal, rows: cls.uncalibrated(rows)))
+    monkeypatch.setattr(CostModel, "observe", lambda self, *args: None)
+    monkeypatch.setattr(DraftPolicy, "observe_lone", lambda self, *args, **kw: None)
+    prompt = "def fibonacci(n):\n    "
+    expected = embedded_target.generate(prompt, max_tokens=96, ignore_eos=True).tokens
+    target, drafter = pydflash.embedded_pair()
+
+    def cut(res) -> int:  # steps whose draft ended before the length asked, with tokens to spare
+        n, out = 0, 0
+        for s in res.stats.steps:
+            out += s.n_drafted < s.draft_max < 96 - n - 1
+            n += len(s.tokens)
+        return out
+
+    with Llama(target, draft=drafter, n_ctx=1024) as llm:
+        res = llm.generate(prompt, max_tokens=96, ignore_eos=True)
+        assert res.tokens == expected
+        assert cut(res) > 0
+        res = llm.generate(prompt, max_tokens=96, ignore_eos=True, draft_p_min=1e-6)
+        assert res.tokens == expected
+        assert any(s.draft_max > 0 for s in res.stats.steps) and cut(res) == 0
+
+
 def test_streamed_steps_show_their_length(dflash):
     steps = list(dflash.stream(TEXT_PROMPTS[1], max_tokens=40, ignore_eos=True))
     assert all(0 <= s.draft_max <= dflash.pair.max_draft for s in steps)

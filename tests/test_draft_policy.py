@@ -933,7 +933,8 @@ def test_a_probe_that_a_shorter_draft_would_have_won_with_restarts_the_drafting_
         p = DraftPolicy(CostModel(rows, verify, rows, [1.5] * 8, 8), 7, pass_rows=8)
         for _ in range(10):
             p.observe_lone(1, False, 12.0)  # plain steps: 1 token per 12 ms
-            p.observe_lone(1, True, 24.0)  # drafting steps that kept nothing
+            # drafting steps of 1 that kept it, in 2.5 plain steps' time (the model's 15 ms would pay)
+            p.observe_lone(2, True, 30.0, k=1)
         assert p.drafting_loses()
         return p
 
@@ -1152,3 +1153,38 @@ def test_a_generation_after_a_settled_one_starts_settled_until_news():
     p.end_sequence(nxt)
     p.observe_sequence(p.new_sequence(), MAX_DRAFT, 3)  # news: the pair's estimate moved
     assert not p.starts_settled(p.new_sequence())
+
+
+def test_a_sequence_whose_drafts_the_confidence_cut_empties_stops_drafting():
+    # a draft the cut ends before its first token verifies nothing and gives no news of
+    # acceptance, yet its drafter pass cost time: counted as no news at all, the policy
+    # would go on asking for drafts the cut empties (a drafter pass: a fifth of a plain step)
+    p = DraftPolicy(cost(0.5, draft_ms=2.0), MAX_DRAFT, cut=0.3)
+    st = p.new_sequence()
+    drafted = []  # per step: it asked for a draft, not as a probe
+    for _ in range(80):
+        k = p.choose([st], [MAX_DRAFT], [0])[0]
+        drafted.append(k > 0 and not st.probing)
+        if k:
+            p.observe_sequence(st, 0, 0, k)
+    assert drafted[0]  # at the pair's prior it drafted
+    assert sum(drafted[10:]) <= 3  # then probes, and a rare weighing as its estimate drifts back
+
+
+def test_a_draft_the_confidence_cut_shortens_is_priced_at_the_rows_it_leaves():
+    # a row costs 6 ms on a 10 ms pass: a draft of 1 that keeps 1.5 tokens on average
+    # loses over its 2 rows, and pays where the cut leaves it half the time (1.5 rows):
+    # half the drafts the cut ends before their token, the others keep it
+    cut, rejected = DraftPolicy(cost(6.0), MAX_DRAFT, cut=0.3), DraftPolicy(cost(6.0), MAX_DRAFT)
+    a, b = cut.new_sequence(), rejected.new_sequence()
+    for i in range(40):
+        cut.observe_sequence(a, i % 2, i % 2, 1)
+        rejected.observe_sequence(b, 1, i % 2, 1)  # the same tokens kept, every draft verified
+    assert cut.choose([a], [1], [0]) == [1]
+    assert rejected.choose([b], [1], [0]) == [0]
+
+
+def test_a_step_of_an_expected_row_count_costs_between_the_whole_counts_about_it():
+    c = cost(0.5)
+    assert c.step_ms(2.5, 0) == pytest.approx((c.step_ms(2, 0) + c.step_ms(3, 0)) / 2)
+    assert c.step_ms(3.0, 4) == c.step_ms(3, 4)

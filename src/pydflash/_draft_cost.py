@@ -115,10 +115,16 @@ class CostModel:
         """The drafter pass over ``rows`` block rows (0: no pass)."""
         return self._at(self._d, rows) * self.draft_scale if rows > 0 else 0.0
 
-    def step_ms(self, rows: int, draft_rows: int) -> float:
+    def step_ms(self, rows: float, draft_rows: int) -> float:
+        """A step's time; ``rows`` may be an expected count (a draft that a confidence
+        cut may shorten): the target pass linear between the whole counts about it."""
+        lo = int(rows)
+        verify = self.verify_ms(lo)
+        if rows > lo:
+            verify += (rows - lo) * (self.verify_ms(lo + 1) - verify)
         if draft_rows > 0:
-            return self.verify_ms(rows) + self.draft_ms(draft_rows) + self.overhead_ms
-        return self.verify_ms(rows) + self.plain_overhead_ms
+            return verify + self.draft_ms(draft_rows) + self.overhead_ms
+        return verify + self.plain_overhead_ms
 
     def observe(
         self, rows: int, verify_ms: float, draft_rows: int, draft_ms: float, other_ms: float, times: int = 1

@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator
 
 from . import _core
-from ._draft_policy import CostModel, DraftPolicy, SequenceDraft, drafter_rows
+from ._draft_policy import CONFIDENCE_CUT, CostModel, DraftPolicy, SequenceDraft, drafter_rows
 from ._generation import Generation
 from .errors import GenerationInterrupted, GrammarError, PyDFlashError
 from .pair import ContextPair
@@ -307,7 +307,10 @@ class Engine:
                 _log.debug("draft-length calibration: %d pass sizes in %.3f s", len(cal.verify_rows), cal.seconds)
             except PyDFlashError as e:  # the guess is corrected online; nothing else depends on it
                 _log.warning("draft-length calibration failed (%s); starting from a guess", e)
-        return DraftPolicy(cost, core.max_draft, core.draft_pass_rows)
+        # the confidence cut: a DFlash drafter's probability of its token (DFlash2 and DSpark
+        # measure confidence otherwise, and llama.cpp's MTP drafter takes none per step)
+        cut = CONFIDENCE_CUT if core.drafter_kind == "dflash" else 0.0
+        return DraftPolicy(cost, core.max_draft, core.draft_pass_rows, cut)
 
     def _step(self, slots: list[_Slot]) -> None:
         core = self._core
@@ -361,12 +364,15 @@ class Engine:
         steps = []
         for s, k, b in zip(stepping, lengths, budgets, strict=True):
             assert s.gen is not None
-            steps.append(_core.SeqStep(s.seq, k, s.gen.config.draft_min, s.gen.config.draft_p_min, budget=b))
+            p_min = s.gen.config.draft_p_min
+            if s.draft is not None and p_min <= 0 and policy is not None:
+                p_min = policy.cut  # a chosen length: the policy's cut too, unless the generation sets one
+            steps.append(_core.SeqStep(s.seq, k, s.gen.config.draft_min, p_min, budget=b))
         results = core.step_batch(steps)
         for s, r in zip(stepping, results, strict=True):
             # n-gram drafts say nothing about the drafter's acceptance
             if not plain and policy is not None and s.draft is not None and not r.error and r.source in MODEL_SOURCES:
-                policy.observe_sequence(s.draft, r.n_drafted, r.n_accepted)
+                policy.observe_sequence(s.draft, r.n_drafted, r.n_accepted, r.draft_max)
             self._take(s, r)
         if policy is None:
             return

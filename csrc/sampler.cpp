@@ -1,6 +1,7 @@
 #include "sampler.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -72,11 +73,23 @@ llama_token argmax(const float* logits, int32_t n_vocab) {
     return best;
 }
 
-float softmax_prob(const float* logits, int32_t n_vocab, llama_token token) {
-    const float mx = logits[argmax(logits, n_vocab)];
-    double sum = 0.0;
-    for (int32_t i = 0; i < n_vocab; ++i) sum += std::exp(static_cast<double>(logits[i] - mx));
-    return static_cast<float>(std::exp(static_cast<double>(logits[token] - mx)) / sum);
+float draft_confidence(const float* logits, int32_t n_vocab, llama_token token) {
+    // the DRAFT_TOP_K largest logits, descending (one pass; most values fail the first test)
+    std::array<float, DRAFT_TOP_K> top{};
+    int32_t n = 0;
+    for (int32_t i = 0; i < n_vocab; ++i) {
+        const float v = logits[i];
+        if (n == DRAFT_TOP_K && !(v > top[n - 1])) continue;
+        int32_t j = n < DRAFT_TOP_K ? n++ : n - 1;
+        for (; j > 0 && top[j - 1] < v; --j) top[j] = top[j - 1];
+        top[j] = v;
+    }
+    const float lt = logits[token];
+    if (n == 0 || lt < top[n - 1]) return 0.0f;  // outside the top k: llama.cpp never drafts it
+    // llama.cpp's softmax (llama_sampler_softmax_impl): in float, summed in descending order
+    float sum = 0.0f;
+    for (int32_t i = 0; i < n; ++i) sum += std::exp(top[i] - top[0]);
+    return std::exp(lt - top[0]) / sum;
 }
 
 namespace {

@@ -109,7 +109,11 @@ private:
 // Index of the largest logit; ties go to the lowest id.
 llama_token argmax(const float* logits, int32_t n_vocab);
 
-// Softmax probability of `token` in the raw logits row (confidence cut-off).
-float softmax_prob(const float* logits, int32_t n_vocab, llama_token token);
+// The drafter's confidence in `token` that draft_p_min cuts on, as llama.cpp's DFlash
+// drafter measures it: its draft sampler keeps the DRAFT_TOP_K largest logits of the
+// raw row and takes their softmax at temperature 1 (common/speculative.cpp); 0 for a
+// token outside them.
+inline constexpr int32_t DRAFT_TOP_K = 10;
+float draft_confidence(const float* logits, int32_t n_vocab, llama_token token);
 
 }  // namespace pydflash

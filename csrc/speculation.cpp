@@ -166,7 +166,7 @@ std::vector<llama_token> ContextPair::read_block(Sequence& s, int32_t row0, int3
         if (plain && sp.greedy()) {
             t = g ? grammar_argmax(s, logits, *g) : argmax(logits, n_vocab);
             if (t < 0) break;  // the grammar allows nothing more: the block ends
-            conf = control.draft_p_min > 0.0f && !head_conf ? softmax_prob(logits, n_vocab, t) : 1.0f;
+            conf = control.draft_p_min > 0.0f && !head_conf ? draft_confidence(logits, n_vocab, t) : 1.0f;
         } else {
             // q: the drafter's row under the target's transform (and the grammar)
             sampler.distribution(row, win, dist_);
@@ -175,7 +175,7 @@ std::vector<llama_token> ContextPair::read_block(Sequence& s, int32_t row0, int3
                 conf = dist_.prob_of(t);
             } else {
                 t = dist_.ids[0];  // the transformed argmax: greedy drafts
-                conf = sp.greedy() ? (control.draft_p_min > 0.0f ? softmax_prob(logits, n_vocab, t) : 1.0f)
+                conf = sp.greedy() ? (control.draft_p_min > 0.0f ? draft_confidence(logits, n_vocab, t) : 1.0f)
                                    : dist_.probs[0];
             }
             if (head_conf) conf = 1.0f;

@@ -363,3 +363,23 @@ def test_counts_equal_llama_cpp_native(kind_models, tmp_path, target, kind):
         assert ours["n_accepted"] > 0
     else:  # the drafts vary: a drafter stuck on one token would prove little
         assert len(distinct) >= 3
+
+
+@pytest.mark.parametrize("p_min", [0.3, 0.6])
+def test_a_confidence_cut_cuts_where_llama_cpp_cuts(p_min):
+    # llama.cpp's draft_p_min (--spec-draft-p-min) tests the drafter's token against the
+    # softmax of its top 10 logits (its draft sampler: top-k 10, then the distribution);
+    # on the shipped pair, whose drafter is sure of some tokens and not of others, both
+    # loops cut the same drafts at the same positions
+    import pydflash
+    from native_loop import matches_native, native_steps
+
+    target, drafter = pydflash.embedded_pair()
+    prompt = "def fibonacci(n):\n    "
+    with Llama(target, draft=drafter, n_ctx=2048, n_threads=2) as llm:
+        res = llm.generate(prompt, max_tokens=100, ignore_eos=True, draft_max=7, draft_p_min=p_min)
+    ours = [(s.n_accepted, s.n_drafted) for s in res.stats.steps]
+    assert any(0 < n < 7 for _, n in ours)  # some drafts were cut past their first token
+    native = native_steps(target, prompt, 100, "draft-dflash", draft=drafter,
+                          extra=("--spec-draft-p-min", str(p_min)))
+    matches_native(ours, native)

@@ -72,7 +72,8 @@ class ContextPair:
         """One speculative step. ``draft_max`` bounds the drafted block (None:
         the pair's default; 0: plain target decoding, no n-gram draft either); a block shorter than
         ``draft_min`` is dropped; the block is cut where the drafter's
-        confidence falls below ``draft_p_min``. ``draft`` verifies these tokens
+        confidence falls below ``draft_p_min`` (as llama.cpp measures it: for
+        DFlash, the token's softmax probability among the drafter's 10 largest logits). ``draft`` verifies these tokens
         instead of the drafter's block (any external draft source)."""
         dm = -1 if draft_max is None else int_option("draft_max", draft_max, 0)
         try:

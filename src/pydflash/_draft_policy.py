@@ -122,13 +122,16 @@ PLAIN_SAMPLE = 4
 # the prompt's batch: on the embedded target the first plain step took 1.9x the usual, the next 1.14x, 1.04x)
 PREFILL_STEPS = 3
 # a DFlash drafter's draft ends at the first position whose token has less than this
-# probability under the drafter, unless the generation sets draft_p_min: a step's length
+# probability under the drafter (draft_p_min's measure, llama.cpp's: the softmax of its 10
+# largest logits), unless the generation sets draft_p_min: a step's length
 # follows the drafter's confidence in each token, the history of steps before it the
 # chance of each kept. The expected rows that the cut leaves, and the tokens, are what
-# the choice weighs (SequenceDraft.passing). In one process on the padded pair, 40
-# prompts each, the adaptive engine with a cut of 0.3 against none, ratio of median
-# speeds: code 1.073 (0.5: 1.086), prose 1.026 and 1.018 in two runs; 0.7 lost 6% on prose
-CONFIDENCE_CUT = 0.3
+# the choice weighs (SequenceDraft.passing). Chosen in one process on the padded pair,
+# 40 prompts each, the adaptive engine over fixed draft_max 2 by the ratio of median
+# speeds: prose 0.970 at 0.3, 0.995 at 0.5, 0.951 at 0.65, 0.870 at 0.8; code 1.035,
+# 1.113, 1.096 (on the whole vocabulary's softmax, before the passes were modelled,
+# 0.3 had read best). The bench with it: README, "Adaptive draft length", run23-24
+CONFIDENCE_CUT = 0.5
 
 
 @dataclasses.dataclass

@@ -34,6 +34,16 @@ def check_steps(res, block: int) -> None:
         assert len(s.drafted) == s.n_drafted
 
 
+def memory_bound_guess(monkeypatch) -> None:
+    """The policy keeps the uncalibrated guess (verification about as cheap for a few
+    rows as for one, as on a GPU) and no online correction of it or of realized rates."""
+    from pydflash._draft_policy import CostModel, DraftPolicy
+
+    monkeypatch.setattr(CostModel, "from_calibration", classmethod(lambda cls, cal, rows: cls.uncalibrated(rows)))
+    monkeypatch.setattr(CostModel, "observe", lambda self, *args: None)
+    monkeypatch.setattr(DraftPolicy, "observe_lone", lambda self, *args, **kw: None)
+
+
 @pytest.mark.parametrize("prompt", TEXT_PROMPTS[:4])
 def test_adaptive_is_the_default_and_lossless(dflash, baseline, prompt):
     expected = baseline.generate(prompt, max_tokens=N_TOKENS, ignore_eos=True).tokens
@@ -60,11 +70,8 @@ def test_adaptive_on_the_embedded_pair_drafts_long_blocks(embedded_target, monke
     # this CPU the embedded target is compute-bound: measured costs and realized rates
     # rightly stop its drafting, so the guess stands in for calibration and online correction
     import pydflash
-    from pydflash._draft_policy import CostModel, DraftPolicy
 
-    monkeypatch.setattr(CostModel, "from_calibration", classmethod(lambda cls, cal, rows: cls.uncalibrated(rows)))
-    monkeypatch.setattr(CostModel, "observe", lambda self, *args: None)
-    monkeypatch.setattr(DraftPolicy, "observe_lone", lambda self, *args, **kw: None)
+    memory_bound_guess(monkeypatch)
     prompt = "def fibonacci(n):\n    "
     expected = embedded_target.generate(prompt, max_tokens=96, ignore_eos=True).tokens
     target, drafter = pydflash.embedded_pair()
@@ -80,11 +87,8 @@ def test_adaptive_drafts_end_where_the_drafter_is_unsure(embedded_target, monkey
     # draft ends at the first token the drafter gives less than that probability; a
     # generation's own draft_p_min pins the cut (here: none). Both lossless
     import pydflash
-    from pydflash._draft_policy import CostModel, DraftPolicy
 
-    monkeypatch.setattr(CostModel, "from_calibration", classmethod(lambda cls, cal, rows: cls.uncalibrated(rows)))
-    monkeypatch.setattr(CostModel, "observe", lambda self, *args: None)
-    monkeypatch.setattr(DraftPolicy, "observe_lone", lambda self, *args, **kw: None)
+    memory_bound_guess(monkeypatch)
     prompt = "def fibonacci(n):\n    "
     expected = embedded_target.generate(prompt, max_tokens=96, ignore_eos=True).tokens
     target, drafter = pydflash.embedded_pair()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["Acceptance", "expected_gains", "expected_rows", "expected_tokens"]
+__all__ = ["Acceptance", "expected_gains", "expected_tokens"]
 
 PRIOR_ACCEPTANCE = 0.6  # c_1 before anything was observed on this pair
 PRIOR_WEIGHT = 2.0  # pseudo-observations of a position's prior
@@ -23,24 +23,13 @@ def expected_tokens(c: Sequence[float], k: int) -> float:
 
 
 def expected_gains(c: Sequence[float], k_max: int) -> list[float]:
-    """E(0..k_max)."""
+    """E(0..k_max). Of the chances that a confidence cut lets each position in (where it
+    let the one before), the same sums are the target rows a step verifies on average."""
     out, e, p = [1.0], 1.0, 1.0
     for i in range(k_max):
         p *= c[i]
         e += p
         out.append(e)
-    return out
-
-
-def expected_rows(passing: Sequence[float], k_max: int) -> list[float]:
-    """Target rows a step asking for 0..k_max drafted tokens verifies on average, where
-    ``passing[i]`` is the chance that the drafter's confidence lets position i + 1 into
-    the draft when it let the ones before it (a confidence cut ends the draft there)."""
-    out, r, p = [1.0], 1.0, 1.0
-    for i in range(k_max):
-        p *= passing[i]
-        r += p
-        out.append(r)
     return out
 
 

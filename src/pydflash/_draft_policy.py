@@ -58,7 +58,7 @@ import math
 import time
 from collections.abc import Sequence
 
-from ._draft_acceptance import PRIOR_ACCEPTANCE, Acceptance, expected_gains, expected_rows, expected_tokens
+from ._draft_acceptance import PRIOR_ACCEPTANCE, Acceptance, expected_gains, expected_tokens
 from ._draft_choice import Choice, best_alone, choose_lengths, drafter_rows
 from ._draft_cost import CostModel, MachineSpeed, Rate
 
@@ -272,7 +272,7 @@ class DraftPolicy:
         # its passes move toward the pair's too: the higher of the two, the most tokens (the rows
         # priced at the lower: no cheaper step)
         high = [c * max(a, b) for c, a, b in zip(high, mine, passes, strict=True)]
-        rows = expected_rows([min(a, b) for a, b in zip(mine, passes, strict=True)], self.max_draft)
+        rows = expected_gains([min(a, b) for a, b in zip(mine, passes, strict=True)], self.max_draft)
         best = Choice(expected_gains(high, self.max_draft), 1, self.max_draft, rows=rows)
         return best_alone(self.cost, best, self.pass_rows) == 0
 
@@ -340,7 +340,7 @@ class DraftPolicy:
                 kept = st.acceptance.conditional(pooled)
                 passing = st.passing.conditional(passes, along=False)
                 gains = expected_gains([c * p for c, p in zip(kept, passing, strict=True)], cap)
-                choices.append(Choice(gains, lo, cap, rows=expected_rows(passing, cap)))
+                choices.append(Choice(gains, lo, cap, rows=expected_gains(passing, cap)))
         ks = choose_lengths(self.cost, choices, self.pass_rows)
         if len(ks) == 1 and ks[0] > 0 and states[0] is not None:
             if self.drafting_loses():

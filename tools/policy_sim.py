@@ -35,8 +35,10 @@ best by total time and the best by total time of those whose every measure is at
 least GOAL (#15's 0.98): what a policy that sees only the last step's outcome could
 reach on these prompts, and what the goal's measures cost it.
 
-What it leaves out: llama.cpp's graph rebuilds beyond a fixed switch cost, and
-drafts that differ from the trace's near the end of a generation's budget."""
+What it leaves out: llama.cpp's graph rebuilds beyond a fixed switch cost,
+drafts that differ from the trace's near the end of a generation's budget, and
+the engine's confidence cut (``CONFIDENCE_CUT``: a trace holds no drafter
+probabilities, so the policy replays without a cut, every draft verified whole)."""
 
 from __future__ import annotations
 

@@ -45,8 +45,10 @@ def test_rows_cover_both_sweeps(result):
             assert 1.0 <= r["tau"] <= (r["draft_max"] if r["draft_max"] is not None else 7) + 1
             assert 0.0 <= r["mean_draft_len"] <= (r["draft_max"] if r["draft_max"] is not None else 7)
             if r["engine"] == report.ADAPTIVE and r["acceptance_rate"] is None:
-                # the embedded pair as is is compute-bound here: the policy may rightly draft nothing
-                assert r["mean_draft_len"] == 0.0
+                # the embedded pair as is is compute-bound here: the policy may rightly draft
+                # nothing (the lengths it asked for, if any, the confidence cut emptied): one
+                # token per step
+                assert r["tau"] == 1.0
             else:
                 assert 0.0 <= r["acceptance_rate"] <= 1.0
             assert r["same_tokens_as_target"] is True

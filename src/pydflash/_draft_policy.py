@@ -150,6 +150,11 @@ class SequenceDraft:
     # pair's could turn drafting on (-1: not): its weighings wait for news or a probe
     settled: int = -1
 
+    def forget(self, steps: int = 1) -> None:
+        """Steps off: both estimates return toward the pair's."""
+        self.acceptance.forget(steps)
+        self.passing.forget(steps)
+
 
 class DraftPolicy:
     """The engine's adaptive draft length: per-sequence acceptance, the pair's
@@ -334,8 +339,7 @@ class DraftPolicy:
                 choices.append(Choice(expected_gains(pooled, cap), 0, cap, pinned=cap))
             else:
                 if st.unforgotten:
-                    st.acceptance.forget(st.unforgotten)
-                    st.passing.forget(st.unforgotten)
+                    st.forget(st.unforgotten)
                     st.unforgotten = 0
                 kept = st.acceptance.conditional(pooled)
                 passing = st.passing.conditional(passes, along=False)
@@ -355,8 +359,7 @@ class DraftPolicy:
                 st.off_steps, st.probe_wait = 0, PROBE_FIRST
                 continue
             st.off_steps += 1
-            st.acceptance.forget()  # while off its estimate returns toward the pair's
-            st.passing.forget()
+            st.forget()  # while off its estimates return toward the pair's
             if st.off_steps < max(st.probe_wait, st.spacing):
                 continue
             st.spacing = self.probe_spacing(c)

@@ -14,6 +14,7 @@ from typing import Any
 from . import _backends, _core  # noqa: F401  (_backends is imported for that effect only)
 from .config import Grammar, NgramConfig
 from .embedded import embedded_pair
+from .engine.submission import Submission
 from .errors import (
     ChatTemplateError,
     ContextLimitError,
@@ -37,7 +38,6 @@ from .results import (
     StreamStep,
     TokenLogprob,
 )
-from .submission import Submission
 
 __version__: str = _core.__version__
 

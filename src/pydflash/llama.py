@@ -9,19 +9,19 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import _core, _logging
-from ._engine import Engine
-from ._generation import Generation, Prompt
-from .chat import ChatTemplate
-from .completions import create_chat_completion, create_completion
 from .config import GenerateOptions, ModelConfig, NgramConfig, SamplingConfig, Unpack, speculative_types
+from .engine.engine import Engine
+from .engine.generation import Generation, Prompt
+from .engine.submission import Submission
 from .errors import PyDFlashError
+from .openai.chat import ChatTemplate
+from .openai.completions import create_chat_completion, create_completion
 from .pair import ContextPair
 from .results import GenerationResult, MemoryReport, MemoryRow, StreamStep
-from .submission import Submission
 
 if TYPE_CHECKING:
-    from .chat import ChatPrompt
-    from .openai_types import ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk
+    from .openai.chat import ChatPrompt
+    from .openai.types import ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk
 
 __all__ = ["Llama", "Prompt"]
 # the core's defaults, shown in help(Llama)

@@ -18,13 +18,21 @@ import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from typing import Protocol
 
-from . import _core
-from ._text import TextAssembler
-from .config import ModelConfig, SamplingConfig
-from .errors import ContextLimitError, GenerationInterrupted
-from .openai_types import CompletionUsage, Timings
-from .pair import ContextPair
-from .results import FinishReason, GenerationResult, GenerationStats, StreamStep, TokenLogprob, by_source
+from .. import _core
+from ..config import ModelConfig, SamplingConfig
+from ..errors import ContextLimitError, GenerationInterrupted
+from ..pair import ContextPair
+from ..results import (
+    CompletionUsage,
+    FinishReason,
+    GenerationResult,
+    GenerationStats,
+    StreamStep,
+    Timings,
+    TokenLogprob,
+    by_source,
+)
+from .text import TextAssembler
 
 __all__ = ["Generation", "GenerationHost", "Prompt"]
 

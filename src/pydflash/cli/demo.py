@@ -7,9 +7,9 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from ._cli_common import DRAFT_MAX_HELP, add_common, llama_options
-from .errors import PyDFlashError
-from .llama import Llama
+from ..errors import PyDFlashError
+from ..llama import Llama
+from .common import DRAFT_MAX_HELP, add_common, llama_options
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -49,13 +49,13 @@ WARMUP_PROMPT = "def add(a, b):\n"
 
 
 def _demo_pair(workdir: Path) -> tuple[str, str, str]:
-    from .embedded import embedded_pair
+    from ..embedded import embedded_pair
 
     try:
         t, d = embedded_pair()
         return t, d, "embedded pair: trained Python-code qwen3 target + DFlash drafter (models/MODEL_CARD.md)"
     except PyDFlashError:
-        from . import testing  # the tiny random pair needs gguf + numpy
+        from .. import testing  # the tiny random pair needs gguf + numpy
 
         tp, dp = testing.write_pair(workdir, prefix="demo")
         return str(tp), str(dp), "embedded pair missing: tiny random-weight pair (acceptance near zero)"
@@ -71,7 +71,7 @@ def run(a: argparse.Namespace) -> int:
         target, draft, what = _demo_pair(Path(td))
         print(what)
         if a.pad_ffn:
-            from .padding import pad_ffn
+            from ..testing.padding import pad_ffn
 
             target = str(pad_ffn(target, Path(td) / "target-padded.gguf", a.pad_ffn))
             print(

@@ -13,13 +13,14 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar
 
-from ._generation import Generation
-from ._oai_logprobs import chat_logprobs, completion_logprobs
-from ._structured import chat_grammar, constraint
+from ..config import SamplingConfig
+from ..engine.generation import Generation
+from ..errors import ChatTemplateError
+from ..results import FinishReason, TokenLogprob
 from .chat import ChatPrompt, ChatReply, ChatTemplate
-from .config import SamplingConfig
-from .errors import ChatTemplateError
-from .openai_types import (
+from .logprobs import chat_logprobs, completion_logprobs
+from .structured import chat_grammar, constraint
+from .types import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionChunkDelta,
@@ -30,10 +31,9 @@ from .openai_types import (
     CompletionChunk,
     FinishReasonOAI,
 )
-from .results import FinishReason, TokenLogprob
 
 if TYPE_CHECKING:  # for the annotations only: llama imports this module
-    from .llama import Llama
+    from ..llama import Llama
 
 __all__ = ["MAX_CHOICES", "create_chat_completion", "create_completion"]
 

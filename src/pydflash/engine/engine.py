@@ -23,11 +23,11 @@ import threading
 import time
 from collections.abc import Iterator
 
-from . import _core
-from ._draft_policy import CONFIDENCE_CUT, CostModel, DraftPolicy, SequenceDraft, drafter_rows
-from ._generation import Generation
-from .errors import GenerationInterrupted, GrammarError, PyDFlashError
-from .pair import ContextPair
+from .. import _core
+from ..drafting.policy import CONFIDENCE_CUT, CostModel, DraftPolicy, SequenceDraft, drafter_rows
+from ..errors import GenerationInterrupted, GrammarError, PyDFlashError
+from ..pair import ContextPair
+from .generation import Generation
 
 __all__ = ["Engine"]
 

@@ -473,11 +473,12 @@ class Llama:
     ) -> Llama:
         """Download (or find in the cache) a GGUF target, and optionally a DFlash
         drafter, from the Hugging Face Hub; filenames may be globs. Other keyword
-        arguments go to ``Llama(...)``. See ``pydflash.hub.from_pretrained``."""
-        from .hub import from_pretrained
+        arguments go to ``Llama(...)``. See ``pydflash.hub.resolve_pair``."""
+        from .hub import resolve_pair
 
-        return from_pretrained(
-            cls,
+        if "draft" in kwargs:
+            raise TypeError("from_pretrained takes draft_repo_id / draft_filename, not draft=")
+        target, draft = resolve_pair(
             repo_id,
             filename,
             draft_repo_id=draft_repo_id,
@@ -487,8 +488,8 @@ class Llama:
             cache_dir=cache_dir,
             local_files_only=local_files_only,
             token=token,
-            **kwargs,
         )
+        return cls(target, draft=draft, **kwargs)
 
     def create_completion(self, prompt: Prompt, *args: Any, **kwargs: Any) -> Completion | Iterator[CompletionChunk]:
         """OpenAI-style text completion (``stream=True``: chunks); options and

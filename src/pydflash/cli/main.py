@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import _core, backends
+from .. import _core
+from ..devices import backends
 from ..errors import PyDFlashError
 from ..llama import Llama
 from . import bench as bench_command
@@ -25,9 +26,7 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="pydflash", description="DFlash speculative decoding of GGUF models with llama.cpp, in-process."
     )
-    from .. import __version__
-
-    ap.add_argument("--version", action="version", version=f"pydflash {__version__}")
+    ap.add_argument("--version", action="version", version=f"pydflash {_core.__version__}")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 

@@ -80,12 +80,9 @@ def run(a: argparse.Namespace) -> int:
             )
         common = llama_options(a)
         with Llama(target, draft=draft, draft_max=a.draft_max, **common) as spec, Llama(target, **common) as base:
-            # Warm both up with one whole generation of a prompt not timed, so the first
-            # timing is not a cold start: not the machine's (caches, graphs) and not the
-            # adaptive draft length's, which learns the pair's acceptance from a generation's
-            # steps. After 8 tokens alone it had seen only a generation's first positions,
-            # where this drafter keeps least, and the first timed prompt read 0.99-1.32x in 14
-            # of 24 fresh processes (README).
+            # One whole untimed generation each: the first timing is then no cold start, neither
+            # the machine's nor the adaptive length's (it learns from a generation's later
+            # positions too, not only its first ones, where drafters keep least).
             for llm in (base, spec):
                 llm.generate(WARMUP_PROMPT, max_tokens=a.max_tokens, ignore_eos=True)
             tot_spec = tot_base = 0.0

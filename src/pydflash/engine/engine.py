@@ -329,7 +329,7 @@ class Engine:
                     self._release(s)
                 continue
             stepping.append(s)
-            budgets.append(gen.config.max_tokens - len(gen.tokens) - 1)
+            budgets.append(gen.tokens_left - 1)
             asked.append(dm)
             caps.append(max(0, min(default_dm if dm < 0 else dm, budgets[-1])))
         if not stepping:

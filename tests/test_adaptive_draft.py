@@ -37,7 +37,7 @@ def check_steps(res, block: int) -> None:
 def memory_bound_guess(monkeypatch) -> None:
     """The policy keeps the uncalibrated guess (verification about as cheap for a few
     rows as for one, as on a GPU) and no online correction of it or of realized rates."""
-    from pydflash._draft_policy import CostModel, DraftPolicy
+    from pydflash.drafting.policy import CostModel, DraftPolicy
 
     monkeypatch.setattr(CostModel, "from_calibration", classmethod(lambda cls, cal, rows: cls.uncalibrated(rows)))
     monkeypatch.setattr(CostModel, "observe", lambda self, *args: None)
@@ -216,7 +216,7 @@ def test_no_drafter_no_policy(baseline):
 def test_each_prompts_prefill_is_told_to_the_policy(dflash_b8, monkeypatch):
     # the steps right after a prompt's batch are slower (llama.cpp's graph rebuild): the
     # policy must know where they are to leave their times out of plain steps' costs
-    from pydflash._draft_policy import DraftPolicy
+    from pydflash.drafting.policy import DraftPolicy
 
     told: list[int] = []
     monkeypatch.setattr(DraftPolicy, "prefilled", lambda self: told.append(1))
@@ -229,7 +229,7 @@ def test_the_policys_steps_off_are_the_steps_taken(target_path, model_dir, monke
     # a run of plain steps that the generation's end cut short (max_tokens) was counted in
     # full: the probe clock ran ahead of the steps (on the embedded pair, with the bench's
     # 4-token generation before each timed one, probes came every ~700 steps, not 1,024)
-    from pydflash._draft_policy import DraftPolicy
+    from pydflash.drafting.policy import DraftPolicy
 
     ended: list[int] = []
     end = DraftPolicy.end_sequence
@@ -256,7 +256,7 @@ def test_a_generation_that_starts_settled_defers_its_prompts_features(
     # a generation that starts where nothing but news could turn drafting on leaves its
     # prompt's features waiting, as its plain steps' (none is injected if it never drafts);
     # one that may draft soon has its prompt injected with the prefill
-    from pydflash._draft_policy import DraftPolicy
+    from pydflash.drafting.policy import DraftPolicy
 
     monkeypatch.setattr(DraftPolicy, "starts_settled", lambda self, st: settled)
     monkeypatch.setattr(DraftPolicy, "choose", lambda self, states, caps, floors: [0] * len(states))

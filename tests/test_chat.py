@@ -9,11 +9,10 @@ import time
 
 import pytest
 
-from pydflash import ChatTemplateError, Llama, testing
-from pydflash.chat import ChatReply, ChatTemplate, builtin_templates
-from pydflash.openai_types import ChatCompletion, ChatCompletionChunk, Completion, Timings
-
 from conftest import TARGET
+from pydflash import ChatTemplateError, Llama, testing
+from pydflash.openai.chat import ChatReply, ChatTemplate, builtin_templates
+from pydflash.openai.types import ChatCompletion, ChatCompletionChunk, Completion, Timings
 
 MSGS = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def f():"}]
 GREEDY = dict(temperature=0.0, max_tokens=20, ignore_eos=True)
@@ -172,7 +171,7 @@ def test_stream_closed_early_frees_the_model(dflash_b8, baseline):
 
 def test_cancel_stops_between_steps(dflash_b8, target_path):
     from pydflash import GenerationInterrupted
-    from pydflash._generation import CANCEL_POLL_S
+    from pydflash.engine.generation import CANCEL_POLL_S
 
     # a stream's cancel is asked before its prompt is evaluated, then after each step
     calls = []
@@ -236,9 +235,8 @@ def test_bad_draft_controls_in_completions(chat_llm, control, exc):
     ("{% for m in messages %}{{ m.content | no_such_filter }}{% endfor %}", "chat template failed"),
 ])
 def test_template_errors_are_typed(target_path, baseline, src, words):
-    with pytest.raises(ChatTemplateError, match=words):
-        with Llama(target_path, chat_template=src, n_ctx=256) as llm:
-            llm.create_chat_completion(MSGS, max_tokens=4)
+    with pytest.raises(ChatTemplateError, match=words), Llama(target_path, chat_template=src, n_ctx=256) as llm:
+        llm.create_chat_completion(MSGS, max_tokens=4)
     assert issubclass(ChatTemplateError, ValueError)
 
 

@@ -18,8 +18,8 @@ import time
 import numpy as np
 import pytest
 
-from pydflash import GrammarError, Llama, testing
 from conftest import TARGET
+from pydflash import GrammarError, Llama, testing
 
 SPEC = dataclasses.replace(TARGET, n_vocab=512)  # room for unused tokens to turn into phrases
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
@@ -92,11 +92,11 @@ def write_phrase_target(path, template: str) -> dict[str, int]:
     tok = dataclasses.replace(tok, tokens=tokens, types=types)
     rng = np.random.default_rng(s.seed)
     hp = testing.Hparams(s.n_ctx, s.n_embd, s.n_layer, s.n_head, s.n_head_kv, s.head_dim, s.n_ff)
-    tensors = {"token_embd.weight": testing._rng_tensor(rng, (s.n_vocab, s.n_embd), 1.0)}
+    tensors = {"token_embd.weight": testing.models._rng_tensor(rng, (s.n_vocab, s.n_embd), 1.0)}
     for i in range(s.n_layer):
-        tensors.update(testing._attention_layer(rng, i, s.n_embd, s.n_head, s.n_head_kv, s.head_dim, s.n_ff))
-    tensors["output_norm.weight"] = testing._norm(rng, s.n_embd)
-    tensors["output.weight"] = testing._head(rng, s, tok)
+        tensors.update(testing.models._attention_layer(rng, i, s.n_embd, s.n_head, s.n_head_kv, s.head_dim, s.n_ff))
+    tensors["output_norm.weight"] = testing.models._norm(rng, s.n_embd)
+    tensors["output.weight"] = testing.models._head(rng, s, tok)
     testing.write_qwen3_gguf(path, hp, tok, tensors, name="pydflash tiny phrase target",
                              extra_kv={"tokenizer.chat_template": template})
     return ids

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from pydflash import Llama, _core, _engine
+from pydflash import Llama, _core
+from pydflash.engine import engine as _engine
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/task")
 

@@ -1,5 +1,5 @@
 """The adaptive draft length's decisions on synthetic costs and acceptances
-(no model): ``pydflash._draft_policy``."""
+(no model): ``pydflash.drafting.policy``."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import math
 
 import pytest
 
-from pydflash import _draft_policy
-from pydflash._draft_acceptance import expected_gains
-from pydflash._draft_cost import SPEED_GATE
-from pydflash._draft_policy import (
+from pydflash.drafting import policy as _draft_policy
+from pydflash.drafting.acceptance import expected_gains
+from pydflash.drafting.cost import SPEED_GATE
+from pydflash.drafting.policy import (
     CHOICE_BUDGET,
     PLAIN_SAMPLE,
     PREFILL_STEPS,

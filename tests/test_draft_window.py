@@ -408,7 +408,7 @@ def with_sliding_window(src: str, dst: Path, window: int) -> Path:
     keys llama.cpp's converter writes for a use_swa checkpoint)."""
     import gguf
 
-    from pydflash.padding import _copy_field
+    from pydflash.testing.padding import _copy_field
 
     r = gguf.GGUFReader(src)
     w = gguf.GGUFWriter(str(dst), "dflash")

@@ -34,7 +34,7 @@ def test_generate_sleeps_until_the_end(dflash, monkeypatch):
     # generate() reads only the result: the engine wakes its caller once, at the end, not
     # for every step (a caller woken per step took the GIL and a core from the engine's
     # thread while the next step computed)
-    from pydflash import _generation
+    from pydflash.engine import generation as _generation
 
     notified: list[int] = []
 
@@ -89,7 +89,7 @@ def test_a_quiet_readers_stop_strings_are_searched_in_new_text_only(dflash, monk
     # a reader that waits for the end gets one event, but the text is still released step
     # by step where stop strings are searched: each search covers the text not released
     # yet, not everything so far (a 32K-token reply would search ~32K times its whole text)
-    from pydflash import _text
+    from pydflash.engine import text as _text
 
     searched: list[int] = []
     find = _text.TextAssembler.find_stop
@@ -320,7 +320,7 @@ def test_a_lone_generation_that_drafts_nothing_steps_in_runs(baseline, dflash_b8
     # where one sequence drafts nothing and its reader waits for the end, the engine hands
     # its steps to the core in runs, one call for many (its own work per step cost the
     # embedded target ~10% of its step): the same tokens as a stream's, taken one by one
-    from pydflash import _engine
+    from pydflash.engine import engine as _engine
 
     counting = _CountingCore(baseline._engine._core)
     monkeypatch.setattr(baseline._engine, "_core", counting)
@@ -336,7 +336,7 @@ def test_a_lone_generation_that_drafts_nothing_steps_in_runs(baseline, dflash_b8
     assert counting.runs == [] and stopped.finish_reason == "stop"
     # an adaptive pair whose drafting does not pay (random drafter weights) goes off and
     # runs its plain steps; every output is the target's
-    from pydflash._draft_policy import DraftPolicy
+    from pydflash.drafting.policy import DraftPolicy
 
     pair_core = _CountingCore(dflash_b8._engine._core)
     monkeypatch.setattr(dflash_b8._engine, "_core", pair_core)
@@ -357,7 +357,7 @@ def test_a_pinned_plain_generation_on_an_adaptive_pair_steps_in_runs(baseline, d
     # draft_max=0 for one call on a pair whose Llama adapts: nothing to weigh, so its steps
     # go in runs as the target alone's do (one at a time, the engine's own work per step
     # made it ~12% slower than the target alone on the embedded pair)
-    from pydflash import _engine
+    from pydflash.engine import engine as _engine
 
     pair_core = _CountingCore(dflash_b8._engine._core)
     monkeypatch.setattr(dflash_b8._engine, "_core", pair_core)

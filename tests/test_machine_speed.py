@@ -1,13 +1,13 @@
 """The machine's speed that the adaptive draft length divides its timings by
-(``pydflash._draft_cost.MachineSpeed``): a slow interval of a shared machine is not
+(``pydflash.drafting.cost.MachineSpeed``): a slow interval of a shared machine is not
 the cost of the kind of step that ran in it."""
 
 from __future__ import annotations
 
 import pytest
 
-from pydflash._draft_cost import SPEED_CLIP, SPEED_GATE, MachineSpeed
-from pydflash._draft_policy import PLAIN_SAMPLE, SWITCH_STEPS, DraftPolicy
+from pydflash.drafting.cost import SPEED_CLIP, SPEED_GATE, MachineSpeed
+from pydflash.drafting.policy import PLAIN_SAMPLE, SWITCH_STEPS, DraftPolicy
 from test_draft_policy import cost
 
 MAX_DRAFT = 7

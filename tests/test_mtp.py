@@ -1,6 +1,6 @@
 """MTP drafting (speculative type 'draft-mtp'): the target's own next-token-prediction
 head drafts, through llama.cpp's implementation. Tiny qwen35 targets with a head
-(pydflash._testing_mtp) whose head copies the target's hidden state, so drafts are
+(pydflash.testing.mtp) whose head copies the target's hidden state, so drafts are
 accepted often enough to exercise partial acceptance."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pydflash import DraftCompatibilityError, Grammar, Llama, ModelLoadError, NgramConfig, _core, testing
-from pydflash._testing_mtp import MtpSpec, write_mtp_target
+from pydflash.testing.mtp import MtpSpec, write_mtp_target
 
 SPEC = testing.HybridSpec(embd_common=3.0)
 HEAD = MtpSpec(copy=4.0, block_scale=0.1)

@@ -20,8 +20,8 @@ import asyncio
 import random
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -346,7 +346,7 @@ def test_an_awaited_result_wakes_the_event_loop_once(target_path, monkeypatch):
     # ``await aresult()`` with nothing iterated is woken at the end only, not for each step
     # (an event loop woken per step takes the GIL and a core from the engine's thread, as
     # generate() did); ``async for`` still gets each step
-    from pydflash import _generation
+    from pydflash.engine import generation as _generation
 
     wakes: list[int] = []
     wake = _generation._wake

@@ -211,7 +211,7 @@ def test_create_generate_close_cycles_do_not_leak(target_path, model_dir):
 def test_utf8_split_across_tokens_is_held_back():
     # the byte tokens of a 4-byte character arrive one by one: nothing is
     # released until the character is complete
-    from pydflash._text import TextAssembler
+    from pydflash.engine.text import TextAssembler
 
     asm = TextAssembler(lambda t: bytes([t]), ())
     pieces = []

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from pydflash._text import TextAssembler, _char_starts, _complete_len
+from pydflash.engine.text import TextAssembler, _char_starts, _complete_len
 
 PIECES = [w.encode() for w in ["the", " ", "a", "b", "ab", "</", "s", ">", "\n", "\n\n", "é", "漢字", "🙂", "x", "</s>"]]
 # multi-byte characters split over tokens (é, 🙂, 漢), and bytes that are never valid UTF-8

@@ -52,8 +52,8 @@ import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from pydflash import _draft_policy as dp
-from pydflash._draft_cost import CostModel
+from pydflash.drafting import policy as dp
+from pydflash.drafting.cost import CostModel
 
 OSL = 128
 BLOCK = 8  # the embedded drafter's block: its pass covers every row of it

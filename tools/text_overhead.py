@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Per-token cost of stream text assembly (pydflash._text.TextAssembler) as the
+"""Per-token cost of stream text assembly (pydflash.engine.text.TextAssembler) as the
 output grows: flat when the work per token does not depend on the length.
 
     python tools/text_overhead.py [--lengths 128 512 2048 8192]
@@ -12,9 +12,9 @@ import random
 import statistics
 import time
 
-from pydflash._text import TextAssembler
+from pydflash.engine.text import TextAssembler
 
-PIECES = [w.encode() for w in "the quick brown fox jumps over lazy dog def return import class é 漢字 🙂".split()]
+PIECES = [w.encode() for w in ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "def", "return", "import", "class", "é", "漢字", "🙂"]]
 PIECES += [b" ", b"\n", "é".encode()[:1], "é".encode()[1:]]
 
 

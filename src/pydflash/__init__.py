@@ -8,12 +8,12 @@ llm.create_chat_completion([{"role": "user", "content": "hi"}])   # OpenAI-shape
 
 from __future__ import annotations
 
-from typing import Any
-
 # _backends before any use of _core: it loads ggml's backends in the CUDA build
 from . import _backends, _core  # noqa: F401  (_backends is imported for that effect only)
 from .config import Grammar, NgramConfig
+from .devices import backends
 from .embedded import embedded_pair
+from .engine.submission import Submission
 from .errors import (
     ChatTemplateError,
     ContextLimitError,
@@ -37,7 +37,6 @@ from .results import (
     StreamStep,
     TokenLogprob,
 )
-from .submission import Submission
 
 __version__: str = _core.__version__
 
@@ -69,14 +68,6 @@ __all__ = [
     "embedded_pair",
     "inspect",
 ]
-
-
-def backends() -> list[dict[str, Any]]:
-    """The compute devices llama.cpp can use in this build: name, description,
-    type ("cpu", "gpu", "igpu", "accel"), backend, memory_free, memory_total
-    (bytes). Devices of RPC servers appear once a Llama has connected to them;
-    their memory reads 0 (asking would need the server to be up)."""
-    return list(_core.devices())
 
 
 def inspect(path: str) -> dict[str, object]:

@@ -1,22 +1,18 @@
-"""``Llama.from_pretrained``: GGUF files from the Hugging Face Hub (or its local
-cache) through ``huggingface_hub`` — its cache layout, offline mode
-(``HF_HUB_OFFLINE=1`` / ``local_files_only=True``) and progress bars."""
+"""GGUF files from the Hugging Face Hub (or its local cache) through
+``huggingface_hub`` — its cache layout, offline mode (``HF_HUB_OFFLINE=1`` /
+``local_files_only=True``) and progress bars. It returns paths;
+``Llama.from_pretrained`` loads them."""
 
 from __future__ import annotations
 
 import fnmatch
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
 from .errors import ModelLoadError
 
-if TYPE_CHECKING:
-    from .llama import Llama
-
-__all__ = ["from_pretrained", "resolve"]
-
-L = TypeVar("L", bound="Llama")
+__all__ = ["resolve", "resolve_pair"]
 
 _GLOB_CHARS = set("*?[")
 
@@ -115,8 +111,7 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
 
 
-def from_pretrained(
-    cls: type[L],
+def resolve_pair(
     repo_id: str,
     filename: str | None = None,
     *,
@@ -127,18 +122,15 @@ def from_pretrained(
     cache_dir: os.PathLike[str] | str | None = None,
     local_files_only: bool = False,
     token: str | None = None,
-    **kwargs: Any,
-) -> L:
-    """``Llama.from_pretrained(repo_id, filename, draft_repo_id=..., draft_filename=...)``.
+) -> tuple[Path, Path | None]:
+    """The local paths of a target and, optionally, a drafter: what
+    ``Llama.from_pretrained(repo_id, filename, draft_repo_id=..., draft_filename=...)`` loads.
 
     ``filename`` / ``draft_filename`` may be globs. The drafter comes from
     ``draft_repo_id`` (default: ``repo_id``) when ``draft_filename`` is given;
-    ``draft_repo_id`` alone means its only ``*.gguf``. Other keyword arguments go
-    to ``Llama(...)``."""
+    ``draft_repo_id`` alone means its only ``*.gguf``."""
     if filename is None:
         filename = "*.gguf"
-    if "draft" in kwargs:
-        raise TypeError("from_pretrained takes draft_repo_id / draft_filename, not draft=")
     target = resolve(
         repo_id, filename, revision=revision, cache_dir=cache_dir, local_files_only=local_files_only, token=token
     )
@@ -152,4 +144,4 @@ def from_pretrained(
             local_files_only=local_files_only,
             token=token,
         )
-    return cls(target, draft=draft, **kwargs)
+    return target, draft

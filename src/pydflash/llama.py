@@ -9,19 +9,19 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import _core, _logging
-from ._engine import Engine
-from ._generation import Generation, Prompt
-from .chat import ChatTemplate
-from .completions import create_chat_completion, create_completion
 from .config import GenerateOptions, ModelConfig, NgramConfig, SamplingConfig, Unpack, speculative_types
+from .engine.engine import Engine
+from .engine.generation import Generation, Prompt
+from .engine.submission import Submission
 from .errors import PyDFlashError
+from .openai.chat import ChatTemplate
+from .openai.completions import create_chat_completion, create_completion
 from .pair import ContextPair
 from .results import GenerationResult, MemoryReport, MemoryRow, StreamStep
-from .submission import Submission
 
 if TYPE_CHECKING:
-    from .chat import ChatPrompt
-    from .openai_types import ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk
+    from .openai.chat import ChatPrompt
+    from .openai.types import ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk
 
 __all__ = ["Llama", "Prompt"]
 # the core's defaults, shown in help(Llama)
@@ -470,11 +470,12 @@ class Llama:
     ) -> Llama:
         """Download (or find in the cache) a GGUF target, and optionally a DFlash
         drafter, from the Hugging Face Hub; filenames may be globs. Other keyword
-        arguments go to ``Llama(...)``. See ``pydflash.hub.from_pretrained``."""
-        from .hub import from_pretrained
+        arguments go to ``Llama(...)``. See ``pydflash.hub.resolve_pair``."""
+        from .hub import resolve_pair
 
-        return from_pretrained(
-            cls,
+        if "draft" in kwargs:
+            raise TypeError("from_pretrained takes draft_repo_id / draft_filename, not draft=")
+        target, draft = resolve_pair(
             repo_id,
             filename,
             draft_repo_id=draft_repo_id,
@@ -484,8 +485,8 @@ class Llama:
             cache_dir=cache_dir,
             local_files_only=local_files_only,
             token=token,
-            **kwargs,
         )
+        return cls(target, draft=draft, **kwargs)
 
     def create_completion(self, prompt: Prompt, *args: Any, **kwargs: Any) -> Completion | Iterator[CompletionChunk]:
         """OpenAI-style text completion (``stream=True``: chunks); options and

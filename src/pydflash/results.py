@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, TypedDict
 
 from . import _core
 from ._core import StepResult
@@ -12,6 +12,8 @@ from ._core import StepResult
 FinishReason = Literal["length", "stop", "eos"]
 
 __all__ = [
+    "CompletionUsage",
+    "DraftSourceTimings",
     "FinishReason",
     "GenerationResult",
     "GenerationStats",
@@ -20,6 +22,7 @@ __all__ = [
     "SourceStats",
     "StepResult",
     "StreamStep",
+    "Timings",
     "TokenLogprob",
 ]
 
@@ -231,3 +234,36 @@ class MemoryReport:
         if self.n_parallel > 1:
             lines.append(f"{self.n_parallel} sequences: {self.per_sequence_bytes / 2**20:.2f} MiB of context each")
         return "\n".join(lines)
+
+
+class CompletionUsage(TypedDict):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class DraftSourceTimings(TypedDict):
+    """One draft source's share of a generation's drafts."""
+
+    n_drafts: int  # steps whose draft it made
+    draft_n: int
+    draft_n_accepted: int
+
+
+class Timings(TypedDict):
+    """llama-server's ``timings`` object, plus the DFlash step counts."""
+
+    cache_n: int  # prompt tokens taken from the prompt cache
+    prompt_n: int  # prompt tokens evaluated
+    prompt_ms: float
+    prompt_per_token_ms: float
+    prompt_per_second: float
+    predicted_n: int
+    predicted_ms: float
+    predicted_per_token_ms: float
+    predicted_per_second: float
+    draft_n: int  # tokens the drafter proposed
+    draft_n_accepted: int  # of those, tokens the target accepted
+    n_steps: int  # target verification passes
+    accepted_lengths: list[int]  # accepted draft tokens of each step
+    draft_sources: dict[str, DraftSourceTimings]  # per source: "draft-dflash", "ngram-mod", ...

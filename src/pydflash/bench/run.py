@@ -99,7 +99,7 @@ def run(cfg: BenchConfig, log: Log = print) -> dict[str, Any]:
         try:
             max_draft = next((e.info["max_draft"] for e in engines if e.uses_draft and "max_draft" in e.info), None)
             if max_draft is None:
-                from .. import Llama
+                from ..llama import Llama
 
                 with Llama(target, draft=draft, n_ctx=256) as probe:
                     max_draft = probe.pair.max_draft
@@ -144,7 +144,7 @@ def prepare_models(
     """(target, drafter, source): the given pair or the embedded one, the target
     replaced by its FFN-padded copy in ``workdir`` when ``pad_ffn`` asks (None:
     16384 for the embedded pair, as is for a given one)."""
-    from .. import embedded_pair
+    from ..embedded import embedded_pair
 
     if given_target is None:
         t, d = embedded_pair()
@@ -156,7 +156,7 @@ def prepare_models(
     target = str(t)
     pad = pad_ffn if pad_ffn is not None else (16384 if given_target is None else 0)
     if pad:
-        from ..padding import pad_ffn as write_padded
+        from ..testing.padding import pad_ffn as write_padded
 
         target = str(write_padded(t, workdir / "target-padded.gguf", pad))
         desc += f", FFN zero-padded to {pad} (memory-bound copy, identical outputs)"
@@ -222,7 +222,7 @@ def _draft_max(e: Engine, dm: int) -> int | None:
 
 
 def _prompts(source: dict[str, str], cfg: BenchConfig, count: int) -> dict[int, list[str]]:
-    from .. import Llama
+    from ..llama import Llama
 
     with Llama(source["tokenizer_model"], n_ctx=64) as tok:
         return {isl: workload_prompts(cfg.workload, tok.tokenize, tok.detokenize, isl, count) for isl in cfg.isl}

@@ -120,7 +120,7 @@ def run(cfg: ServingConfig, log: Log = print) -> dict[str, Any]:
 
 
 def _max_draft(target: str, draft: str) -> int:
-    from .. import Llama
+    from ..llama import Llama
 
     with Llama(target, draft=draft, n_ctx=256) as probe:
         return probe.pair.max_draft
@@ -142,7 +142,7 @@ def _available(cfg: ServingConfig, settings: dict[str, Any], log: Log) -> tuple[
 
 
 def _prompts(tokenizer_model: str, cfg: ServingConfig) -> dict[str, list[str]]:
-    from .. import Llama
+    from ..llama import Llama
 
     corpus = heldout_stdlib_text()
     out: dict[str, list[str]] = {"sweep": [], "history": [], "turn": []}

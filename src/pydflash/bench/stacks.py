@@ -110,7 +110,7 @@ def _draft(spec_type: str, draft: str) -> str | None:
 
 
 def _prompts(tokenizer_model: str, cfg: WorkloadConfig) -> dict[str, list[str]]:
-    from .. import Llama
+    from ..llama import Llama
 
     with Llama(tokenizer_model, n_ctx=64) as tok:
         return {w: prompts(w, tok.tokenize, tok.detokenize, cfg.isl, cfg.prompts) for w in cfg.workloads}

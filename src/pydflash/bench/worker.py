@@ -34,7 +34,7 @@ def peak_rss_bytes() -> int:
 
 
 def pydflash_engine(a: argparse.Namespace) -> tuple[Callable[[Request], Reply], dict[str, Any]]:
-    from pydflash import Llama
+    from ..llama import Llama
 
     # an MTP head's draft length is fixed when the pair is made: remade for another one
     mtp = "draft-mtp" in (a.spec_type or "").split(",")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from ._draft_cost import CostModel
+from .cost import CostModel
 
 __all__ = ["Choice", "best_alone", "choose_lengths", "drafter_rows"]
 

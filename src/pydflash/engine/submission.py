@@ -8,9 +8,9 @@ from __future__ import annotations
 import threading
 from collections.abc import AsyncIterator, Iterator
 
-from ._generation import Generation
-from .errors import GenerationInterrupted, PyDFlashError
-from .results import GenerationResult, StreamStep
+from ..errors import GenerationInterrupted, PyDFlashError
+from ..results import GenerationResult, StreamStep
+from .generation import Generation
 
 __all__ = ["Submission"]
 

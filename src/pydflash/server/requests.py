@@ -13,7 +13,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidatorFunctionWrapHandler, WrapValidator
 from pydantic_core import PydanticCustomError
 
-from .completions import MAX_CHOICES
+from ..openai.completions import MAX_CHOICES
 
 __all__ = ["BadRequest", "ChatRequest", "CompletionRequest", "describe"]
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from .openai_types import Timings
+from ..results import Timings
 
 __all__ = ["Metrics"]
 

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import testing as _t
-from .testing import HybridSpec
+from . import models as _t
+from .models import HybridSpec
 
 if TYPE_CHECKING:
     import gguf

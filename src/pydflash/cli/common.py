@@ -6,9 +6,9 @@ import argparse
 import dataclasses
 from typing import Any
 
-from . import _core
-from .config import CACHE_TYPES, FLASH_ATTN, SPEC_TYPES, SPLIT_MODES, ModelConfig, NgramConfig
-from .results import GenerationResult
+from .. import _core
+from ..config import CACHE_TYPES, FLASH_ATTN, SPEC_TYPES, SPLIT_MODES, ModelConfig, NgramConfig
+from ..results import GenerationResult
 
 DRAFT_MAX_HELP = (
     "draft tokens per step, pinned (default: chosen each step from the measured pass costs and the running "

@@ -13,6 +13,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - 3.10
     from typing_extensions import NotRequired, TypedDict
 
+from ..results import CompletionUsage, DraftSourceTimings, Timings  # noqa: F401  (re-exported: part of the OpenAI-shaped types)
+
 __all__ = [
     "ChatCompletion",
     "ChatCompletionChoice",
@@ -55,41 +57,6 @@ class ChatCompletionTool(TypedDict):
 
     type: Literal["function"]
     function: dict[str, Any]
-
-
-class CompletionUsage(TypedDict):
-    """Token counts of a request: prompt, completion and total."""
-
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-
-class DraftSourceTimings(TypedDict):
-    """One draft source's share of a generation's drafts."""
-
-    n_drafts: int  # steps whose draft it made
-    draft_n: int
-    draft_n_accepted: int
-
-
-class Timings(TypedDict):
-    """llama-server's ``timings`` object, plus the DFlash step counts."""
-
-    cache_n: int  # prompt tokens taken from the prompt cache
-    prompt_n: int  # prompt tokens evaluated
-    prompt_ms: float
-    prompt_per_token_ms: float
-    prompt_per_second: float
-    predicted_n: int
-    predicted_ms: float
-    predicted_per_token_ms: float
-    predicted_per_second: float
-    draft_n: int  # tokens the drafter proposed
-    draft_n_accepted: int  # of those, tokens the target accepted
-    n_steps: int  # target verification passes
-    accepted_lengths: list[int]  # accepted draft tokens of each step
-    draft_sources: dict[str, DraftSourceTimings]  # per source: "draft-dflash", "ngram-mod", ...
 
 
 class CompletionLogprobs(TypedDict):

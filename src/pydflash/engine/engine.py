@@ -23,11 +23,11 @@ import threading
 import time
 from collections.abc import Iterator
 
-from . import _core
-from ._draft_policy import CONFIDENCE_CUT, CostModel, DraftPolicy, SequenceDraft, drafter_rows
-from ._generation import Generation
-from .errors import GenerationInterrupted, GrammarError, PyDFlashError
-from .pair import ContextPair
+from .. import _core
+from ..drafting.policy import CONFIDENCE_CUT, CostModel, DraftPolicy, SequenceDraft, drafter_rows
+from ..errors import GenerationInterrupted, GrammarError, PyDFlashError
+from ..pair import ContextPair
+from .generation import Generation
 
 __all__ = ["Engine"]
 
@@ -329,7 +329,7 @@ class Engine:
                     self._release(s)
                 continue
             stepping.append(s)
-            budgets.append(gen.config.max_tokens - len(gen.tokens) - 1)
+            budgets.append(gen.tokens_left - 1)
             asked.append(dm)
             caps.append(max(0, min(default_dm if dm < 0 else dm, budgets[-1])))
         if not stepping:

@@ -38,14 +38,14 @@ try:
     from starlette.routing import Route
     from starlette.types import ASGIApp, Receive, Scope, Send
 
-    from ._server_http import FramingCheck, HTTPProtocol, error_body, error_response
-    from ._server_requests import BadRequest, ChatRequest, CompletionRequest, describe
+    from .http import FramingCheck, HTTPProtocol, error_body, error_response
     from .metrics import Metrics
+    from .requests import BadRequest, ChatRequest, CompletionRequest, describe
 except ImportError as e:  # the optional dependencies of the server extra
     raise ImportError(f"pydflash serve needs {e.name}: pip install pydflash[server]") from e
 
-from .errors import GenerationInterrupted, PyDFlashError
-from .llama import Llama
+from ..errors import GenerationInterrupted, PyDFlashError
+from ..llama import Llama
 
 __all__ = ["Server", "serve"]
 

@@ -13,25 +13,26 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import _cli_bench, _cli_demo, _core, backends
-from ._cli_common import DRAFT_MAX_HELP, add_common, llama_options, stats_line
-from .errors import PyDFlashError
-from .llama import Llama
+from .. import _core
+from ..devices import backends
+from ..errors import PyDFlashError
+from ..llama import Llama
+from . import bench as bench_command
+from . import demo as demo_command
+from .common import DRAFT_MAX_HELP, add_common, llama_options, stats_line
 
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="pydflash", description="DFlash speculative decoding of GGUF models with llama.cpp, in-process."
     )
-    from . import __version__
-
-    ap.add_argument("--version", action="version", version=f"pydflash {__version__}")
+    ap.add_argument("--version", action="version", version=f"pydflash {_core.__version__}")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
     _add_generate(sub)
-    _cli_demo.add_parser(sub)
-    _cli_bench.add_parser(sub)
+    demo_command.add_parser(sub)
+    bench_command.add_parser(sub)
     _add_serve(sub)
     _add_info(sub)
     _add_rpc_server(sub)
@@ -255,7 +256,7 @@ def _template_summary(m: _core.Model) -> str:
     if not src:
         return "none (chat uses ChatML)"
     try:
-        from .chat import ChatTemplate
+        from ..openai.chat import ChatTemplate
 
         thinking = ChatTemplate(m).supports_thinking
     except PyDFlashError as e:
@@ -272,7 +273,7 @@ _ROLLBACK_NOTES = {
 
 
 def _cmd_info(a: argparse.Namespace) -> int:
-    from . import _logging
+    from .. import _logging
 
     _logging.set_verbose(a.verbose)
     out: dict[str, Any] = {
@@ -352,14 +353,14 @@ def _cmd_info(a: argparse.Namespace) -> int:
 
 def _cmd_serve(a: argparse.Namespace) -> int:
     try:
-        from .server import Server, serve
+        from ..server.app import Server, serve
     except ImportError as e:  # the server extra is not installed: the message says what to install
         print(f"pydflash: error: {e}", file=sys.stderr)
         return 2
 
     model, draft = a.model, a.draft
     if model is None:
-        from .embedded import embedded_pair
+        from ..embedded import embedded_pair
 
         model, default_draft = embedded_pair()
         draft = draft or default_draft
@@ -424,8 +425,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return {
             "generate": _cmd_generate,
-            "demo": _cli_demo.run,
-            "bench": _cli_bench.run,
+            "demo": demo_command.run,
+            "bench": bench_command.run,
             "serve": _cmd_serve,
             "info": _cmd_info,
             "rpc-server": _cmd_rpc_server,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 
-from ._core import Calibration
+from .._core import Calibration
 
 __all__ = ["COST_ALPHA", "CostModel", "MachineSpeed", "Rate"]
 

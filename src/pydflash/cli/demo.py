@@ -7,9 +7,9 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from ._cli_common import DRAFT_MAX_HELP, add_common, llama_options
-from .errors import PyDFlashError
-from .llama import Llama
+from ..errors import PyDFlashError
+from ..llama import Llama
+from .common import DRAFT_MAX_HELP, add_common, llama_options
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -49,13 +49,13 @@ WARMUP_PROMPT = "def add(a, b):\n"
 
 
 def _demo_pair(workdir: Path) -> tuple[str, str, str]:
-    from .embedded import embedded_pair
+    from ..embedded import embedded_pair
 
     try:
         t, d = embedded_pair()
         return t, d, "embedded pair: trained Python-code qwen3 target + DFlash drafter (models/MODEL_CARD.md)"
     except PyDFlashError:
-        from . import testing  # the tiny random pair needs gguf + numpy
+        from .. import testing  # the tiny random pair needs gguf + numpy
 
         tp, dp = testing.write_pair(workdir, prefix="demo")
         return str(tp), str(dp), "embedded pair missing: tiny random-weight pair (acceptance near zero)"
@@ -71,7 +71,7 @@ def run(a: argparse.Namespace) -> int:
         target, draft, what = _demo_pair(Path(td))
         print(what)
         if a.pad_ffn:
-            from .padding import pad_ffn
+            from ..testing.padding import pad_ffn
 
             target = str(pad_ffn(target, Path(td) / "target-padded.gguf", a.pad_ffn))
             print(
@@ -80,12 +80,9 @@ def run(a: argparse.Namespace) -> int:
             )
         common = llama_options(a)
         with Llama(target, draft=draft, draft_max=a.draft_max, **common) as spec, Llama(target, **common) as base:
-            # Warm both up with one whole generation of a prompt not timed, so the first
-            # timing is not a cold start: not the machine's (caches, graphs) and not the
-            # adaptive draft length's, which learns the pair's acceptance from a generation's
-            # steps. After 8 tokens alone it had seen only a generation's first positions,
-            # where this drafter keeps least, and the first timed prompt read 0.99-1.32x in 14
-            # of 24 fresh processes (README).
+            # One whole untimed generation each: the first timing is then no cold start, neither
+            # the machine's nor the adaptive length's (it learns from a generation's later
+            # positions too, not only its first ones, where drafters keep least).
             for llm in (base, spec):
                 llm.generate(WARMUP_PROMPT, max_tokens=a.max_tokens, ignore_eos=True)
             tot_spec = tot_base = 0.0

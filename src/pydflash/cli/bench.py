@@ -8,7 +8,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from .config import FLASH_ATTN
+from ..config import FLASH_ATTN
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -19,9 +19,9 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from .bench.run import ENGINES
-    from .bench.servers import ENGINES as SERVING_ENGINES
-    from .bench.tasks import WORKLOADS
+    from ..bench.run import ENGINES
+    from ..bench.servers import ENGINES as SERVING_ENGINES
+    from ..bench.tasks import WORKLOADS
 
     b = sub.add_parser(
         "bench",
@@ -111,8 +111,8 @@ def _add_machine_and_outputs(b: argparse.ArgumentParser) -> None:
 
 
 def _add_workloads(b: argparse.ArgumentParser) -> None:
-    from .bench.stacks import STACKS
-    from .bench.tasks import WORKLOADS
+    from ..bench.stacks import STACKS
+    from ..bench.tasks import WORKLOADS
 
     w = b.add_argument_group(
         "drafting workloads (--workloads)",
@@ -143,7 +143,7 @@ def _add_workloads(b: argparse.ArgumentParser) -> None:
 
 
 def _run_workloads(a: argparse.Namespace) -> int:
-    from .bench import report, stacks
+    from ..bench import report, stacks
 
     if a.draft_window is not None:
         raise ValueError("--draft-window: not with --workloads (it applies to the ISL sweep)")
@@ -218,7 +218,7 @@ def _command_line(a: argparse.Namespace) -> str:
 
 
 def run(a: argparse.Namespace) -> int:
-    from .bench import BenchConfig, report, run
+    from ..bench import BenchConfig, report, run
 
     if a.serving and a.workloads:
         raise ValueError("--serving and --workloads are separate runs: give one")
@@ -282,7 +282,7 @@ def run(a: argparse.Namespace) -> int:
 
 
 def _run_serving(a: argparse.Namespace) -> int:
-    from .bench import report, serving, serving_report
+    from ..bench import report, serving, serving_report
 
     given = [f"--{k.replace('_', '-')}" for k in NOT_SERVING if getattr(a, k) is not None]
     if a.no_bandwidth:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from .openai_types import ChatLogprobs, ChatTokenLogprob, ChatTopLogprob, CompletionLogprobs
-from .results import TokenLogprob
+from ..results import TokenLogprob
+from .types import ChatLogprobs, ChatTokenLogprob, ChatTopLogprob, CompletionLogprobs
 
 __all__ = ["chat_logprobs", "completion_logprobs"]
 

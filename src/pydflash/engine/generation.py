@@ -18,13 +18,21 @@ import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from typing import Protocol
 
-from . import _core
-from ._text import TextAssembler
-from .config import ModelConfig, SamplingConfig
-from .errors import ContextLimitError, GenerationInterrupted
-from .openai_types import CompletionUsage, Timings
-from .pair import ContextPair
-from .results import FinishReason, GenerationResult, GenerationStats, StreamStep, TokenLogprob, by_source
+from .. import _core
+from ..config import ModelConfig, SamplingConfig
+from ..errors import ContextLimitError, GenerationInterrupted
+from ..pair import ContextPair
+from ..results import (
+    CompletionUsage,
+    FinishReason,
+    GenerationResult,
+    GenerationStats,
+    StreamStep,
+    Timings,
+    TokenLogprob,
+    by_source,
+)
+from .text import TextAssembler
 
 __all__ = ["Generation", "GenerationHost", "Prompt"]
 
@@ -297,9 +305,14 @@ class Generation:
         self.prefill_s = now - self.t_start
         self.t_decode = now
 
+    @property
+    def tokens_left(self) -> int:
+        """Tokens it may still generate: the one rule for ``max_tokens``."""
+        return self.config.max_tokens - len(self.tokens)
+
     def next_draft_max(self, n_past: int, n_ctx: int, default_draft_max: int) -> int | None:
         """This step's draft_max, or None when the generation ends here ("length")."""
-        remaining = self.config.max_tokens - len(self.tokens)
+        remaining = self.tokens_left
         if remaining <= 0 or n_past >= n_ctx:
             self.finish = "length"
             self._cut_at_stop()
@@ -344,7 +357,7 @@ class Generation:
             if self.logprobs is not None:
                 self.logprobs.append(TokenLogprob.from_core(logprobs[i]))
             self.text.add(t)
-            if len(self.tokens) >= self.config.max_tokens:
+            if self.tokens_left <= 0:
                 self.finish = "length"
                 break
         self._cut_at_stop()

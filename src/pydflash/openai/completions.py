@@ -2,8 +2,8 @@
 (see ``openai_types``) on top of the generation loop (``_generation``), as in
 llama-cpp-python, plus llama-server's ``timings`` with DFlash's draft counts.
 
-This module does not import ``llama`` (``Llama`` imports it and delegates
-here); it uses ``Llama``'s public members only."""
+This module does not know ``Llama``: it needs only what ``CompletionHost``
+names (``Llama`` provides it and delegates here)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,16 @@ import dataclasses
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar
+from typing import Any, Literal, Protocol, TypedDict, TypeVar
 
-from ._generation import Generation
-from ._oai_logprobs import chat_logprobs, completion_logprobs
-from ._structured import chat_grammar, constraint
+from ..config import SamplingConfig
+from ..engine.generation import Generation, GenerationHost
+from ..errors import ChatTemplateError
+from ..results import FinishReason, TokenLogprob
 from .chat import ChatPrompt, ChatReply, ChatTemplate
-from .config import SamplingConfig
-from .errors import ChatTemplateError
-from .openai_types import (
+from .logprobs import chat_logprobs, completion_logprobs
+from .structured import chat_grammar, constraint
+from .types import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionChunkDelta,
@@ -30,12 +31,22 @@ from .openai_types import (
     CompletionChunk,
     FinishReasonOAI,
 )
-from .results import FinishReason, TokenLogprob
 
-if TYPE_CHECKING:  # for the annotations only: llama imports this module
-    from .llama import Llama
+__all__ = ["MAX_CHOICES", "CompletionHost", "create_chat_completion", "create_completion"]
 
-__all__ = ["MAX_CHOICES", "create_chat_completion", "create_completion"]
+
+class CompletionHost(GenerationHost, Protocol):
+    """What completions need from the object that owns the model (``Llama``)."""
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def n_ctx_slot(self) -> int: ...
+
+    @property
+    def chat_template(self) -> ChatTemplate: ...
+
 
 MAX_CHOICES = 16  # n: choices of one request
 
@@ -101,7 +112,7 @@ def _unsupported(**kw: Any) -> None:
 
 
 def create_completion(
-    llm: Llama,
+    llm: CompletionHost,
     prompt: str | Sequence[int],
     suffix: str | None = None,
     max_tokens: int | None = 16,
@@ -176,13 +187,22 @@ def create_completion(
     )
     gens = _generations(llm, tokens, cfg, id_slot, n)
     meta: _Meta = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or llm.model_name}
-    head = (prompt if isinstance(prompt, str) else llm.detokenize(tokens)) if echo else ""
+    head = _echo(llm, prompt, tokens) if echo else ""
     if stream:
         return _chained([_completion_chunks(g, cancel, meta, head) for g in gens], gens)
     return _merged([_completion(g, cancel, meta, head) for g in gens])
 
 
-def _generations(llm: Llama, tokens: list[int], cfg: SamplingConfig, slot: int | None, n: int) -> list[Generation]:
+def _echo(llm: CompletionHost, prompt: str | Sequence[int], tokens: list[int]) -> str:
+    """The prompt as text, for ``echo``."""
+    if isinstance(prompt, str):
+        return prompt
+    return llm.core_model.detokenize(tokens).decode("utf-8", errors="replace")
+
+
+def _generations(
+    llm: CompletionHost, tokens: list[int], cfg: SamplingConfig, slot: int | None, n: int
+) -> list[Generation]:
     """``n`` generations of one prompt, with seeds ``seed``, ``seed + 1``, ... (each
     its own draw; greedy choices are alike), all started before any is read."""
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CHOICES:
@@ -288,7 +308,7 @@ def _completion_chunks(
 
 
 def create_chat_completion(
-    llm: Llama,
+    llm: CompletionHost,
     messages: Sequence[Mapping[str, Any]],
     tools: Sequence[Mapping[str, Any]] | None = None,
     max_tokens: int | None = None,
@@ -397,7 +417,7 @@ _OWN_ARGUMENTS = ("messages", "tools", "json_schema", "grammar")
 
 
 def _chat_prompt(
-    llm: Llama,
+    llm: CompletionHost,
     messages: Sequence[Mapping[str, Any]],
     tools: Sequence[Mapping[str, Any]] | None,
     enable_thinking: bool,
@@ -426,10 +446,10 @@ def _chat_prompt(
     )
 
 
-def _generation_prompt_tokens(llm: Llama, text: str) -> list[int]:
+def _generation_prompt_tokens(llm: CompletionHost, text: str) -> list[int]:
     """The template's assistant prefix as tokens (llama.cpp's rule: without a leading
     space token that the text itself does not start with)."""
-    toks = llm.tokenize(text, add_special=False, parse_special=True)
+    toks = llm.core_model.tokenize(text, False, True)
     if toks and not text[:1].isspace() and llm.core_model.token_to_piece(toks[0], True)[:1].isspace():
         toks = toks[1:]
     return toks

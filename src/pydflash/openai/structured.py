@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ..config import Grammar
 from .chat import ChatPrompt
-from .config import Grammar
 
 __all__ = ["Constraint", "chat_grammar", "constraint"]
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ._testing_drafters import DrafterVariant, variant_keys, variant_tensors
+from .drafters import DrafterVariant, variant_keys, variant_tensors
 
 if TYPE_CHECKING:
     import gguf

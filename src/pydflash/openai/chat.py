@@ -9,8 +9,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import _core
-from .config import schema_json
+from .. import _core
+from ..config import schema_json
 
 __all__ = ["ChatPrompt", "ChatReply", "ChatTemplate", "builtin_templates"]
 

@@ -58,9 +58,9 @@ import math
 import time
 from collections.abc import Sequence
 
-from ._draft_acceptance import PRIOR_ACCEPTANCE, Acceptance, expected_gains, expected_tokens
-from ._draft_choice import Choice, best_alone, choose_lengths, drafter_rows
-from ._draft_cost import CostModel, MachineSpeed, Rate
+from .acceptance import PRIOR_ACCEPTANCE, Acceptance, expected_gains, expected_tokens
+from .choice import Choice, best_alone, choose_lengths, drafter_rows
+from .cost import CostModel, MachineSpeed, Rate
 
 __all__ = [
     "CONFIDENCE_CUT",

@@ -1,0 +1,1 @@
+"""The adaptive draft length: how many tokens each sequence drafts per step."""

@@ -237,6 +237,8 @@ class MemoryReport:
 
 
 class CompletionUsage(TypedDict):
+    """Token counts of a request: prompt, completion and total (OpenAI's ``usage``)."""
+
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int

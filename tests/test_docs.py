@@ -53,7 +53,9 @@ def _name(page: Path) -> str:
 
 def test_block_parser_reads_skips_and_lines(tmp_path: Path) -> None:
     page = tmp_path / "p.md"
-    page.write_text("# t\n\n```python\nx = 1\n```\n\n<!-- skip: needs a GPU -->\n```python\ny = 2\n```\n```sh\nls\n```\n")
+    page.write_text(
+        "# t\n\n```python\nx = 1\n```\n\n<!-- skip: needs a GPU -->\n```python\ny = 2\n```\n```sh\nls\n```\n"
+    )
     b = python_blocks(page)
     assert [(x.line, x.code, x.skip) for x in b] == [(4, "x = 1\n", None), (9, "y = 2\n", "needs a GPU")]
 
@@ -81,9 +83,7 @@ def run_page(page: Path, cwd: Path, label: str | None = None) -> subprocess.Comp
     blocks = [(f"{label}:{b.line}", b.code) for b in python_blocks(page) if b.skip is None]
     script = cwd / "run_blocks.py"
     script.write_text(RUNNER.format(blocks=blocks))
-    return subprocess.run(
-        [sys.executable, str(script)], cwd=cwd, capture_output=True, text=True, timeout=PAGE_TIMEOUT
-    )
+    return subprocess.run([sys.executable, str(script)], cwd=cwd, capture_output=True, text=True, timeout=PAGE_TIMEOUT)
 
 
 RUNNABLE = [p for p in PAGES if any(b.skip is None for b in python_blocks(p))]
@@ -196,7 +196,7 @@ def test_every_public_name_is_in_the_api_reference() -> None:
     for name, obj in public_names():
         module = name.rsplit(".", 1)[0]
         # documented by its own path, its whole module, or the same object's top-level name
-        if name in paths or module in paths and module != "pydflash":
+        if name in paths or (module in paths and module != "pydflash"):
             continue
         if any(f"pydflash.{n}" in paths and o is obj for n, o in top.items()):
             continue
@@ -239,7 +239,7 @@ def test_cli_page_lists_every_flag_of_every_subcommand() -> None:
 
 # -- the README ------------------------------------------------------------------------------
 
-INSTALL = 'python3 -m venv .venv && . .venv/bin/activate && pip install . && pydflash demo'
+INSTALL = "python3 -m venv .venv && . .venv/bin/activate && pip install . && pydflash demo"
 TEST = 'python3 -m venv .venv && . .venv/bin/activate && pip install ".[test]" && python -m pytest'
 
 

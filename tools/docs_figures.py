@@ -150,7 +150,7 @@ def acceptance_per_position(out: Path) -> Path:
                 for i in range(min(st.n_drafted, st.n_accepted + 1)):
                     reached[i] += 1
                     kept[i] += i < st.n_accepted
-    rates = [k / r if r else 0.0 for k, r in zip(kept, reached)]
+    rates = [k / r if r else 0.0 for k, r in zip(kept, reached, strict=True)]
     record = {
         "command": "python tools/docs_figures.py",
         "model": "embedded pair (pydflash.embedded_pair()), unpadded",

@@ -342,8 +342,8 @@ class Llama:
         probability min(1, p/q), resampling from max(0, p - q) on rejection;
         ``verify="match"`` accepts a greedy draft token only when the target's
         own sample equals it. Both keep the target's distribution p exactly;
-        the same chain (llama.cpp's order: penalties, bias, top-k, top-p, min-p,
-        temperature) shapes p and q.
+        the same chain (llama.cpp's order: logit bias, penalties, top-n-sigma, top-k,
+        typical-p, top-p, min-p, temperature) shapes p and q.
 
         Keyword options (``GenerateOptions``, defaults as ``SamplingConfig``'s):
         ``min_p``, ``typical_p``, ``top_n_sigma``, ``repeat_penalty``,

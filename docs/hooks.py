@@ -61,8 +61,9 @@ def _flag(action: argparse.Action) -> str:
 
 
 def _help(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
-    if not action.help:
-        return ""
+    if not action.help:  # a flag without help text still shows its default
+        default = action.default
+        return "" if default is None or default is False or default == argparse.SUPPRESS else f"(default: {default})"
     # the formatter expands %(default)s and friends exactly as --help does
     return _cell(parser._get_formatter()._expand_help(action))
 

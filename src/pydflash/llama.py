@@ -36,19 +36,24 @@ class Llama:
     >>> res = llm.generate("def fib(n):", max_tokens=64)
     >>> res.text, res.stats.mean_accepted_length
 
-    ``draft=None`` decodes with the target alone (the baseline; same API and stats). At temperature 0 the output
-    with a drafter equals the target's own greedy output, token for token.
+    ``draft=None`` decodes with the target alone (the baseline; same API and
+    stats). At temperature 0 the output with a drafter equals the target's
+    own greedy output, token for token.
 
-    ``rollback`` says how rejected draft tokens leave the target's memory: "auto" picks "kv-trim" for
-    attention-only targets, "recurrent-planes" for hybrid targets whose llama.cpp architecture supports partial rollback
-    (qwen35, qwen35moe: block_size - 1 extra state planes) and "checkpoint" for the other recurrent/hybrid
-    targets (e.g. qwen3next). "checkpoint" can also be forced on a qwen35 target to save the planes' memory, at
-    the cost of a replay pass after each partial acceptance.
+    ``rollback`` says how rejected draft tokens leave the target's memory:
+    "auto" picks "kv-trim" for attention-only targets, "recurrent-planes" for
+    hybrid targets whose llama.cpp architecture supports partial rollback
+    (qwen35, qwen35moe: block_size - 1 extra state planes) and "checkpoint"
+    for the other recurrent/hybrid targets (e.g. qwen3next). "checkpoint" can
+    also be forced on a qwen35 target to save the planes' memory, at the cost
+    of a replay pass after each partial acceptance.
 
-    ``n_parallel`` sequences decode together (llama.cpp's ``-np``): calls from several threads (``generate``,
-    ``stream``, the completions, the server) and ``submit``/``generate_batch`` run at once, each in its own
-    sequence slot, one batched speculative step for all of them; ``n_ctx`` is shared, each sequence getting
-    ``n_ctx // n_parallel`` tokens. With fewer slots than generations, the rest wait their turn.
+    ``n_parallel`` sequences decode together (llama.cpp's ``-np``): calls from
+    several threads (``generate``, ``stream``, the completions, the server) and
+    ``submit``/``generate_batch`` run at once, each in its own sequence slot,
+    one batched speculative step for all of them; ``n_ctx`` is shared, each
+    sequence getting ``n_ctx // n_parallel`` tokens. With fewer slots than
+    generations, the rest wait their turn.
     """
 
     def __init__(
@@ -81,11 +86,14 @@ class Llama:
         verbose: bool = False,
         chat_template: str | None = None,
     ):
-        """Options (``ModelConfig``): devices ``n_gpu_layers``/``draft_n_gpu_layers`` (-1 = all), ``main_gpu``,
-        ``split_mode``, ``tensor_split``, ``rpc_servers``; KV cache ``flash_attn``, ``type_k``/``type_v`` (target),
-        ``draft_type_k``/``draft_type_v``, ``draft_window`` (drafter); draft length ``draft_max`` (None: chosen each
-        step; ``draft_adaptive=False``: block size - 1; an int pins it); ``speculative``, llama.cpp's ``--spec-type``
-        list such as ``["ngram-mod", "draft-dflash"]``, with ``ngram`` its n-gram settings."""
+        """Options: see ``ModelConfig`` (devices: ``n_gpu_layers``/``draft_n_gpu_layers``
+        (-1 = all), ``main_gpu``, ``split_mode``, ``tensor_split``, ``rpc_servers``;
+        attention and KV cache: ``flash_attn``, ``type_k``/``type_v`` for the target and
+        ``draft_type_k``/``draft_type_v`` and ``draft_window`` (its context window) for the
+        drafter; draft length: ``draft_max`` None chooses each step's length,
+        ``draft_adaptive=False`` drafts block size - 1 instead, an int pins it; speculation:
+        ``speculative``, llama.cpp's ``--spec-type`` list such as ``["ngram-mod", "draft-dflash"]``,
+        with ``ngram`` its n-gram settings)."""
         self._pair_core: _core.ContextPair | None = None
         self._target: _core.Model | None = None
         self._draft: _core.Model | None = None

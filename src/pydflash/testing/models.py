@@ -1,14 +1,19 @@
 """Tiny random-weight GGUF models for tests and experiments.
 
-``write_pair`` writes a ``qwen3`` target and a matching ``dflash`` drafter (architecture names and tensor layout as
-llama.cpp expects them) with the ``gguf`` package (``pip install pydflash[test]``). Shapes are controllable, and
-``broken`` variants produce the malformed drafters the load checks must refuse. ``write_hybrid_target`` writes a
-Gated-DeltaNet hybrid target (``qwen35``, the Qwen3.5/3.6 layout, ``qwen35moe`` or ``qwen3next``), and
-``write_hybrid_pair`` adds a drafter with multi-section RoPE as Qwen3.5/3.6 drafters have.
+``write_pair`` writes a ``qwen3`` target and a matching ``dflash`` drafter
+(architecture names and tensor layout as llama.cpp expects them) with the
+``gguf`` package (``pip install pydflash[test]``). Shapes are controllable,
+and ``broken`` variants produce the malformed drafters the load checks must
+refuse. ``write_hybrid_target`` writes a Gated-DeltaNet hybrid target
+(``qwen35``, the Qwen3.5/3.6 layout, ``qwen35moe`` or ``qwen3next``), and
+``write_hybrid_pair`` adds a drafter with multi-section RoPE as Qwen3.5/3.6
+drafters have.
 
-Random tiny models have near-tied logits; the output head here gives a small set of "hot" tokens large weights, so
-the greedy argmax is decided by a clear margin (never by float noise) and a random drafter agrees with the target
-often enough to exercise partial acceptance."""
+Random tiny models have near-tied logits; the output head here gives a small
+set of "hot" tokens large weights, so the greedy argmax is decided by a clear
+margin (never by float noise) and a random drafter agrees with the target
+often enough to exercise partial acceptance.
+"""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 import pytest
 
 from pydflash import Llama
-from pydflash.server import MAX_BODY, Server
+from pydflash.server.app import MAX_BODY, Server
 
 MSGS = [{"role": "user", "content": "def f():"}]
 

@@ -23,6 +23,18 @@ def test_examples_are_all_tested():
     assert {p.name for p in (ROOT / "examples").glob("*.py")} == tested
 
 
+def test_every_example_has_a_test_here():
+    # each examples/NAME.py is run by test_NAME_example below (server_openai.py: test_server_example)
+    names = {p.stem.removesuffix("_openai") for p in (ROOT / "examples").glob("*.py")}
+    assert {n for n in names if f"test_{n}_example" not in globals()} == set()
+
+
+def test_step_by_step_example():
+    out = run("step_by_step.py", "--steps", "6", "--draft-max", "7")
+    assert out.count("step ") >= 6 and "target passes" in out
+    assert "drafted 7" in out  # a pinned draft_max: each step drafts the whole length asked
+
+
 def test_chat_example():
     out = run("chat.py", "--max-tokens", "24")
     assert "<|im_start|>user" in out  # the embedded pair has no template: ChatML

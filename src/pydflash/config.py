@@ -84,6 +84,7 @@ class NgramConfig:
         self.core().validate()
 
     def core(self) -> _core.NgramParams:
+        """These settings as the core's ``NgramParams``."""
         return _core.NgramParams(**dataclasses.asdict(self))
 
 
@@ -372,6 +373,14 @@ class SamplingConfig:
 
     @staticmethod
     def normalise_stop(stop: str | Sequence[str] | None) -> tuple[str, ...]:
+        """``stop`` as a tuple of strings.
+
+        Args:
+            stop: One stop string, several, or None.
+
+        Returns:
+            The stop strings (empty for None).
+        """
         if stop is None:
             return ()
         if isinstance(stop, str):

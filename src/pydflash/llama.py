@@ -173,6 +173,7 @@ class Llama:
 
     @property
     def closed(self) -> bool:
+        """Whether ``close()`` has freed the models and contexts."""
         return self._pair_core is None
 
     def _model(self) -> _core.Model:
@@ -227,10 +228,12 @@ class Llama:
 
     @property
     def n_vocab(self) -> int:
+        """The target's vocabulary size."""
         return self._model().n_vocab
 
     @property
     def has_draft(self) -> bool:
+        """Whether a drafter file was loaded (``draft=``)."""
         return self._draft is not None
 
     @property
@@ -246,10 +249,12 @@ class Llama:
 
     @property
     def metadata(self) -> dict[str, str]:
+        """The target GGUF's metadata, values as text (as llama-cpp-python's ``metadata``)."""
         return dict(self._model().metadata)
 
     @property
     def draft_metadata(self) -> dict[str, str]:
+        """The drafter GGUF's metadata, values as text ({} without a drafter)."""
         return dict(self._draft.metadata) if self._draft is not None else {}
 
     def memory(self) -> MemoryReport:
@@ -345,8 +350,8 @@ class Llama:
         probability min(1, p/q), resampling from max(0, p - q) on rejection;
         ``verify="match"`` accepts a greedy draft token only when the target's
         own sample equals it. Both keep the target's distribution p exactly;
-        the same chain (llama.cpp's order: penalties, bias, top-k, top-p, min-p,
-        temperature) shapes p and q.
+        the same chain (llama.cpp's order: logit bias, penalties, top-n-sigma, top-k,
+        typical-p, top-p, min-p, temperature) shapes p and q.
 
         Keyword options (``GenerateOptions``, defaults as ``SamplingConfig``'s):
         ``min_p``, ``typical_p``, ``top_n_sigma``, ``repeat_penalty``,
@@ -544,6 +549,7 @@ class Llama:
         self._engine.submit(gen)
 
     def cancel_generation(self, gen: Generation) -> None:
+        """Stop ``gen``, queued or running (internal: ``Submission.cancel`` calls it)."""
         if self._engine is not None:
             self._engine.cancel(gen)
 

@@ -197,6 +197,7 @@ class ContextPair:
 
     @property
     def has_drafter(self) -> bool:
+        """Whether a drafter model is loaded (False: the target alone, or MTP / n-gram drafting only)."""
         return self._core.has_drafter
 
     @property
@@ -225,6 +226,7 @@ class ContextPair:
 
     @property
     def default_draft_max(self) -> int:
+        """The draft length ``step(draft_max=None)`` uses: the pair's ``draft_max``, else block size - 1."""
         return self._core.default_draft_max
 
     @property
@@ -241,6 +243,7 @@ class ContextPair:
 
     @property
     def target_layer_ids(self) -> list[int]:
+        """The target layers whose inputs feed the drafter (llama.cpp's ids, from ``dflash.target_layers``)."""
         return self._core.target_layer_ids
 
     @property

@@ -38,6 +38,7 @@ class SourceStats:
 
     @property
     def acceptance_rate(self) -> float:
+        """Accepted / drafted tokens of this source (0.0 when it drafted nothing)."""
         return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
 
 
@@ -90,6 +91,7 @@ class GenerationStats:
 
     @property
     def decode_tokens_per_second(self) -> float:
+        """Generated tokens per second of decoding (after the prompt's prefill)."""
         return self.n_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
 
     @property
@@ -100,14 +102,17 @@ class GenerationStats:
 
     @property
     def draft_seconds(self) -> float:
+        """Time in drafter passes, summed over the steps."""
         return sum(s.t_draft_ms for s in self.steps) / 1e3
 
     @property
     def verify_seconds(self) -> float:
+        """Time in target verification passes, summed over the steps."""
         return sum(s.t_verify_ms for s in self.steps) / 1e3
 
     @property
     def inject_seconds(self) -> float:
+        """Time injecting the target's features into the drafter, summed over the steps."""
         return sum(s.t_inject_ms for s in self.steps) / 1e3
 
     @property
@@ -127,11 +132,22 @@ class TokenLogprob:
 
     @classmethod
     def from_core(cls, lp: _core.TokenLogprob) -> TokenLogprob:
+        """Build one from the core's record.
+
+        Args:
+            lp: The core's ``TokenLogprob``.
+
+        Returns:
+            The same token, log-probability and top alternatives, as a frozen dataclass.
+        """
         return cls(lp.token, lp.logprob, tuple(lp.top))
 
 
 @dataclasses.dataclass(frozen=True)
 class GenerationResult:
+    """What ``Llama.generate`` returns: the text and tokens generated, why it stopped, the stats,
+    and the log-probabilities when asked for (``logprobs=True``)."""
+
     text: str
     tokens: list[int]
     finish_reason: FinishReason
@@ -167,6 +183,7 @@ class MemoryRow:
 
     @property
     def total(self) -> int:
+        """Model + context + compute bytes of this row."""
         return self.model + self.context + self.compute
 
 
@@ -184,17 +201,28 @@ class MemoryReport:
 
     @property
     def per_sequence_bytes(self) -> int:
+        """One sequence's share of the contexts (KV caches, recurrent state) of both models."""
         return sum(r.context for r in self.rows) // max(1, self.n_parallel)
 
     def total(self, role: str | None = None) -> int:
+        """Bytes of every row, or of one model's rows.
+
+        Args:
+            role: ``"target"``, ``"drafter"``, or None for both.
+
+        Returns:
+            Model + context + compute bytes summed over the rows.
+        """
         return sum(r.total for r in self.rows if role is None or r.role == role)
 
     @property
     def target_bytes(self) -> int:
+        """What the target holds: weights, context and compute buffers."""
         return self.total("target")
 
     @property
     def drafter_bytes(self) -> int:
+        """What the drafter holds: its overhead over the target alone."""
         return self.total("drafter")
 
     def __str__(self) -> str:
@@ -209,6 +237,8 @@ class MemoryReport:
 
 
 class CompletionUsage(TypedDict):
+    """Token counts of a request: prompt, completion and total (OpenAI's ``usage``)."""
+
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int

@@ -339,3 +339,17 @@ def write_charts(directory: Path, rows: list[Row], ctx_draft_max: int) -> list[P
             f"decode tok/s vs draft_max (ISL = {isl0})",
         ),
     ]
+
+
+def write_acceptance_chart(path: Path, rates: list[float], title: str) -> Path:
+    """A chart of the conditional acceptance of each draft position (position i: the share of
+    steps that drafted at least i tokens and kept the first i - 1 which kept the i-th too);
+    needs matplotlib."""
+    return _chart(
+        path,
+        {"conditional acceptance": [(float(i + 1), r) for i, r in enumerate(rates)]},
+        None,
+        "draft position",
+        "acceptance",
+        title,
+    )

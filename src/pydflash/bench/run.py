@@ -29,6 +29,9 @@ Log = Callable[[str], None]
 
 @dataclasses.dataclass(frozen=True)
 class BenchConfig:
+    """One ``pydflash bench`` run: the models, the lengths, the engines and the repeats (the
+    command line's flags, as fields)."""
+
     target: str | None = None  # None: the embedded trained pair
     draft: str | None = None
     pad_ffn: int | None = None  # FFN width of a memory-bound copy of the target (0: as is;
@@ -58,6 +61,11 @@ class BenchConfig:
         return dataclasses.replace(BenchConfig(isl=(64, 256), repeats=2), **changes)
 
     def validate(self) -> None:
+        """Check the configuration before anything runs.
+
+        Raises:
+            ValueError: A value is out of range or the lists do not match (the message says which).
+        """
         if not self.isl or min(self.isl) < 2:
             raise ValueError("isl: give context lengths >= 2")
         if self.osl is not None and len(self.osl) != len(self.isl):

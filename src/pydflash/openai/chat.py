@@ -40,11 +40,15 @@ class ChatPrompt:
 
     @property
     def needs_parse(self) -> bool:
+        """Whether the reply must go through llama.cpp's reply parser (reasoning, tool calls)."""
         return bool(self.parser) or self.format_id != 0 or self.supports_thinking
 
 
 @dataclasses.dataclass(frozen=True)
 class ChatReply:
+    """A model's reply parsed by its template's format: the text, the reasoning block's text and
+    the tool calls as (name, arguments JSON, id)."""
+
     content: str
     reasoning_content: str
     tool_calls: tuple[tuple[str, str, str], ...]  # (name, arguments JSON, id)
@@ -72,6 +76,7 @@ class ChatTemplate:
 
     @property
     def source(self) -> str:
+        """The template's jinja source."""
         return self._t.source
 
     @property
@@ -81,6 +86,7 @@ class ChatTemplate:
 
     @property
     def supports_thinking(self) -> bool:
+        """Whether the template has a switch for thinking (``enable_thinking``)."""
         return self._t.supports_thinking
 
     def apply(

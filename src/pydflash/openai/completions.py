@@ -39,13 +39,19 @@ class CompletionHost(GenerationHost, Protocol):
     """What completions need from the object that owns the model (``Llama``)."""
 
     @property
-    def model_name(self) -> str: ...
+    def model_name(self) -> str:
+        """The model id responses report (``model``)."""
+        ...
 
     @property
-    def n_ctx_slot(self) -> int: ...
+    def n_ctx_slot(self) -> int:
+        """Tokens one sequence may hold: chat's default ``max_tokens`` runs to it."""
+        ...
 
     @property
-    def chat_template(self) -> ChatTemplate: ...
+    def chat_template(self) -> ChatTemplate:
+        """The template that turns messages into a prompt."""
+        ...
 
 
 MAX_CHOICES = 16  # n: choices of one request

@@ -53,6 +53,8 @@ class ChatCompletionMessageParam(TypedDict, total=False):
 
 
 class ChatCompletionTool(TypedDict):
+    """A tool offered to the model (OpenAI's ``tools`` entry): ``type`` and ``function``."""
+
     type: Literal["function"]
     function: dict[str, Any]
 
@@ -67,6 +69,8 @@ class CompletionLogprobs(TypedDict):
 
 
 class CompletionChoice(TypedDict):
+    """One choice of a ``Completion``: its text, index, logprobs and finish reason."""
+
     text: str
     index: int
     logprobs: CompletionLogprobs | None
@@ -74,6 +78,8 @@ class CompletionChoice(TypedDict):
 
 
 class Completion(TypedDict):
+    """What ``create_completion`` returns (OpenAI's ``text_completion`` object, with llama-server's ``timings``)."""
+
     id: str
     object: Literal["text_completion"]
     created: int
@@ -84,6 +90,8 @@ class Completion(TypedDict):
 
 
 class CompletionChunk(TypedDict):
+    """One streamed piece of a completion; the last one carries ``usage`` and ``timings``."""
+
     id: str
     object: Literal["text_completion"]
     created: int
@@ -99,12 +107,16 @@ class ChatCompletionToolCallFunction(TypedDict):
 
 
 class ChatCompletionToolCall(TypedDict):
+    """A tool call the model made, parsed by the template's reply format."""
+
     id: str
     type: Literal["function"]
     function: ChatCompletionToolCallFunction
 
 
 class ChatCompletionMessage(TypedDict):
+    """The assistant's message: content, reasoning content and tool calls."""
+
     role: Literal["assistant"]
     content: str | None
     reasoning_content: NotRequired[str]  # only when the template separates reasoning
@@ -112,12 +124,16 @@ class ChatCompletionMessage(TypedDict):
 
 
 class ChatTopLogprob(TypedDict):
+    """One of the most likely tokens at a position (chat logprobs)."""
+
     token: str
     logprob: float
     bytes: list[int]
 
 
 class ChatTokenLogprob(TypedDict):
+    """A generated token's log-probability and the most likely alternatives (chat logprobs)."""
+
     token: str
     logprob: float
     bytes: list[int]
@@ -131,6 +147,8 @@ class ChatLogprobs(TypedDict):
 
 
 class ChatCompletionChoice(TypedDict):
+    """One choice of a ``ChatCompletion``: its message, index, logprobs and finish reason."""
+
     index: int
     message: ChatCompletionMessage
     logprobs: ChatLogprobs | None
@@ -138,6 +156,9 @@ class ChatCompletionChoice(TypedDict):
 
 
 class ChatCompletion(TypedDict):
+    """What ``create_chat_completion`` returns (OpenAI's ``chat.completion`` object, with
+    llama-server's ``timings``)."""
+
     id: str
     object: Literal["chat.completion"]
     created: int
@@ -148,6 +169,8 @@ class ChatCompletion(TypedDict):
 
 
 class ChatCompletionChunkDelta(TypedDict, total=False):
+    """What a streamed chat chunk adds to the message."""
+
     role: Literal["assistant"]
     content: str
     reasoning_content: str
@@ -155,6 +178,8 @@ class ChatCompletionChunkDelta(TypedDict, total=False):
 
 
 class ChatCompletionChunkChoice(TypedDict):
+    """One choice of a ``ChatCompletionChunk``."""
+
     index: int
     delta: ChatCompletionChunkDelta
     logprobs: ChatLogprobs | None
@@ -162,6 +187,8 @@ class ChatCompletionChunkChoice(TypedDict):
 
 
 class ChatCompletionChunk(TypedDict):
+    """One streamed piece of a chat completion; the last one carries ``usage`` and ``timings``."""
+
     id: str
     object: Literal["chat.completion.chunk"]
     created: int

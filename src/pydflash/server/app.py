@@ -129,18 +129,29 @@ class Server:
 
     @property
     def host(self) -> str:
+        """The address the server listens on."""
         return str(self._socket.getsockname()[0])
 
     @property
     def port(self) -> int:
+        """The port the server listens on (the real one when ``port=0`` was given)."""
         return int(self._socket.getsockname()[1])
 
     @property
     def url(self) -> str:
+        """``http://host:port``, the base of every endpoint."""
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
     def start(self) -> Server:
+        """Serve from a daemon thread and return once the server listens.
+
+        Returns:
+            This server (so that ``srv = Server(llm).start()`` reads well).
+
+        Raises:
+            RuntimeError: The server thread ended before it listened.
+        """
         self._thread = threading.Thread(
             target=self._uvicorn.run, kwargs={"sockets": [self._socket]}, name="pydflash-server", daemon=True
         )
@@ -169,6 +180,7 @@ class Server:
         self.shutdown()
 
     def model_card(self) -> dict[str, Any]:
+        """The model's entry in ``GET /v1/models``: its id, and the pair's facts under ``meta``."""
         llm = self.llm
         meta = {
             "n_ctx": llm.n_ctx,

@@ -103,6 +103,11 @@ class Metrics:
     # -- updates -------------------------------------------------------------
 
     def request(self, endpoint: str) -> None:
+        """Count one request.
+
+        Args:
+            endpoint: The endpoint's label in ``requests_total{endpoint=...}``.
+        """
         self._requests.labels(endpoint=endpoint).inc()
 
     def event(self, name: str) -> None:
@@ -137,6 +142,7 @@ class Metrics:
     # -- exposition ------------------------------------------------------------
 
     def render(self) -> bytes:
+        """Every metric in Prometheus' text format (the body of ``GET /metrics``)."""
         return generate_latest(self.registry)
 
     def _running(self) -> float:

@@ -38,6 +38,8 @@ KINDS = ("dflash", "dflash2", "dspark")
 
 @dataclasses.dataclass(frozen=True)
 class DrafterVariant:
+    """Which kind of drafter a test writes (DFlash, DFlash2 or DSpark) and its kind-specific sizes."""
+
     kind: str = "dflash"  # "dflash", "dflash2" (selector lattice) or "dspark" (Markov + confidence heads)
     selector_top_k: int = 4  # dflash2: n_embd must be >= k (k + 1)
     selector_rank: int = 8

@@ -121,6 +121,8 @@ def tokenizer(n_vocab: int = 384) -> Tokenizer:
 
 @dataclasses.dataclass(frozen=True)
 class TargetSpec:
+    """The shape of a tiny random ``qwen3`` target written by ``write_target`` / ``write_pair``."""
+
     n_embd: int = 64
     n_layer: int = 4
     n_head: int = 4
@@ -161,6 +163,8 @@ class HybridSpec(TargetSpec):
 
 @dataclasses.dataclass(frozen=True)
 class DrafterSpec:
+    """The shape of a tiny random DFlash drafter written by ``write_drafter`` / ``write_pair``."""
+
     n_layer: int = 1
     n_head: int = 4
     n_head_kv: int = 2

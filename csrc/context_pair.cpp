@@ -107,6 +107,7 @@ ContextPair::ContextPair(std::shared_ptr<Model> target, std::shared_ptr<Model> d
     if (mtp_) llama_set_abort_callback(mtp_->ctx(), &ContextPair::abort_callback, this);
     batch_tgt_.reset(llama_batch_ext_init(ctx_tgt_.get()));
     if (!batch_tgt_) throw Error("llama_batch_ext_init failed for the target");
+    acceptor_ = std::make_unique<Acceptor>(ctx_tgt_.get(), target_->n_vocab(), static_cast<DecodeFailure&>(*this));
     seqs_.resize(static_cast<size_t>(params_.n_seq));
     for (Sequence& sq : seqs_) sq.sampler = std::make_unique<Sampler>(SamplingParams{}, target_->n_vocab());
 }
@@ -209,7 +210,8 @@ void ContextPair::require_open() const {
 
 void ContextPair::close() {
     std::lock_guard<std::mutex> lock(mu_);
-    // the drafter contexts reference the target's: free them first
+    // the drafter contexts and the acceptor reference the target's: free them first
+    acceptor_.reset();
     mtp_.reset();
     batch_dft_.reset();
     batch_tgt_.reset();

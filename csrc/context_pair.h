@@ -15,7 +15,9 @@
 #include <utility>
 #include <vector>
 
+#include "acceptor.h"
 #include "calibrate.h"
+#include "decode_failure.h"
 #include "drafter.h"
 #include "fault.h"
 #include "grammar.h"
@@ -26,6 +28,7 @@
 #include "pair_params.h"
 #include "rollback.h"
 #include "sampler.h"
+#include "sequence.h"
 
 namespace pydflash {
 
@@ -67,33 +70,7 @@ struct MemoryRow {
     size_t compute = 0;  // compute buffers
 };
 
-// What one sequence (a slot) holds: its token history in both caches, the
-// token pending for its next step, its sampler, grammar and checkpoint.
-struct Sequence {
-    std::unique_ptr<Sampler> sampler;
-    std::unique_ptr<Grammar> grammar;        // null: unconstrained
-    std::unique_ptr<Grammar> draft_grammar;  // the copy the drafter walks (its state reset each step)
-    std::unique_ptr<Grammar> grammar_start;  // its state after the spec's prefill: each prefill returns to it
-    std::vector<llama_token> history;        // tokens in the target cache
-    std::optional<llama_token> pending;
-    std::vector<llama_token> prompt;  // a prefill in progress: the whole prompt ...
-    int32_t n_past = 0;               // ... of which history holds the first n_past
-    bool defer_prompt = false;        // ... whose rows' features wait as a plain step's do
-    int32_t n_cached = 0;             // prompt tokens the last prefill took from the cache
-    StateCheckpoint checkpoint;
-    // kept rows whose features wait to be injected (injection.cpp): positions
-    // deferred_pos0.. of n_deferred rows, each the target's layer features
-    std::vector<float> deferred;
-    llama_pos deferred_pos0 = 0;
-    int32_t n_deferred = 0;
-    void drop_deferred() {
-        deferred.clear();
-        deferred_pos0 = 0;
-        n_deferred = 0;
-    }
-};
-
-class ContextPair {
+class ContextPair : private DecodeFailure {
 public:
     ContextPair(std::shared_ptr<Model> target, std::shared_ptr<Model> drafter, const PairParams& params);
     ~ContextPair();
@@ -292,23 +269,10 @@ private:
     // DFlash2: the block walked on the selector lattice of rows row0 + 1.. (tokens only).
     std::vector<llama_token> read_lattice(Sequence& s, int32_t row0, int32_t n, const DraftControl& control);
     const float* nextn_row(int32_t row);  // the drafter's nextn output of a row of the last pass
-    // Accept/reject `draft` against the rows of the last target pass from row0.
-    std::vector<llama_token> accept(Sequence& s, int32_t row0, const std::vector<llama_token>& draft,
-                                    const std::vector<Distribution>& q, bool external, int32_t& n_accepted,
-                                    std::vector<TokenLogprob>& logprobs);
     // Removes a verified batch's rejected tail from the target (kv-trim, planes), or
     // restores the checkpoint ahead of a replay (returns true: replay needed).
     bool roll_back_target(Work& w, int32_t n_batch);
-    std::vector<llama_token> recent_tokens(const Sequence& s) const;  // the penalty window before this step
-    // Appends the logprob of `t` taken from the row `raw` (SamplingParams.logprobs).
-    void note_logprob(const Sequence& s, const float* raw, llama_token t, bool have_dist,
-                      std::vector<TokenLogprob>& out) const;
-    // The row with what the grammar disallows at -inf (a copy); null if it allows nothing.
-    // `plain`: no penalties or bias (the chain sees the row in logit order).
-    const float* constrain(const Sequence& s, const float* raw, Grammar& grammar, bool plain);
-    // The greedy choice of a plain chain under the grammar (-1: it allows nothing).
-    llama_token grammar_argmax(const Sequence& s, const float* raw, Grammar& grammar);
-    [[noreturn]] void fail_decode(const std::string& what, int32_t rc);
+    [[noreturn]] void fail_decode(const std::string& what, int32_t rc) override;
     [[noreturn]] void fail_rollback(const std::string& what);
     static bool abort_callback(void* self);
 
@@ -330,13 +294,12 @@ private:
     int32_t mtp_n_max_ = 0;            // the MTP head's draft length (0: no MTP)
     std::unique_ptr<MtpDrafter> mtp_;  // null: 'draft-mtp' not listed; freed before the target context
     std::vector<Sequence> seqs_;
+    std::unique_ptr<Acceptor> acceptor_;  // freed before the target context
     std::vector<float> features_;
-    Distribution dist_;
+    Distribution dist_;  // the drafter's q row (read_block)
     // the allowed-token caches of the last few grammars (by GBNF text), least recent first
     static constexpr size_t kGrammarCaches = 4;
     std::vector<std::pair<std::string, std::shared_ptr<MaskCache>>> grammar_caches_;
-    std::vector<float> masked_;                         // a grammar-masked logits row
-    std::vector<std::pair<float, llama_token>> order_;  // a row's tokens by logit (grammar scans)
     mutable std::mutex mu_;
     std::atomic<bool> interrupt_{false};
     std::function<bool()> interrupt_check_;

@@ -97,7 +97,7 @@ std::vector<StepResult> ContextPair::step_batch(const std::vector<SeqStep>& step
         t0 = Clock::now();
         int32_t n_acc = 0;
         try {
-            w.r.tokens = accept(*w.s, w.row, w.draft, w.q, w.req->external.has_value(), n_acc, w.r.logprobs);
+            w.r.tokens = acceptor_->accept(*w.s, w.row, w.draft, w.q, w.req->external.has_value(), n_acc, w.r.logprobs);
             w.n_keep = 1 + n_acc;
             w.r.n_accepted = n_acc;
             if (ngram_ && !w.req->external) ngram_->accept(w.seq, n_acc);

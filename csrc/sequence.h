@@ -28,16 +28,6 @@ struct Sequence {
     bool defer_prompt = false;        // ... whose rows' features wait as a plain step's do
     int32_t n_cached = 0;             // prompt tokens the last prefill took from the cache
     StateCheckpoint checkpoint;
-    // kept rows whose features wait to be injected (injection.cpp): positions
-    // deferred_pos0.. of n_deferred rows, each the target's layer features
-    std::vector<float> deferred;
-    llama_pos deferred_pos0 = 0;
-    int32_t n_deferred = 0;
-    void drop_deferred() {
-        deferred.clear();
-        deferred_pos0 = 0;
-        n_deferred = 0;
-    }
 };
 
 // The penalty window before this step: the last penalty_last_n tokens of history + pending.

@@ -48,7 +48,6 @@ Calibration ContextPair::calibrate(int32_t seq, int32_t max_rows, int32_t reps) 
     }
     const auto t_start = Clock::now();
     llama_memory_t mem_tgt = llama_get_memory(ctx_tgt_.get());
-    llama_memory_t mem_dft = ctx_dft_ ? llama_get_memory(ctx_dft_.get()) : nullptr;
     const llama_token tok = 0;  // any valid id: the cost does not depend on it
     auto target_pass = [&](int32_t rows) {
         llama_batch_ext_clear(batch_tgt_.get());
@@ -59,20 +58,7 @@ Calibration ContextPair::calibrate(int32_t seq, int32_t max_rows, int32_t reps) 
         llama_memory_seq_rm(mem_tgt, seq, -1, -1);
         return ms;
     };
-    // as draft_blocks builds them: DFlash2 reads its nextn rows, not logits
-    const bool out = spec_.kind != DrafterKind::DFlash2;
-    auto drafter_pass = [&](int32_t rows) {
-        llama_batch_ext* b = batch_dft_.get();
-        llama_batch_ext_clear(b);
-        add_token(b, seq, tok, 0, out);
-        for (int32_t i = 1; i < rows; ++i) add_token(b, seq, spec_.mask_token, i, out);
-        const auto t0 = Clock::now();
-        const int32_t rc = llama_process(ctx_dft_.get(), LLAMA_PROCESS_TYPE_DECODE, b);
-        const double ms = ms_since(t0);
-        llama_memory_seq_rm(mem_dft, seq, -1, -1);
-        if (rc != 0) fail_decode("drafter calibration pass", rc);
-        return ms;
-    };
+    auto drafter_pass = [&](int32_t rows) { return dflash_->timed_pass(seq, rows); };
     Calibration cal;
     cal.reps = reps;
     cal.verify_rows = calibration_sizes(max_rows);

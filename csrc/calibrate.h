@@ -20,12 +20,10 @@ struct Calibration {
 // a quarter up to `max_rows` (which is always included). Interpolate between them.
 // Sizes are interleaved (a slow moment spreads over all of them). Each timed pass
 // follows an untimed one of its size, so llama.cpp reuses its graph as in a run of
-// steps of one size (a change of size rebuilds it: ~0.2 ms on a tiny model; the
-// engine learns that online). A target pass of several rows and a drafter pass
-// also follow a pass of the other model, as in a drafting step: on a small CPU
-// model each evicts the other's weights from the caches (the embedded pair's
-// 8-row target pass timed 2.2 ms back to back, 2.7 ms so and 4.2 ms in steps; the
-// rest is attention over the context, which the engine also learns online).
+// steps of one size (the engine learns the cost of a change of size online). A
+// target pass of several rows and a drafter pass also follow a pass of the other
+// model, as in a drafting step: on a small CPU model each evicts the other's
+// weights from the caches (attention over the context the engine learns online).
 std::vector<int32_t> calibration_sizes(int32_t max_rows);
 
 }  // namespace pydflash

@@ -38,6 +38,7 @@ ContextPair::ContextPair(std::shared_ptr<Model> target, std::shared_ptr<Model> d
     params_.n_batch = std::min(params_.n_batch, params_.n_ctx);
     params_.n_ubatch = std::min(params_.n_ubatch, params_.n_batch);
 
+    DFlashDrafter::Window window;
     if (drafter_) {
         spec_ = check_drafter(*target_, *drafter_);
         // a verification batch is 1 + max_draft tokens per sequence; a drafter decode
@@ -47,7 +48,7 @@ ContextPair::ContextPair(std::shared_ptr<Model> target, std::shared_ptr<Model> d
         params_.n_ubatch = std::max(params_.n_ubatch, need);
         check_draft_max(params_.draft_max, spec_);
         draft_max_ = params_.draft_max < 0 ? spec_.max_draft() : params_.draft_max;
-        configure_window();
+        window = DFlashDrafter::plan_window(spec_, params_);  // a bad draft_window fails before any context
     } else {
         draft_max_ = 0;
         if (params_.draft_window > 0) {
@@ -72,41 +73,17 @@ ContextPair::ContextPair(std::shared_ptr<Model> target, std::shared_ptr<Model> d
     ensure_backend();
     create_target_context();
     if (drafter_) {
-        // features of these target layers are read after every target decode;
-        // must be on before the first decode (it forces a scheduler reserve)
-        for (int32_t lid : spec_.target_layer_ids) {
-            llama_set_embeddings_layer_inp(ctx_tgt_.get(), static_cast<uint32_t>(lid), true);
-        }
-        llama_context_params dp = context_params(params_, true);
-        dp.ctx_other = ctx_tgt_.get();  // the drafter borrows the target's embeddings and head
-        // a drafter with its own sliding window gets a window-sized SWA cache (llama.cpp's
-        // default, swa_full, sizes it for the whole context); the pair's ring sizes the rest
-        dp.swa_full = false;
-        dp.n_ctx = drafter_n_ctx(dp.n_ctx);
-        // DFlash2 / DSpark blocks of one pass are padded to one length (drafter.h): a
-        // padded block may reach past its sequence's share of the cache
-        if (spec_.equal_blocks()) dp.n_ctx += static_cast<uint32_t>(params_.n_seq * spec_.block_size);
-        ctx_dft_.reset(llama_init_from_model(drafter_->get(), dp));
-        if (!ctx_dft_) {
-            throw ModelLoadError(drafter_->path() + ": failed to create the drafter context: " + take_thread_errors());
-        }
-        llama_set_causal_attn(ctx_dft_.get(), spec_.causal);
-        // the DFlash2 lattice (every row: unmasked) and the DSpark confidence (output rows)
-        // come back as nextn embeddings, as common/speculative.cpp sets them
-        if (spec_.kind != DrafterKind::DFlash) {
-            llama_set_embeddings_nextn(ctx_dft_.get(), true, spec_.kind != DrafterKind::DFlash2);
-        }
-        batch_dft_.reset(llama_batch_ext_init(ctx_dft_.get()));
-        max_deferred_ = max_deferred();
-        if (!batch_dft_) throw Error("llama_batch_ext_init failed for the drafter");
+        dflash_ = std::make_unique<DFlashDrafter>(drafter_, spec_, params_, window, draft_max_, ctx_tgt_.get(),
+                                                  static_cast<DecodeFailure&>(*this), fault_);
     }
     // before the target's first decode: it turns on the target's hidden-state output
     if (mtp_listed()) mtp_ = std::make_unique<MtpDrafter>(*target_, ctx_tgt_.get(), params_, std::max(1, mtp_n_max_));
     llama_set_abort_callback(ctx_tgt_.get(), &ContextPair::abort_callback, this);
-    if (ctx_dft_) llama_set_abort_callback(ctx_dft_.get(), &ContextPair::abort_callback, this);
+    if (dflash_) llama_set_abort_callback(dflash_->ctx(), &ContextPair::abort_callback, this);
     if (mtp_) llama_set_abort_callback(mtp_->ctx(), &ContextPair::abort_callback, this);
     batch_tgt_.reset(llama_batch_ext_init(ctx_tgt_.get()));
     if (!batch_tgt_) throw Error("llama_batch_ext_init failed for the target");
+    acceptor_ = std::make_unique<Acceptor>(ctx_tgt_.get(), target_->n_vocab(), static_cast<DecodeFailure&>(*this));
     seqs_.resize(static_cast<size_t>(params_.n_seq));
     for (Sequence& sq : seqs_) sq.sampler = std::make_unique<Sampler>(SamplingParams{}, target_->n_vocab());
 }
@@ -209,11 +186,11 @@ void ContextPair::require_open() const {
 
 void ContextPair::close() {
     std::lock_guard<std::mutex> lock(mu_);
-    // the drafter contexts reference the target's: free them first
+    // the drafter contexts and the acceptor reference the target's: free them first
+    acceptor_.reset();
     mtp_.reset();
-    batch_dft_.reset();
+    dflash_.reset();
     batch_tgt_.reset();
-    ctx_dft_.reset();
     ctx_tgt_.reset();
     drafter_.reset();
     target_.reset();
@@ -236,7 +213,6 @@ Sequence& ContextPair::seq_at(int32_t seq) {
 namespace {
 
 void forget(Sequence& s) {
-    s.drop_deferred();
     s.pending.reset();
     s.history.clear();
     s.prompt.clear();
@@ -248,17 +224,19 @@ void forget(Sequence& s) {
 
 void ContextPair::clear_memory() {
     if (ctx_tgt_) llama_memory_clear(llama_get_memory(ctx_tgt_.get()), true);
-    if (ctx_dft_) llama_memory_clear(llama_get_memory(ctx_dft_.get()), true);
+    if (dflash_) dflash_->clear();
     if (mtp_) mtp_->clear();
     for (Sequence& s : seqs_) forget(s);
 }
 
 void ContextPair::clear_sequence(int32_t seq) {
+    // the id first: llama.cpp reads -1 as every sequence and asserts on ids out of its range
+    Sequence& s = seq_at(seq);
     // removing a whole sequence cannot fail (llama.cpp refuses only partial removals)
-    if (ctx_tgt_) llama_memory_seq_rm(llama_get_memory(ctx_tgt_.get()), seq, -1, -1);
-    if (ctx_dft_) llama_memory_seq_rm(llama_get_memory(ctx_dft_.get()), seq, -1, -1);
+    llama_memory_seq_rm(llama_get_memory(ctx_tgt_.get()), seq, -1, -1);
+    if (dflash_) dflash_->clear(seq);
     if (mtp_) mtp_->clear(seq);
-    forget(seq_at(seq));
+    forget(s);
 }
 
 void ContextPair::reset() {
@@ -282,7 +260,7 @@ std::vector<MemoryRow> ContextPair::memory() const {
         }
     };
     add("target", ctx_tgt_.get());
-    if (ctx_dft_) add("drafter", ctx_dft_.get());
+    if (dflash_) add("drafter", dflash_->ctx());
     if (mtp_) add("drafter", mtp_->ctx());
     return rows;
 }
@@ -380,18 +358,11 @@ int32_t ContextPair::keep_common_prefix(int32_t seq, const std::vector<llama_tok
     // only when the whole history is a prefix (a conversation's next turn)
     const bool recurrent = rollback_ != RollbackKind::KvTrim;
     if (common == 0 || (recurrent && common < n_hist)) return 0;
-    // the drafter's cache must end where the prompt's rows start, or where the
-    // deferred rows the prompt's will follow start
-    llama_pos drafter_end = common;
-    if (drafter_) {
-        cut_deferred(s, common);
-        if (!defer) flush_deferred({seq});
-        if (s.n_deferred > 0) drafter_end = s.deferred_pos0;
-    }
+    const llama_pos drafter_end = dflash_ ? dflash_->keep_prefix(seq, common, defer) : common;
     if (common < n_hist) {
         // K/V and the drafter's injected features are per position: drop the rest
         if (!llama_memory_seq_rm(llama_get_memory(ctx_tgt_.get()), seq, common, -1)) return 0;
-        if (ctx_dft_ && !cut_drafter(seq, drafter_end)) return 0;
+        if (dflash_ && !dflash_->cut(seq, drafter_end)) return 0;
         if (mtp_ && !mtp_->remove(seq, common)) return 0;
     }
     s.history.resize(static_cast<size_t>(common));
@@ -458,15 +429,15 @@ double ContextPair::prefill_some(const std::vector<int32_t>& seqs, int32_t budge
     }
     if (row == 0) return 0.0;
     std::vector<Span> now, later;  // the prompts' rows injected now, and deferred
-    if (drafter_) {
+    if (dflash_) {
         for (const Span& sp : spans) (seq_at(sp.seq).defer_prompt ? later : now).push_back(sp);
         std::vector<int32_t> flushed;  // none after prefill_begin; the prompt's rows follow them
         for (const Span& sp : now) flushed.push_back(sp.seq);
-        flush_deferred(flushed);
+        dflash_->flush_deferred(flushed);
     }
     decode_target_batch();
-    if (!now.empty()) inject(now);
-    if (!later.empty()) defer(later);
+    if (!now.empty()) dflash_->inject(now);
+    if (!later.empty()) dflash_->defer(later);
     if (mtp_) {
         std::vector<MtpDrafter::Entry> entries;
         for (const Span& sp : spans) {

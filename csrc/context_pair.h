@@ -1,7 +1,8 @@
-// The target context and the DFlash drafter context, driven together one
-// speculative step at a time: draft a block, verify it in one target pass,
-// accept the agreeing prefix plus the target's own token, roll back the rest,
-// and inject the target features of the kept positions into the drafter.
+// The pair: the target context and its drafters, driven together one
+// speculative step at a time: plan the step, draft (DFlashDrafter, MtpDrafter,
+// n-grams), verify every block in one target pass, accept (Acceptor) the
+// agreeing prefix plus the target's own token, roll back the rest, inject the
+// kept positions' features into the drafter and commit.
 #pragma once
 
 #include <atomic>
@@ -15,7 +16,10 @@
 #include <utility>
 #include <vector>
 
+#include "acceptor.h"
 #include "calibrate.h"
+#include "decode_failure.h"
+#include "dflash_drafter.h"
 #include "drafter.h"
 #include "fault.h"
 #include "grammar.h"
@@ -26,6 +30,7 @@
 #include "pair_params.h"
 #include "rollback.h"
 #include "sampler.h"
+#include "sequence.h"
 
 namespace pydflash {
 
@@ -67,33 +72,7 @@ struct MemoryRow {
     size_t compute = 0;  // compute buffers
 };
 
-// What one sequence (a slot) holds: its token history in both caches, the
-// token pending for its next step, its sampler, grammar and checkpoint.
-struct Sequence {
-    std::unique_ptr<Sampler> sampler;
-    std::unique_ptr<Grammar> grammar;        // null: unconstrained
-    std::unique_ptr<Grammar> draft_grammar;  // the copy the drafter walks (its state reset each step)
-    std::unique_ptr<Grammar> grammar_start;  // its state after the spec's prefill: each prefill returns to it
-    std::vector<llama_token> history;        // tokens in the target cache
-    std::optional<llama_token> pending;
-    std::vector<llama_token> prompt;  // a prefill in progress: the whole prompt ...
-    int32_t n_past = 0;               // ... of which history holds the first n_past
-    bool defer_prompt = false;        // ... whose rows' features wait as a plain step's do
-    int32_t n_cached = 0;             // prompt tokens the last prefill took from the cache
-    StateCheckpoint checkpoint;
-    // kept rows whose features wait to be injected (injection.cpp): positions
-    // deferred_pos0.. of n_deferred rows, each the target's layer features
-    std::vector<float> deferred;
-    llama_pos deferred_pos0 = 0;
-    int32_t n_deferred = 0;
-    void drop_deferred() {
-        deferred.clear();
-        deferred_pos0 = 0;
-        n_deferred = 0;
-    }
-};
-
-class ContextPair {
+class ContextPair : private DecodeFailure {
 public:
     ContextPair(std::shared_ptr<Model> target, std::shared_ptr<Model> drafter, const PairParams& params);
     ~ContextPair();
@@ -180,7 +159,10 @@ public:
     int32_t n_seq() const { return params_.n_seq; }
     int32_t n_past(int32_t seq) const { return seq_at(seq).n_past; }
     int32_t n_cached(int32_t seq) const { return seq_at(seq).n_cached; }  // taken from the cache by the last prefill
-    int32_t n_deferred(int32_t seq) const { return seq_at(seq).n_deferred; }  // rows whose features wait
+    int32_t n_deferred(int32_t seq) const {                               // rows whose features wait
+        seq_at(seq);
+        return dflash_ ? dflash_->n_deferred(seq) : 0;
+    }
     int32_t n_ctx() const { return params_.n_ctx; }
     int32_t n_ctx_seq() const { return params_.n_ctx / params_.n_seq; }  // one sequence's limit
     int32_t block_size() const { return drafter_ ? spec_.block_size : 0; }
@@ -193,7 +175,7 @@ public:
     // 0: no drafter pass of fixed size (MTP drafts token by token)
     int32_t draft_pass_rows() const { return drafter_ ? spec_.lead_rows() + draft_max_ : 0; }
     // the positions before a block that the drafter sees (draft_window.cpp); 0: the whole context
-    int32_t draft_window() const { return drafter_ ? view_ : 0; }
+    int32_t draft_window() const { return dflash_ ? dflash_->view() : 0; }
     bool has_pending(int32_t seq) const { return seq_at(seq).pending.has_value(); }
     std::vector<llama_token> tokens(int32_t seq) const;  // cached tokens + the pending one
     const DraftSpec& spec() const { return spec_; }
@@ -202,13 +184,8 @@ public:
     const PairParams& params() const { return params_; }
 
 private:
-    // rows [row0, row0 + n) of the last target pass, injected into the drafter for `seq` at pos0..
-    struct Span {
-        int32_t seq;
-        int32_t row0;
-        int32_t n;
-        llama_pos pos0;
-    };
+    // rows [row0, row0 + n) of the last target pass, of `seq` at pos0..
+    using Span = DFlashDrafter::Span;
     // one sequence's share of a batched step
     struct Work {
         int32_t seq;
@@ -217,9 +194,8 @@ private:
         StepResult r;
         std::vector<llama_token> draft;
         std::vector<Distribution> q;
-        int32_t k_draft = 0;    // block length asked of the drafter
-        int32_t row_draft = 0;  // first row of its block in the drafter pass
-        int32_t row = 0;        // first row of its batch in the verification pass
+        int32_t k_draft = 0;  // block length asked of the drafter
+        int32_t row = 0;      // first row of its batch in the verification pass
         bool checkpointed = false;
         int32_t n_keep = 0;
     };
@@ -261,54 +237,14 @@ private:
     int32_t keep_common_prefix(int32_t seq, const std::vector<llama_token>& tokens, int32_t n, bool defer);
     // A target pass over the batch already filled in batch_tgt_.
     void decode_target_batch();
-    // feature injection (injection.cpp): the spans' rows of the last target pass now
-    void inject(const std::vector<Span>& spans);
-    void inject_rows(const std::vector<Span>& spans, const std::function<void(size_t, int32_t, float*)>& fill);
-    // ... or when the drafter next drafts for the sequence (steps that do not use it)
-    void defer(const std::vector<Span>& spans);
-    void flush_deferred(const std::vector<int32_t>& seqs);
-    void cut_deferred(Sequence& s, llama_pos end);  // a prompt-cache cut: positions >= end leave
-    std::vector<const float*> target_features();    // per layer id: the last target pass's rows
-    size_t feature_width() const;                   // floats per injected row
-    // rows a sequence defers at most (then injected): one drafter ubatch, within
-    // kDeferredBytes of features and never under kMinDeferred rows; set once the
-    // drafter's context exists (max_deferred_)
-    int32_t max_deferred() const;
-    static constexpr size_t kDeferredBytes = size_t{4} << 20;
-    static constexpr int32_t kMinDeferred = 64;
-    // the drafter's window (draft_window.cpp): checks draft_window and sets window_ / view_
-    void configure_window();
-    uint32_t drafter_n_ctx(uint32_t full) const;  // the drafter context's size under the ring
-    // drops positions the ring no longer keeps; per span, the first position to inject
-    std::vector<llama_pos> trim_window(const std::vector<Span>& spans);
-    // the drafter's part of a prompt-cache cut at `common`; false: llama.cpp refused the removal
-    bool cut_drafter(int32_t seq, int32_t common);
     // Picks the rollback for this target, creating the target context.
     void create_target_context();
+    // The model drafter's blocks (DFlash or MTP) of the steps that asked for one.
     void draft_blocks(std::vector<Work>& work);
-    // The block of one sequence from its rows of the drafter pass (row0: the first drafted row).
-    std::vector<llama_token> read_block(Sequence& s, int32_t row0, int32_t n, const DraftControl& control,
-                                        std::vector<Distribution>& q);
-    // DFlash2: the block walked on the selector lattice of rows row0 + 1.. (tokens only).
-    std::vector<llama_token> read_lattice(Sequence& s, int32_t row0, int32_t n, const DraftControl& control);
-    const float* nextn_row(int32_t row);  // the drafter's nextn output of a row of the last pass
-    // Accept/reject `draft` against the rows of the last target pass from row0.
-    std::vector<llama_token> accept(Sequence& s, int32_t row0, const std::vector<llama_token>& draft,
-                                    const std::vector<Distribution>& q, bool external, int32_t& n_accepted,
-                                    std::vector<TokenLogprob>& logprobs);
     // Removes a verified batch's rejected tail from the target (kv-trim, planes), or
     // restores the checkpoint ahead of a replay (returns true: replay needed).
     bool roll_back_target(Work& w, int32_t n_batch);
-    std::vector<llama_token> recent_tokens(const Sequence& s) const;  // the penalty window before this step
-    // Appends the logprob of `t` taken from the row `raw` (SamplingParams.logprobs).
-    void note_logprob(const Sequence& s, const float* raw, llama_token t, bool have_dist,
-                      std::vector<TokenLogprob>& out) const;
-    // The row with what the grammar disallows at -inf (a copy); null if it allows nothing.
-    // `plain`: no penalties or bias (the chain sees the row in logit order).
-    const float* constrain(const Sequence& s, const float* raw, Grammar& grammar, bool plain);
-    // The greedy choice of a plain chain under the grammar (-1: it allows nothing).
-    llama_token grammar_argmax(const Sequence& s, const float* raw, Grammar& grammar);
-    [[noreturn]] void fail_decode(const std::string& what, int32_t rc);
+    [[noreturn]] void fail_decode(const std::string& what, int32_t rc) override;
     [[noreturn]] void fail_rollback(const std::string& what);
     static bool abort_callback(void* self);
 
@@ -319,24 +255,18 @@ private:
     int32_t draft_max_ = 0;
     RollbackKind rollback_ = RollbackKind::KvTrim;
     uint32_t n_rs_seq_ = 0;                 // rollback depth of the target's state planes
-    int32_t window_ = 0;                    // the ring's width (draft_window.cpp); 0: no ring
-    int32_t max_deferred_ = kMinDeferred;   // max_deferred(), computed once
-    int32_t view_ = 0;                      // what the drafter sees: window_ or its own sliding window; 0: all
     std::unique_ptr<NgramDrafters> ngram_;  // null: no n-gram type listed
+    // the parts below reference the target context: declared after it, freed before it
     ContextPtr ctx_tgt_;
-    ContextPtr ctx_dft_;
     BatchPtr batch_tgt_;
-    BatchPtr batch_dft_;
-    int32_t mtp_n_max_ = 0;            // the MTP head's draft length (0: no MTP)
-    std::unique_ptr<MtpDrafter> mtp_;  // null: 'draft-mtp' not listed; freed before the target context
+    std::unique_ptr<DFlashDrafter> dflash_;  // null: no DFlash drafter loaded
+    int32_t mtp_n_max_ = 0;                  // the MTP head's draft length (0: no MTP)
+    std::unique_ptr<MtpDrafter> mtp_;        // null: 'draft-mtp' not listed
+    std::unique_ptr<Acceptor> acceptor_;
     std::vector<Sequence> seqs_;
-    std::vector<float> features_;
-    Distribution dist_;
     // the allowed-token caches of the last few grammars (by GBNF text), least recent first
     static constexpr size_t kGrammarCaches = 4;
     std::vector<std::pair<std::string, std::shared_ptr<MaskCache>>> grammar_caches_;
-    std::vector<float> masked_;                         // a grammar-masked logits row
-    std::vector<std::pair<float, llama_token>> order_;  // a row's tokens by logit (grammar scans)
     mutable std::mutex mu_;
     std::atomic<bool> interrupt_{false};
     std::function<bool()> interrupt_check_;

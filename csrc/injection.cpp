@@ -11,22 +11,21 @@
 #include <algorithm>
 #include <cstring>
 
-#include "batch.h"
-#include "context_pair.h"
+#include "dflash_drafter.h"
 #include "errors.h"
 #include "llama-ext.h"
 
 namespace pydflash {
 
-size_t ContextPair::feature_width() const {
+size_t DFlashDrafter::feature_width() const {
     return spec_.target_layer_ids.size() * static_cast<size_t>(spec_.n_embd_target);
 }
 
-std::vector<const float*> ContextPair::target_features() {
+std::vector<const float*> DFlashDrafter::target_features() {
     std::vector<const float*> layers;
     for (int32_t id : spec_.target_layer_ids) {
-        layers.push_back(llama_get_embeddings_layer_inp(ctx_tgt_.get(), static_cast<uint32_t>(id)));
-        if (layers.back() == nullptr) fail_decode("reading target layer features", -1);
+        layers.push_back(llama_get_embeddings_layer_inp(target_, static_cast<uint32_t>(id)));
+        if (layers.back() == nullptr) fail_.fail_decode("reading target layer features", -1);
     }
     return layers;
 }
@@ -42,7 +41,7 @@ void pack_row(const std::vector<const float*>& layers, size_t n_embd, size_t row
 
 }  // namespace
 
-void ContextPair::inject(const std::vector<Span>& spans) {
+void DFlashDrafter::inject(const std::vector<Span>& spans) {
     // the spans' rows of the last target pass
     const std::vector<const float*> layers = target_features();
     const auto n_embd = static_cast<size_t>(spec_.n_embd_target);
@@ -50,18 +49,18 @@ void ContextPair::inject(const std::vector<Span>& spans) {
                 [&](size_t, int32_t row, float* dst) { pack_row(layers, n_embd, static_cast<size_t>(row), dst); });
 }
 
-void ContextPair::inject_rows(const std::vector<Span>& spans,
-                              const std::function<void(size_t, int32_t, float*)>& fill) {
+void DFlashDrafter::inject_rows(const std::vector<Span>& spans,
+                                const std::function<void(size_t, int32_t, float*)>& fill) {
     // into the drafter's cache at the spans' positions, in passes of at most n_ubatch rows
     const size_t n_enc = feature_width();
-    const auto chunk_max = static_cast<int32_t>(llama_n_ubatch(ctx_dft_.get()));
-    llama_batch_ext* b = batch_dft_.get();
+    const auto chunk_max = static_cast<int32_t>(llama_n_ubatch(ctx_.get()));
+    llama_batch_ext* b = batch_.get();
     int32_t n_chunk = 0;
     auto flush = [&]() {
         if (n_chunk == 0) return;
         const int32_t rc =
-            fault_.fire(FaultSite::DrafterDecode) ? -1 : llama_process(ctx_dft_.get(), LLAMA_PROCESS_TYPE_DECODE, b);
-        if (rc != 0) fail_decode("drafter feature injection", rc);
+            fault_.fire(FaultSite::DrafterDecode) ? -1 : llama_process(ctx_.get(), LLAMA_PROCESS_TYPE_DECODE, b);
+        if (rc != 0) fail_.fail_decode("drafter feature injection", rc);
         n_chunk = 0;
     };
     features_.resize(static_cast<size_t>(chunk_max) * n_enc);
@@ -74,69 +73,78 @@ void ContextPair::inject_rows(const std::vector<Span>& spans,
             fill(j, sp.row0 + i, dst);
             const llama_embd e{dst, 1, n_enc};
             const int32_t idx = llama_batch_ext_add_embd(b, sp.seq, e);
-            if (idx < 0) fail_decode("building the feature batch", idx);
+            if (idx < 0) fail_.fail_decode("building the feature batch", idx);
             const llama_pos p = sp.pos0 + i;
             const llama_pos p4[4] = {p, p, p, 0};  // M-RoPE drafters read 4 positions per embedding
-            if (!llama_batch_ext_set_pos(b, idx, p4)) fail_decode("setting feature positions", -1);
+            if (!llama_batch_ext_set_pos(b, idx, p4)) fail_.fail_decode("setting feature positions", -1);
             if (++n_chunk == chunk_max) flush();
         }
     }
     flush();
 }
 
-int32_t ContextPair::max_deferred() const {
+int32_t DFlashDrafter::max_deferred() const {
     // Rows that wait until the sequence drafts again are never injected when it does
     // not (its generation ends off, a new prompt cuts them): the more a sequence
     // defers, the less a pair whose drafting does not pay spends on its drafter
     const size_t by_bytes = kDeferredBytes / (feature_width() * sizeof(float));
-    const auto ubatch = static_cast<size_t>(llama_n_ubatch(ctx_dft_.get()));
+    const auto ubatch = static_cast<size_t>(llama_n_ubatch(ctx_.get()));
     return static_cast<int32_t>(std::max(std::min(by_bytes, ubatch), static_cast<size_t>(kMinDeferred)));
 }
 
-void ContextPair::defer(const std::vector<Span>& spans) {
+void DFlashDrafter::defer(const std::vector<Span>& spans) {
     const std::vector<const float*> layers = target_features();
     const auto n_embd = static_cast<size_t>(spec_.n_embd_target);
     const size_t n_enc = feature_width();
     std::vector<int32_t> full;
     for (const Span& sp : spans) {
-        Sequence& s = seq_at(sp.seq);
-        if (s.n_deferred > 0 && s.deferred_pos0 + s.n_deferred != sp.pos0) flush_deferred({sp.seq});  // not contiguous
-        if (s.n_deferred == 0) s.deferred_pos0 = sp.pos0;
-        s.deferred.resize((static_cast<size_t>(s.n_deferred) + static_cast<size_t>(sp.n)) * n_enc);
+        Deferred& d = deferred_[static_cast<size_t>(sp.seq)];
+        if (d.n > 0 && d.pos0 + d.n != sp.pos0) flush_deferred({sp.seq});  // not contiguous
+        if (d.n == 0) d.pos0 = sp.pos0;
+        d.rows.resize((static_cast<size_t>(d.n) + static_cast<size_t>(sp.n)) * n_enc);
         for (int32_t i = 0; i < sp.n; ++i) {
             pack_row(layers, n_embd, static_cast<size_t>(sp.row0 + i),
-                     s.deferred.data() + static_cast<size_t>(s.n_deferred + i) * n_enc);
+                     d.rows.data() + static_cast<size_t>(d.n + i) * n_enc);
         }
-        s.n_deferred += sp.n;
+        d.n += sp.n;
         // bounded: a long run of plain steps is injected in passes of max_deferred_ rows
-        if (s.n_deferred >= max_deferred_) full.push_back(sp.seq);
+        if (d.n >= max_deferred_) full.push_back(sp.seq);
     }
     if (!full.empty()) flush_deferred(full);
 }
 
-void ContextPair::flush_deferred(const std::vector<int32_t>& seqs) {
+void DFlashDrafter::flush_deferred(const std::vector<int32_t>& seqs) {
     std::vector<Span> spans;
-    std::vector<const Sequence*> from;
+    std::vector<const Deferred*> from;
     for (int32_t seq : seqs) {
-        const Sequence& s = seq_at(seq);
-        if (s.n_deferred == 0) continue;
-        spans.push_back({seq, 0, s.n_deferred, s.deferred_pos0});
-        from.push_back(&s);
+        const Deferred& d = deferred_[static_cast<size_t>(seq)];
+        if (d.n == 0) continue;
+        spans.push_back({seq, 0, d.n, d.pos0});
+        from.push_back(&d);
     }
     if (spans.empty()) return;
     const size_t n_enc = feature_width();
     inject_rows(spans, [&](size_t j, int32_t row, float* dst) {
-        std::memcpy(dst, from[j]->deferred.data() + static_cast<size_t>(row) * n_enc, n_enc * sizeof(float));
+        std::memcpy(dst, from[j]->rows.data() + static_cast<size_t>(row) * n_enc, n_enc * sizeof(float));
     });
-    for (int32_t seq : seqs) seq_at(seq).drop_deferred();
+    for (int32_t seq : seqs) deferred_[static_cast<size_t>(seq)].drop();
 }
 
-void ContextPair::cut_deferred(Sequence& s, llama_pos end) {
+void DFlashDrafter::cut_deferred(Deferred& d, llama_pos end) {
     // positions >= end leave (a prompt-cache cut)
-    const int32_t keep = std::clamp(end - s.deferred_pos0, 0, s.n_deferred);
-    s.n_deferred = keep;
-    s.deferred.resize(static_cast<size_t>(keep) * feature_width());
-    if (keep == 0) s.drop_deferred();
+    const int32_t keep = std::clamp(end - d.pos0, 0, d.n);
+    d.n = keep;
+    d.rows.resize(static_cast<size_t>(keep) * feature_width());
+    if (keep == 0) d.drop();
+}
+
+llama_pos DFlashDrafter::keep_prefix(int32_t seq, llama_pos common, bool defer) {
+    Deferred& d = deferred_[static_cast<size_t>(seq)];
+    cut_deferred(d, common);
+    if (!defer) flush_deferred({seq});
+    // the drafter's cache must end where the prompt's rows start, or where the
+    // deferred rows the prompt's will follow start
+    return d.n > 0 ? d.pos0 : common;
 }
 
 }  // namespace pydflash

@@ -67,18 +67,19 @@ std::vector<uint8_t> seq_state(llama_context* ctx, llama_seq_id seq) {
 std::string ContextPair::fingerprint() const {
     const std::string dft = drafter_ ? describe(*drafter_) : mtp_ ? "the target's MTP head" : "none";
     return "target: " + describe(*target_) + "; drafter: " + dft + "; rollback " + rollback_name(rollback_) +
-           ", n_rs_seq " + std::to_string(n_rs_seq_) + (view_ > 0 ? ", draft window " + std::to_string(view_) : "");
+           ", n_rs_seq " + std::to_string(n_rs_seq_) +
+           (draft_window() > 0 ? ", draft window " + std::to_string(draft_window()) : "");
 }
 
 void ContextPair::save_sequence(int32_t seq, const std::string& path) {
     std::lock_guard<std::mutex> lock(mu_);
     const Sequence& s = seq_at(seq);
     if (!s.prompt.empty()) throw InvalidArgument("sequence " + std::to_string(seq) + " is still evaluating a prompt");
-    if (drafter_) flush_deferred({seq});  // the drafter's cache holds every kept position
+    if (dflash_) dflash_->flush_deferred({seq});  // the drafter's cache holds every kept position
     const std::vector<uint8_t> tgt = seq_state(ctx_tgt_.get(), seq);
     // the MTP head's cache is saved as a drafter's (its carried hidden row is not: llama.cpp
     // keeps it private, so the first draft after a load pairs with an older one)
-    llama_context* dctx = ctx_dft_ ? ctx_dft_.get() : mtp_ ? mtp_->ctx() : nullptr;
+    llama_context* dctx = dflash_ ? dflash_->ctx() : mtp_ ? mtp_->ctx() : nullptr;
     const std::vector<uint8_t> dft = dctx ? seq_state(dctx, seq) : std::vector<uint8_t>{};
     std::ofstream f(path, std::ios::binary | std::ios::trunc);
     if (!f) throw InvalidArgument(path + ": cannot write the slot file");
@@ -129,7 +130,7 @@ void ContextPair::load_sequence(int32_t seq, const std::string& path) {
     if (pending >= 0) target_->check_token(pending);
     const std::vector<uint8_t> tgt = get_bytes(f, path, size);
     const std::vector<uint8_t> dft = get_bytes(f, path, size);
-    llama_context* dctx = ctx_dft_ ? ctx_dft_.get() : mtp_ ? mtp_->ctx() : nullptr;
+    llama_context* dctx = dflash_ ? dflash_->ctx() : mtp_ ? mtp_->ctx() : nullptr;
     if (dft.empty() != !dctx) throw InvalidArgument(path + ": the drafter's part does not match this pair");
 
     // from here the sequence is replaced: a failure leaves it empty

@@ -60,12 +60,12 @@ std::vector<StepResult> ContextPair::step_batch(const std::vector<SeqStep>& step
     StepTimes t;
 
     auto t0 = Clock::now();
-    if (drafter_) {  // features deferred by steps that did not draft, before the drafter reads them
+    if (dflash_) {  // features deferred by steps that did not draft, before the drafter reads them
         std::vector<int32_t> drafting;
         for (const Work& w : work) {
-            if (w.k_draft > 0 && w.s->n_deferred > 0) drafting.push_back(w.seq);
+            if (w.k_draft > 0 && dflash_->n_deferred(w.seq) > 0) drafting.push_back(w.seq);
         }
-        flush_deferred(drafting);
+        dflash_->flush_deferred(drafting);
         t.inject = ms_since(t0);
     }
     t0 = Clock::now();
@@ -97,7 +97,7 @@ std::vector<StepResult> ContextPair::step_batch(const std::vector<SeqStep>& step
         t0 = Clock::now();
         int32_t n_acc = 0;
         try {
-            w.r.tokens = accept(*w.s, w.row, w.draft, w.q, w.req->external.has_value(), n_acc, w.r.logprobs);
+            w.r.tokens = acceptor_->accept(*w.s, w.row, w.draft, w.q, w.req->external.has_value(), n_acc, w.r.logprobs);
             w.n_keep = 1 + n_acc;
             w.r.n_accepted = n_acc;
             if (ngram_ && !w.req->external) ngram_->accept(w.seq, n_acc);
@@ -115,9 +115,9 @@ std::vector<StepResult> ContextPair::step_batch(const std::vector<SeqStep>& step
 
 std::vector<StepResult> ContextPair::step_run(const SeqStep& step, int32_t n_steps, int32_t n_tokens,
                                               bool stop_at_eog) {
-    // The caller's work per step (the engine's, in Python: ~40 us) was ~10% of a
-    // plain step of a small target, and what it touches evicts the target's
-    // weights from the caches: a run of steps it would take one by one runs here.
+    // The caller's work per step is a noticeable share of a plain step of a small
+    // target, and what it touches evicts the target's weights from the caches: a
+    // run of steps it would take one by one runs here.
     if (n_steps < 1) throw InvalidArgument("n_steps must be at least 1, got " + std::to_string(n_steps));
     if (n_tokens < 1) throw InvalidArgument("n_tokens must be at least 1, got " + std::to_string(n_tokens));
     std::vector<StepResult> out;
@@ -190,6 +190,29 @@ std::vector<ContextPair::Work> ContextPair::plan(const std::vector<SeqStep>& ste
     return work;
 }
 
+void ContextPair::draft_blocks(std::vector<Work>& work) {
+    if (mtp_) return draft_mtp(work);
+    if (!dflash_) return;
+    std::vector<DFlashDrafter::Request> reqs;
+    for (Work& w : work) {
+        if (w.k_draft > 0) reqs.push_back({w.seq, w.s, w.k_draft, &w.req->control, &w.draft, &w.q});
+    }
+    dflash_->draft(reqs, *acceptor_);
+    for (Work& w : work) {
+        if (w.k_draft == 0) continue;
+        // what is kept is cut to the tokens the generation has left (llama.cpp's budget)
+        const int32_t budget = w.req->control.budget;
+        if (budget >= 0 && static_cast<int32_t>(w.draft.size()) > budget) {
+            w.draft.resize(static_cast<size_t>(budget));
+            if (w.q.size() > w.draft.size()) w.q.resize(w.draft.size());
+        }
+        if (!w.draft.empty()) {
+            w.r.source = spec_.kind == DrafterKind::DSpark ? "draft-dspark" : "draft-dflash";
+            if (ngram_) ngram_->model_drafted(w.seq);
+        }
+    }
+}
+
 void ContextPair::draft_ngrams(std::vector<Work>& work, int32_t n_rows) {
     if (!ngram_) return;
     for (Work& w : work) {
@@ -260,10 +283,10 @@ void ContextPair::roll_back_and_inject(std::vector<Work>& work, StepTimes& t) {
         }
     }
     t.rollback = ms_since(t0);
-    if (drafter_ && !(spans.empty() && later.empty())) {
+    if (dflash_ && !(spans.empty() && later.empty())) {
         t0 = Clock::now();
-        if (!spans.empty()) inject(spans);
-        if (!later.empty()) defer(later);
+        if (!spans.empty()) dflash_->inject(spans);
+        if (!later.empty()) dflash_->defer(later);
         t.inject += ms_since(t0);
     }
     if (replay.empty()) return;
@@ -283,10 +306,10 @@ void ContextPair::roll_back_and_inject(std::vector<Work>& work, StepTimes& t) {
     }
     decode_target_batch();
     t.rollback += ms_since(t0);
-    if (drafter_) {
+    if (dflash_) {
         t0 = Clock::now();
-        if (!spans.empty()) inject(spans);
-        if (!later.empty()) defer(later);
+        if (!spans.empty()) dflash_->inject(spans);
+        if (!later.empty()) dflash_->defer(later);
         t.inject += ms_since(t0);
     }
 }
@@ -311,7 +334,7 @@ std::vector<StepResult> ContextPair::commit(std::vector<Work>& work, const StepT
             const int32_t new_past = s.n_past + w.n_keep;
             // nothing of a step without a drafter pass lies past new_past in the drafter's cache
             // (its rows were deferred or injected below it); seq_rm scans every cell: not per plain step
-            if (ctx_dft_ && w.k_draft > 0) llama_memory_seq_rm(llama_get_memory(ctx_dft_.get()), w.seq, new_past, -1);
+            if (dflash_ && w.k_draft > 0) dflash_->remove(w.seq, new_past);
             if (mtp_) mtp_->remove(w.seq, new_past);
             s.history.push_back(*s.pending);
             s.history.insert(s.history.end(), w.draft.begin(), w.draft.begin() + (w.n_keep - 1));

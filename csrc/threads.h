@@ -5,13 +5,13 @@
 // more pooled threads than CPUs, libgomp cuts every worker's spin-wait to ~100
 // iterations, so each barrier of every graph sleeps and wakes through futexes:
 // on 2 cores a second idle pool (another Llama's engine thread, or the main
-// thread after one direct pair call) made decoding about 10x slower.
+// thread after one direct pair call) made decoding many times slower.
 #pragma once
 
 namespace pydflash {
 
 // Free the calling thread's OpenMP pool (omp_pause_resource_all); its next
-// graph starts a new one (about 60 us on 2 cores: too dear for every step).
+// graph starts a new one (too dear for every step).
 // False where ggml runs without libgomp. Never call it inside a graph's compute.
 bool release_compute_threads();
 

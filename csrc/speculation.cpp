@@ -138,6 +138,7 @@ std::vector<llama_token> ContextPair::read_block(Sequence& s, int32_t row0, int3
     Sampler& sampler = *s.sampler;
     const SamplingParams& sp = sampler.params();
     const bool rejection = !sp.greedy() && sp.verify == VerifyMode::Rejection;
+    const bool coupled = !sp.greedy() && sp.verify == VerifyMode::Coupled;
     const int32_t n_vocab = target_->n_vocab();
     const bool plain = !sp.has_penalties() && sp.logit_bias.empty();
     // DSpark cuts on its confidence head instead of the drafter's top probability
@@ -172,6 +173,9 @@ std::vector<llama_token> ContextPair::read_block(Sequence& s, int32_t row0, int3
             sampler.distribution(row, win, dist_);
             if (rejection) {
                 t = sampler.sample(dist_);
+                conf = dist_.prob_of(t);
+            } else if (coupled) {  // coupled hook: q's Gumbel-max under the target's noise at this position
+                t = sampler.draw(dist_, s.n_past + 1 + i);
                 conf = dist_.prob_of(t);
             } else {
                 t = dist_.ids[0];  // the transformed argmax: greedy drafts
@@ -313,13 +317,15 @@ std::vector<llama_token> ContextPair::accept(Sequence& s, int32_t row0, const st
             continue;
         }
         sampler.distribution(row, win, dist_);  // p_i
-        if (i == k) {                           // every draft accepted: one more token of the target's own
-            emit(sampler.sample(dist_), raw, true);
+        // row i's token sits at absolute position n_past + 1 + i: the coupled noise's key
+        const llama_pos pos = s.n_past + 1 + i;
+        if (i == k) {  // every draft accepted: one more token of the target's own
+            emit(sampler.draw(dist_, pos), raw, true);
             break;
         }
         const llama_token x = draft[static_cast<size_t>(i)];
-        if (!rejection) {  // match: the target's own sample must equal the draft
-            const llama_token t = sampler.sample(dist_);
+        if (!rejection) {  // match, coupled: the target's own token must equal the draft
+            const llama_token t = sampler.draw(dist_, pos);
             emit(t, raw, true);
             if (t != x) break;
         } else {

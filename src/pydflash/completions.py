@@ -134,6 +134,7 @@ def create_completion(
     id_slot: int | None = None,
     n: int = 1,
     cancel: Callable[[], bool] | None = None,
+    verify: str | None = None,
 ) -> Completion | Iterator[CompletionChunk]:
     """An OpenAI-style text completion of ``prompt`` (text or token ids). Defaults as in llama-cpp-python;
     ``max_tokens=None`` fills the context. ``draft_max``/``draft_min``/``draft_p_min``: as ``Llama.generate``'s.
@@ -143,7 +144,8 @@ def create_completion(
     ...}}``), ``json_schema`` or ``grammar`` (GBNF): the text follows it. ``id_slot``: that sequence slot
     (llama-server's; -1/None: any). ``n`` choices run side by side (seeds ``seed``, ``seed + 1``...).
     ``cancel``: asked after every step of a stream, every 0.1 s otherwise; True stops with
-    ``GenerationInterrupted``."""
+    ``GenerationInterrupted``. ``verify``: as ``Llama.generate``'s ("coupled": the target alone's text
+    for the seed)."""
     _unsupported(suffix=suffix)
     if logprobs is not None and echo:
         raise ValueError("logprobs with echo (the prompt's log-probabilities) are not supported")
@@ -173,6 +175,7 @@ def create_completion(
         post_sampling_probs=post_sampling_probs,
         grammar=gbnf,
         json_schema=schema,
+        verify=verify,
     )
     gens = _generations(llm, tokens, cfg, id_slot, n)
     meta: _Meta = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or llm.model_name}
@@ -323,6 +326,7 @@ def create_chat_completion(
     id_slot: int | None = None,
     n: int = 1,
     cancel: Callable[[], bool] | None = None,
+    verify: str | None = None,
 ) -> ChatCompletion | Iterator[ChatCompletionChunk]:
     """An OpenAI-style chat completion: ``messages`` go through the model's chat
     template (or the ``chat_template`` given to ``Llama``). ``enable_thinking=False``
@@ -361,6 +365,7 @@ def create_chat_completion(
         top_logprobs=top_logprobs or 0,
         post_sampling_probs=post_sampling_probs,
         grammar=chat_grammar(cp, (schema, gbnf), lambda text: _generation_prompt_tokens(llm, text)),
+        verify=verify,
     )
     gens = _generations(llm, tokens, cfg, id_slot, n)
     meta: _Meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or llm.model_name}

@@ -74,7 +74,7 @@ def coupled_replay(base: Llama, prompt: list[int], n: int, seed: int, kw: dict) 
     and at each position the gap between the two best of log p + g."""
     ctx, out, gaps = list(prompt), [], []
     for _ in range(n):
-        p = transform(base.pair.score(ctx)[-1], [], **kw)
+        p = transform(base.pair.score(ctx)[-1], ctx[-tb.WINDOW :], **kw)  # the penalties' window
         support = np.flatnonzero(p > 0)
         keys = np.log(p[support]) + np.array(_core.coupled_gumbel(seed, len(ctx), support.tolist()))
         order = np.argsort(-keys)
@@ -86,7 +86,7 @@ def coupled_replay(base: Llama, prompt: list[int], n: int, seed: int, kw: dict) 
 
 def perturbed_gap(base: Llama, prefix: list[int], a: int, b: int, seed: int, kw: dict) -> float:
     """|(log p + g)(a) - (log p + g)(b)| at the position after ``prefix`` (full-prefix row)."""
-    p = transform(base.pair.score(prefix)[-1], [], **kw)
+    p = transform(base.pair.score(prefix)[-1], prefix[-tb.WINDOW :], **kw)  # the penalties' window
     g = _core.coupled_gumbel(seed, len(prefix), [a, b])
     with np.errstate(divide="ignore"):
         return abs(float(np.log(p[a]) + g[0] - np.log(p[b]) - g[1]))
@@ -187,6 +187,29 @@ def test_several_sequences_with_other_requests_give_the_target_alone_tokens(pair
                 assert max(st.n_batch_seqs for st in res.stats.steps) > 1  # really batched
                 ties += assert_same_or_near_tie(base, PROMPTS[i], res.tokens, out[i, s], s, SAMPLING)
             assert ties <= 1
+
+
+@pytest.mark.parametrize("chain", [
+    dict(repeat_penalty=1.3, presence_penalty=0.2, frequency_penalty=0.1),
+    dict(top_p=0.9, min_p=0.05, logit_bias={281: -2.0, 57: 1.0}),
+    dict(top_n_sigma=1.5, typical_p=0.9),
+], ids=["penalties", "top-p-min-p-bias", "top-n-sigma-typical"])
+def test_the_whole_sampler_chain_shapes_p_and_q(pair_paths, alone, chain):
+    base, _ = alone
+    kw = {**SAMPLING, **chain}
+    ties = accepted = 0
+    with Llama(pair_paths[0], draft=pair_paths[1], n_ctx=512, n_threads=T1) as llm:
+        for i, p in enumerate(PROMPTS):
+            for s in SEEDS[:2]:
+                want = base.generate(p, max_tokens=N_TOKENS, seed=s, ignore_eos=True, verify="coupled", **kw)
+                res = llm.generate(p, max_tokens=N_TOKENS, seed=s, ignore_eos=True, verify="coupled", draft_max=3,
+                                   **kw)
+                ties += assert_same_or_near_tie(base, p, res.tokens, want.tokens, s, kw)
+                accepted += res.stats.n_accepted
+                if i == 0:  # the target's p: the chain as llama.cpp applies it (the numpy reference)
+                    ref, _ = coupled_replay(base, p, N_TOKENS, s, kw)
+                    ties += assert_same_or_near_tie(base, p, want.tokens, ref, s, kw)
+    assert ties <= 1 and accepted > 0
 
 
 def test_a_seeded_coupled_generation_keeps_the_adaptive_length(pair_paths):

@@ -118,3 +118,23 @@ def test_batched_with_other_requests_gives_the_target_alone_tokens(embedded_targ
                 results[k] = res.tokens
                 assert max(st.n_batch_seqs for st in res.stats.steps) > 1  # really batched
             check(embedded_target, reference, results)
+
+
+def test_a_json_schema_is_followed_and_coupled(embedded_dflash, embedded_target):
+    # the grammar masks p and q alike; a divergence is checked on the unmasked row
+    # (masking renormalises: two allowed tokens keep their log p difference)
+    import json
+
+    from test_grammar import PROMPTS as JSON_PROMPTS
+    from test_grammar import SCHEMA
+
+    kw = dict(temperature=0.9, max_tokens=120, json_schema=SCHEMA, verify="coupled")
+    ties = 0
+    for seed, prompt in enumerate(JSON_PROMPTS):
+        want = embedded_target.generate(prompt, seed=seed, **kw)
+        res = embedded_dflash.generate(prompt, seed=seed, draft_max=3, **kw)
+        assert res.finish_reason == "eos" and isinstance(json.loads(res.text), dict), res.text
+        ids = embedded_target.prompt_tokens(prompt)
+        ties += assert_same_or_near_tie(embedded_target, ids, res.tokens, want.tokens, seed,
+                                        dict(temperature=0.9), TIE_BOUND)
+    assert ties <= 1

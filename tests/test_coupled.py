@@ -217,7 +217,7 @@ def test_a_seeded_coupled_generation_keeps_the_adaptive_length(pair_paths):
     # does not draw, so the engine still chooses each step's length
     with Llama(pair_paths[0], draft=pair_paths[1], n_ctx=512, n_threads=T1) as llm:
         kw = dict(max_tokens=48, seed=5, ignore_eos=True, **SAMPLING)
-        pinned = [st.draft_max for st in llm.generate(PROMPTS[0], **kw).stats.steps]
+        pinned = [st.draft_max for st in llm.generate(PROMPTS[0], verify="rejection", **kw).stats.steps]
         assert set(pinned[:-1]) == {llm.pair.max_draft}
         chosen = [st.draft_max for st in llm.generate(PROMPTS[0], verify="coupled", **kw).stats.steps]
         assert set(chosen[:-1]) != {llm.pair.max_draft}, chosen

@@ -126,13 +126,15 @@ std::vector<llama_token> Acceptor::accept(Sequence& s, int32_t row0, const std::
             continue;
         }
         sampler.distribution(row, win, dist_);  // p_i
-        if (i == k) {                           // every draft accepted: one more token of the target's own
-            emit(sampler.sample(dist_), raw, true);
+        // row i's token sits at absolute position n_past + 1 + i: the coupled noise's key
+        const llama_pos pos = s.n_past + 1 + i;
+        if (i == k) {  // every draft accepted: one more token of the target's own
+            emit(sampler.draw(dist_, pos), raw, true);
             break;
         }
         const llama_token x = draft[static_cast<size_t>(i)];
-        if (!rejection) {  // match: the target's own sample must equal the draft
-            const llama_token t = sampler.sample(dist_);
+        if (!rejection) {  // match, coupled: the target's own token must equal the draft
+            const llama_token t = sampler.draw(dist_, pos);
             emit(t, raw, true);
             if (t != x) break;
         } else {

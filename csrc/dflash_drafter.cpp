@@ -188,6 +188,7 @@ std::vector<llama_token> DFlashDrafter::read_block(Sequence& s, int32_t row0, in
     Sampler& sampler = *s.sampler;
     const SamplingParams& sp = sampler.params();
     const bool rejection = !sp.greedy() && sp.verify == VerifyMode::Rejection;
+    const bool coupled = !sp.greedy() && sp.verify == VerifyMode::Coupled;
     const int32_t n_vocab = n_vocab_;
     const bool plain = !sp.has_penalties() && sp.logit_bias.empty();
     // DSpark cuts on its confidence head instead of the drafter's top probability
@@ -222,6 +223,9 @@ std::vector<llama_token> DFlashDrafter::read_block(Sequence& s, int32_t row0, in
             sampler.distribution(row, win, dist_);
             if (rejection) {
                 t = sampler.sample(dist_);
+                conf = dist_.prob_of(t);
+            } else if (coupled) {  // q's Gumbel-max under the target's noise at this position
+                t = sampler.draw(dist_, s.n_past + 1 + i);
                 conf = dist_.prob_of(t);
             } else {
                 t = dist_.ids[0];  // the transformed argmax: greedy drafts

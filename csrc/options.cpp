@@ -52,7 +52,7 @@ const ChoiceTable& option_choices() {
         {"split_mode", names(kSplitModes)},
         // "auto", then the RollbackKind names (rollback.h)
         {"rollback", {"auto", "kv-trim", "recurrent-planes", "checkpoint"}},
-        {"verify", {"rejection", "match"}},  // VerifyMode (sampler.h)
+        {"verify", {"rejection", "match", "coupled"}},  // VerifyMode (sampler.h)
     };
     return table;
 }

@@ -7,6 +7,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "coupled.h"
 #include "errors.h"
 #include "options.h"
 
@@ -14,10 +15,14 @@ namespace pydflash {
 
 VerifyMode parse_verify(const std::string& name) {
     check_choice("verify", name);
+    if (name == "coupled") return VerifyMode::Coupled;
     return name == "match" ? VerifyMode::Match : VerifyMode::Rejection;
 }
 
-const char* verify_name(VerifyMode mode) { return mode == VerifyMode::Match ? "match" : "rejection"; }
+const char* verify_name(VerifyMode mode) {
+    if (mode == VerifyMode::Coupled) return "coupled";
+    return mode == VerifyMode::Match ? "match" : "rejection";
+}
 
 void SamplingParams::validate(int32_t n_vocab) const {
     auto finite = [](float v) { return std::isfinite(v); };
@@ -237,6 +242,11 @@ llama_token Sampler::sample(const Distribution& d) {
         if (r < acc) return d.ids[i];
     }
     return d.ids.back();
+}
+
+llama_token Sampler::draw(const Distribution& d, llama_pos pos) {
+    if (params_.verify == VerifyMode::Coupled) return coupled_argmax(d, params_.seed, pos);
+    return sample(d);
 }
 
 llama_token Sampler::sample_residual(const Distribution& p, const Distribution& q) {

@@ -17,8 +17,8 @@
 
 namespace pydflash {
 
-enum class VerifyMode { Match, Rejection };
-VerifyMode parse_verify(const std::string& name);  // "rejection" or "match"
+enum class VerifyMode { Match, Rejection, Coupled };
+VerifyMode parse_verify(const std::string& name);  // "rejection", "match" or "coupled"
 const char* verify_name(VerifyMode mode);
 
 struct SamplingParams {
@@ -81,6 +81,9 @@ public:
     void distribution(const float* logits, const std::vector<llama_token>& recent, Distribution& out);
 
     llama_token sample(const Distribution& d);
+    // The token of absolute position `pos` from d: verify="coupled" takes the
+    // Gumbel-max of the noise shared with the drafters (coupled.h), the others sample(d).
+    llama_token draw(const Distribution& d, llama_pos pos);
     double uniform();  // in [0, 1)
 
     // Residual max(0, p - q), normalised, sampled: the correction after a

@@ -274,7 +274,9 @@ class SamplingConfig:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
-    verify: str = _SAMPLING.verify  # at temperature > 0: "rejection" (speculative sampling) or "match"
+    # at temperature > 0: "rejection" (speculative sampling), "match", or "coupled" (the
+    # target alone's text for the seed: noise keyed by position, shared with the drafter)
+    verify: str = _SAMPLING.verify
     draft_max: int | None = None  # None: the Llama's (adaptive unless it pins one); an int pins it
     draft_min: int = 0
     draft_p_min: float = 0.0

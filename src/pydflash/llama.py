@@ -349,9 +349,10 @@ class Llama:
         the draft from the drafter's distribution q and accepts a token with
         probability min(1, p/q), resampling from max(0, p - q) on rejection;
         ``verify="match"`` accepts a greedy draft token only when the target's
-        own sample equals it. Both keep the target's distribution p exactly;
-        the same chain (llama.cpp's order: logit bias, penalties, top-n-sigma, top-k,
-        typical-p, top-p, min-p, temperature) shapes p and q.
+        own sample equals it; ``verify="coupled"`` gives the target alone's text for
+        the seed (Gumbel-max, noise keyed by seed, position and token). All three
+        keep p exactly; the same chain (llama.cpp's order: logit bias, penalties, top-n-sigma,
+        top-k, typical-p, top-p, min-p, temperature) shapes p and q.
 
         Keyword options (``GenerateOptions``, defaults as ``SamplingConfig``'s):
         ``min_p``, ``typical_p``, ``top_n_sigma``, ``repeat_penalty``,

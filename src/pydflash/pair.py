@@ -141,8 +141,10 @@ class ContextPair:
     ) -> None:
         """How the target's tokens are chosen (temperature 0: greedy) and how
         drafts are verified at temperature > 0: "rejection" (speculative
-        sampling, exact for the target's distribution) or "match" (accept a
-        draft only when the target's own sample equals it). It also drops any
+        sampling, exact for the target's distribution), "match" (accept a
+        draft only when the target's own sample equals it) or "coupled" (both
+        take the Gumbel-max of noise keyed by seed, position and token: the
+        target alone's tokens for the seed, whatever drafted). It also drops any
         grammar (``set_grammar`` after it constrains the output)."""
         cfg = SamplingConfig.build(
             temperature=temperature,

@@ -188,7 +188,8 @@ class Generation:
         # the engine chooses each step's draft length (_draft_policy) unless one is pinned
         # (here or by the Llama), adaptive lengths are off, or a seeded sample must
         # reproduce: its random draws follow the draft lengths, which follow timings
-        sampled_with_seed = config.temperature > 0 and config.top_k != 1 and seed >= 0
+        # (verify="coupled" draws none: its noise is keyed by position, any length reproduces)
+        sampled_with_seed = config.temperature > 0 and config.top_k != 1 and seed >= 0 and config.verify != "coupled"
         self.adaptive = (
             (pair.has_drafter or pair.drafter_kind == "mtp")
             and config.draft_max is None

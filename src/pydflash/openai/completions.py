@@ -151,16 +151,15 @@ def create_completion(
     id_slot: int | None = None,
     n: int = 1,
     cancel: Callable[[], bool] | None = None,
+    verify: str | None = None,
 ) -> Completion | Iterator[CompletionChunk]:
-    """An OpenAI-style text completion of ``prompt`` (text or token ids). Defaults as in llama-cpp-python;
-    ``max_tokens=None`` fills the context. ``draft_max``/``draft_min``/``draft_p_min``: as ``Llama.generate``'s.
-    ``logprobs=N``: each token's log-probability and the N most likely tokens (of the raw logits, or of the
-    sampler chain's distribution with ``post_sampling_probs``), as ``choices[0]["logprobs"]``.
-    ``response_format`` (``{"type": "json_object"}``, ``{"type": "json_schema", "json_schema": {"schema":
-    ...}}``), ``json_schema`` or ``grammar`` (GBNF): the text follows it. ``id_slot``: that sequence slot
-    (llama-server's; -1/None: any). ``n`` choices run side by side (seeds ``seed``, ``seed + 1``...).
-    ``cancel``: asked after every step of a stream, every 0.1 s otherwise; True stops with
-    ``GenerationInterrupted``."""
+    """An OpenAI-style text completion of ``prompt`` (text or ids). Defaults as llama-cpp-python's; ``max_tokens=None``
+    fills the context. ``draft_max``, ``draft_min``, ``draft_p_min``, ``verify``: as ``Llama.generate``'s.
+    ``logprobs=N``: each token's logprob and the N likeliest (of the raw logits, or of the chain's distribution with
+    ``post_sampling_probs``), in ``choices[0]["logprobs"]``. ``response_format`` (``json_object``, ``json_schema``),
+    ``json_schema`` or ``grammar`` (GBNF): the text follows it. ``id_slot``: that slot (llama-server's; -1/None:
+    any). ``n`` choices run side by side (seeds ``seed``, ``seed + 1``...). ``cancel``: asked after each step of a
+    stream (else every 0.1 s); True raises ``GenerationInterrupted``."""
     _unsupported(suffix=suffix)
     if logprobs is not None and echo:
         raise ValueError("logprobs with echo (the prompt's log-probabilities) are not supported")
@@ -190,6 +189,7 @@ def create_completion(
         post_sampling_probs=post_sampling_probs,
         grammar=gbnf,
         json_schema=schema,
+        verify=verify,
     )
     gens = _generations(llm, tokens, cfg, id_slot, n)
     meta: _Meta = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or llm.model_name}
@@ -349,16 +349,15 @@ def create_chat_completion(
     id_slot: int | None = None,
     n: int = 1,
     cancel: Callable[[], bool] | None = None,
+    verify: str | None = None,
 ) -> ChatCompletion | Iterator[ChatCompletionChunk]:
-    """An OpenAI-style chat completion: ``messages`` go through the model's chat
-    template (or the ``chat_template`` given to ``Llama``). ``enable_thinking=False``
-    turns reasoning off where the template has the switch; reasoning the model
-    writes comes back in ``message["reasoning_content"]``. ``logprobs=True`` (with
-    ``top_logprobs=N``): ``choices[0]["logprobs"]["content"]``, one entry per
-    generated token (reasoning and tool-call tokens included). ``response_format``,
-    ``json_schema`` and ``grammar`` go through the template, which frames them in its
-    reply format; with ``tools`` the template's tool-call grammar applies once a call
-    starts (as in llama-server). Other options as ``create_completion``'s."""
+    """An OpenAI-style chat completion: ``messages`` go through the model's chat template (or the ``chat_template``
+    given to ``Llama``). ``enable_thinking=False`` turns reasoning off where the template has the switch; reasoning
+    the model writes comes back in ``message["reasoning_content"]``. ``logprobs=True`` (with ``top_logprobs=N``):
+    ``choices[0]["logprobs"]["content"]``, one entry per generated token (reasoning and tool-call tokens included).
+    ``response_format``, ``json_schema`` and ``grammar`` go through the template, which frames them in its reply
+    format; with ``tools`` the template's tool-call grammar applies once a call starts (as in llama-server). Other
+    options as ``create_completion``'s."""
     if top_logprobs is not None and not logprobs:
         raise ValueError("top_logprobs needs logprobs=True")
     schema, gbnf = constraint(response_format, json_schema, grammar)
@@ -387,6 +386,7 @@ def create_chat_completion(
         top_logprobs=top_logprobs or 0,
         post_sampling_probs=post_sampling_probs,
         grammar=chat_grammar(cp, (schema, gbnf), lambda text: _generation_prompt_tokens(llm, text)),
+        verify=verify,
     )
     gens = _generations(llm, tokens, cfg, id_slot, n)
     meta: _Meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or llm.model_name}

@@ -82,6 +82,7 @@ _PASSED = (
     "grammar",
     "stop",
     "logit_bias",
+    "verify",
 )
 
 
@@ -116,6 +117,7 @@ class _Request(BaseModel):
     grammar: str | None = None
     stop: Stop = None
     logit_bias: dict[str, float] | None = None  # JSON keys are strings: token ids, checked below
+    verify: str | None = None  # pydflash's: "rejection", "match" or "coupled" (Llama.generate's)
     mirostat: float | None = None
     xtc_probability: float | None = None
     dry_multiplier: float | None = None

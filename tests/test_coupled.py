@@ -1,0 +1,312 @@
+"""verify="coupled": seeded sampling whose tokens are the target alone's (issue #52).
+
+Every position i and token x get Gumbel noise g(seed, i, x) from a counter-based
+generator (Philox4x32-10 keyed by the seed, counter (x, i)); the target's token is
+argmax_x(log p_i(x) + g), an exact sample of p_i, and a drafter proposes
+argmax_x(log q_i(x) + g) with the same noise. So the output for a seed is a
+function of the target alone, whatever drafted it, at any draft length.
+
+Checked here on tiny models (the shipped pair: test_coupled_embedded.py):
+* the generator reproduces Philox's published known answers, and its noise is
+  standard Gumbel, keyed by seed, position and token;
+* the target alone's coupled tokens equal an independent replay (full-prefix
+  ``score`` rows through the numpy reference of the sampler chain, plus the noise);
+* every drafter kind (DFlash, DFlash2, DSpark, MTP, n-gram, external drafts)
+  gives the target alone's tokens, at every draft length, and accepts some drafts;
+* the first 4 positions follow the target's distribution (test_block_sampling's
+  chi-square check), and a seeded coupled generation keeps the adaptive length.
+
+Apart from near-ties: a verification pass rounds a logit differently from a
+one-token decode (README), so where two tokens' log p + g lie within that
+rounding either may come out; a divergence is accepted only at such a measured
+near-tie of the full-prefix reference.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import test_block_sampling as tb
+from pydflash import Llama, _core, testing
+from test_sampling import transform
+
+scipy_stats = pytest.importorskip("scipy.stats")
+
+# (counter, key, output) from the Random123 distribution's kat_vectors
+PHILOX_KAT = [
+    ([0, 0, 0, 0], [0, 0], [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]),
+    ([0xFFFFFFFF] * 4, [0xFFFFFFFF] * 2, [0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD]),
+    ([0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344], [0xA4093822, 0x299F31D0],
+     [0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1]),
+]
+T1 = 1  # n_threads: tiny models, a shared machine
+SAMPLING = dict(temperature=0.8, top_k=40)
+SEEDS = (3, 1234, 2**40 + 7)
+N_TOKENS = 32
+# in units of log p + g: a tiny model's logits move by up to ~0.35 between batchings
+# (test_parallel.py); at T = 0.8 that is 0.44
+TIE_BOUND = 0.5
+
+
+def test_philox_reproduces_the_published_known_answers():
+    for ctr, key, out in PHILOX_KAT:
+        assert list(_core.philox4x32(ctr, key)) == out
+
+
+def test_noise_is_standard_gumbel_keyed_by_seed_position_and_token():
+    toks = list(range(2000))
+    a = np.array(_core.coupled_gumbel(7, 10, toks))
+    assert a.tolist() == _core.coupled_gumbel(7, 10, toks)  # a pure function
+    assert scipy_stats.kstest(a, "gumbel_r").pvalue > 1e-4
+    # another seed, position or token shift: independent draws (no correlation)
+    for other in (_core.coupled_gumbel(8, 10, toks), _core.coupled_gumbel(7, 11, toks),
+                  _core.coupled_gumbel(7, 10, [t + 1 for t in toks]), _core.coupled_gumbel(7 + 2**32, 10, toks)):
+        b = np.array(other)
+        assert scipy_stats.kstest(b, "gumbel_r").pvalue > 1e-4
+        assert abs(np.corrcoef(a, b)[0, 1]) < 0.1
+    # the same value whatever else is asked with it
+    assert _core.coupled_gumbel(7, 10, [5])[0] == a[5]
+
+
+def coupled_replay(base: Llama, prompt: list[int], n: int, seed: int, kw: dict) -> tuple[list[int], list[float]]:
+    """The coupled tokens from full-prefix scoring (independent of the engine's loop),
+    and at each position the gap between the two best of log p + g."""
+    ctx, out, gaps = list(prompt), [], []
+    for _ in range(n):
+        p = transform(base.pair.score(ctx)[-1], ctx[-tb.WINDOW :], **kw)  # the penalties' window
+        support = np.flatnonzero(p > 0)
+        keys = np.log(p[support]) + np.array(_core.coupled_gumbel(seed, len(ctx), support.tolist()))
+        order = np.argsort(-keys)
+        out.append(int(support[order[0]]))
+        gaps.append(float(keys[order[0]] - keys[order[1]]) if len(order) > 1 else np.inf)
+        ctx.append(out[-1])
+    return out, gaps
+
+
+def perturbed_gap(base: Llama, prefix: list[int], a: int, b: int, seed: int, kw: dict) -> float:
+    """|(log p + g)(a) - (log p + g)(b)| at the position after ``prefix`` (full-prefix row)."""
+    p = transform(base.pair.score(prefix)[-1], prefix[-tb.WINDOW :], **kw)  # the penalties' window
+    g = _core.coupled_gumbel(seed, len(prefix), [a, b])
+    with np.errstate(divide="ignore"):
+        return abs(float(np.log(p[a]) + g[0] - np.log(p[b]) - g[1]))
+
+
+def assert_same_or_near_tie(base: Llama, prompt: list[int], got: list[int], want: list[int], seed: int,
+                            kw: dict, bound: float = TIE_BOUND) -> bool:
+    """got == want, or they first differ where the two tokens' log p + g are within
+    ``bound`` (then True: a near-tie)."""
+    if got == want:
+        return False
+    j = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
+    assert j is not None, f"one is a prefix of the other: {got} / {want}"
+    gap = perturbed_gap(base, prompt + want[:j], got[j], want[j], seed, kw)
+    assert gap < bound, f"seed {seed}: differs at token {j} ({got[j]} vs {want[j]}), log p + g {gap:.3g} apart"
+    return True
+
+
+# ---------------------------------------------------------- DFlash on tiny models
+
+# test_block_sampling's target with a flatter head: at T = 0.8 its next-token entropy
+# is ~1.2 nats, and its drafter (tb.DRAFTERS["qwen3-b8"]) proposes nearly its p
+TARGET = testing.TargetSpec(head_scale=0.5, hot_tokens=24, seed=5, embd_common=6.0)
+PROMPTS = [[17, 42, 99, 250, 5], [7], [300, 12, 99, 250, 17, 45], [65, 66, 67, 68, 69, 70]]
+
+
+@pytest.fixture(scope="module")
+def pair_paths(tmp_path_factory):
+    d = tmp_path_factory.mktemp("coupled")
+    t = testing.write_target(d / "target.gguf", TARGET)
+    return t, testing.write_drafter(d / "drafter.gguf", TARGET, tb.DRAFTERS["qwen3-b8"][1])
+
+
+@pytest.fixture(scope="module")
+def alone(pair_paths):
+    """The target alone's coupled tokens per (prompt, seed), and the Llama that made them."""
+    with Llama(pair_paths[0], n_ctx=512, n_threads=T1) as base:
+        out = {(i, s): base.generate(p, max_tokens=N_TOKENS, seed=s, ignore_eos=True, verify="coupled",
+                                     cache_prompt=False, **SAMPLING).tokens
+               for i, p in enumerate(PROMPTS) for s in SEEDS}
+        yield base, out
+
+
+def test_the_target_alone_is_the_gumbel_max_of_its_own_rows(alone):
+    base, out = alone
+    n_ties = 0
+    for (i, s), tokens in list(out.items())[:6]:
+        ref, _ = coupled_replay(base, PROMPTS[i], N_TOKENS, s, SAMPLING)
+        n_ties += assert_same_or_near_tie(base, PROMPTS[i], tokens, ref, s, SAMPLING)
+    assert n_ties <= 1
+    # and it is a sample, not a fixed path: seeds give different outputs
+    assert len({tuple(out[0, s]) for s in SEEDS}) == len(SEEDS)
+
+
+def test_a_coupled_target_alone_ignores_its_random_stream(alone):
+    # the noise is keyed by position only: the same seed gives the same tokens again,
+    # whatever the sampler drew before, and with the prompt cache on
+    base, out = alone
+    for s in SEEDS:
+        base.generate(PROMPTS[1], max_tokens=5, temperature=1.0, seed=s + 1)  # another stream in between
+        assert base.generate(PROMPTS[0], max_tokens=N_TOKENS, seed=s, ignore_eos=True, verify="coupled",
+                             **SAMPLING).tokens == out[0, s]
+
+
+@pytest.mark.parametrize("draft_max", [None, 1, 3, 7])
+def test_dflash_gives_the_target_alone_tokens_at_every_length(pair_paths, alone, draft_max):
+    base, out = alone
+    drafted = accepted = ties = 0
+    with Llama(pair_paths[0], draft=pair_paths[1], n_ctx=512, n_threads=T1) as llm:
+        for (i, s), want in out.items():
+            res = llm.generate(PROMPTS[i], max_tokens=N_TOKENS, seed=s, ignore_eos=True, verify="coupled",
+                               draft_max=draft_max, **SAMPLING)
+            ties += assert_same_or_near_tie(base, PROMPTS[i], res.tokens, want, s, SAMPLING)
+            drafted += res.stats.n_drafted
+            accepted += res.stats.n_accepted
+    assert ties <= 1
+    if draft_max is not None:  # pinned: drafts every step, some kept and some not
+        assert 0 < accepted < drafted
+
+
+def test_several_sequences_with_other_requests_give_the_target_alone_tokens(pair_paths, alone):
+    # coupled requests batched with rejection, match and greedy ones, prompt cache on and off
+    base, out = alone
+    keys = list(out)
+    with Llama(pair_paths[0], draft=pair_paths[1], n_ctx=4 * 256, n_parallel=4, n_threads=T1, draft_max=5) as llm:
+        for cache in (True, False):
+            gens = []
+            for j, (i, s) in enumerate(keys):
+                gens.append(llm.submit(PROMPTS[i], max_tokens=N_TOKENS, seed=s, ignore_eos=True, verify="coupled",
+                                       cache_prompt=cache, **SAMPLING))
+                other = ({"verify": "rejection", "temperature": 1.0}, {"verify": "match", "temperature": 0.5},
+                         {"temperature": 0.0})[j % 3]
+                llm.submit(PROMPTS[(i + 1) % len(PROMPTS)], max_tokens=N_TOKENS // 2 + j, seed=s, ignore_eos=True,
+                           cache_prompt=cache, **other)
+            ties = 0
+            for (i, s), g in zip(keys, gens, strict=True):
+                res = g.result()
+                assert max(st.n_batch_seqs for st in res.stats.steps) > 1  # really batched
+                ties += assert_same_or_near_tie(base, PROMPTS[i], res.tokens, out[i, s], s, SAMPLING)
+            assert ties <= 1
+
+
+@pytest.mark.parametrize("chain", [
+    dict(repeat_penalty=1.3, presence_penalty=0.2, frequency_penalty=0.1),
+    dict(top_p=0.9, min_p=0.05, logit_bias={281: -2.0, 57: 1.0}),
+    dict(top_n_sigma=1.5, typical_p=0.9),
+], ids=["penalties", "top-p-min-p-bias", "top-n-sigma-typical"])
+def test_the_whole_sampler_chain_shapes_p_and_q(pair_paths, alone, chain):
+    base, _ = alone
+    kw = {**SAMPLING, **chain}
+    ties = accepted = 0
+    with Llama(pair_paths[0], draft=pair_paths[1], n_ctx=512, n_threads=T1) as llm:
+        for i, p in enumerate(PROMPTS):
+            for s in SEEDS[:2]:
+                want = base.generate(p, max_tokens=N_TOKENS, seed=s, ignore_eos=True, verify="coupled", **kw)
+                res = llm.generate(p, max_tokens=N_TOKENS, seed=s, ignore_eos=True, verify="coupled", draft_max=3,
+                                   **kw)
+                ties += assert_same_or_near_tie(base, p, res.tokens, want.tokens, s, kw)
+                accepted += res.stats.n_accepted
+                if i == 0:  # the target's p: the chain as llama.cpp applies it (the numpy reference)
+                    ref, _ = coupled_replay(base, p, N_TOKENS, s, kw)
+                    ties += assert_same_or_near_tie(base, p, want.tokens, ref, s, kw)
+    assert ties <= 1 and accepted > 0
+
+
+def test_a_seeded_coupled_generation_keeps_the_adaptive_length(pair_paths):
+    # other seeded samples pin the block length (their draws follow it); coupled
+    # does not draw, so the engine still chooses each step's length
+    with Llama(pair_paths[0], draft=pair_paths[1], n_ctx=512, n_threads=T1) as llm:
+        kw = dict(max_tokens=48, seed=5, ignore_eos=True, **SAMPLING)
+        pinned = [st.draft_max for st in llm.generate(PROMPTS[0], verify="rejection", **kw).stats.steps]
+        assert set(pinned[:-1]) == {llm.pair.max_draft}
+        chosen = [st.draft_max for st in llm.generate(PROMPTS[0], verify="coupled", **kw).stats.steps]
+        assert set(chosen[:-1]) != {llm.pair.max_draft}, chosen
+
+
+def test_the_first_four_positions_follow_the_target_distribution(block_models):
+    # test_block_sampling's check (exact conditionals, chi-square, Bonferroni) on
+    # 600 seeds of 4 tokens, drafted as one block of 3 and verified coupled
+    llm = tb.open_llm(block_models, "qwen3-b8")
+    seqs, reach = tb.sample_blocks(llm, tb.N, 3, tb.PLAIN, "coupled")
+    pvals = tb.target_pvalues(tb.open_llm(block_models, "qwen3-b8", draft=False), seqs, tb.PLAIN)
+    print(f"\ncoupled: reach {np.round(reach, 3).tolist()}; min p-value {min(pvals):.3g}")
+    assert tb.passes(pvals), np.round(pvals, 6).tolist()
+    assert reach[3] > 0.05 and reach[1] < 0.99, reach  # whole drafts kept, and rejections
+
+
+def test_a_biased_coupled_sampler_is_detected(block_models):
+    # the same check's power here: coupled at temperature 1.15 fails it against 1.0
+    llm = tb.open_llm(block_models, "qwen3-b8")
+    seqs, _ = tb.sample_blocks(llm, tb.N, 3, dict(temperature=1.15), "coupled")
+    assert not tb.passes(tb.target_pvalues(tb.open_llm(block_models, "qwen3-b8", draft=False), seqs, tb.PLAIN))
+
+
+block_models = tb.block_models  # the fixture, shared with test_block_sampling's models
+
+
+# ------------------------------------------------ the other drafters: one-hot drafts
+
+KIND_TARGET = testing.TargetSpec(head_scale=2.0, hot_tokens=24, seed=5, embd_common=2.0)  # test_drafter_kinds
+KIND_PROMPTS = ["def main(argv=None):", "The quick brown fox"]
+
+
+@pytest.mark.parametrize("kind", ["dflash2", "dspark"])
+def test_dflash2_and_dspark_give_the_target_alone_tokens(tmp_path, kind):
+    v = testing.DrafterVariant(kind)
+    t, d = testing.write_pair(tmp_path, KIND_TARGET, testing.DrafterSpec(seed=9, attn_out_scale=2.0, variant=v))
+    check_kind(t, {"draft": d}, draft_maxes=(None, 2, 5))
+
+
+def test_ngram_drafts_give_the_target_alone_tokens(pair_paths):
+    # this target's samples repeat themselves: the n-gram drafter finds drafts, DFlash the rest
+    from test_ngram import SMALL
+
+    opts = {"draft": pair_paths[1], "speculative": ["ngram-mod", "draft-dflash"], "ngram": SMALL}
+    check_kind(pair_paths[0], opts, prompts=PROMPTS, draft_maxes=(3,), sources={"ngram-mod", "draft-dflash"})
+
+
+def test_mtp_drafts_give_the_target_alone_tokens(tmp_path):
+    import test_mtp
+
+    path = test_mtp.write_mtp_target(tmp_path / "mtp.gguf", test_mtp.SPEC, test_mtp.HEAD)
+    check_kind(path, {"speculative": ["draft-mtp"]}, draft_maxes=(1, 3), sources={"draft-mtp"})
+
+
+def check_kind(target, opts: dict, *, prompts=KIND_PROMPTS, draft_maxes=(None,), sources=None) -> None:
+    drafted = accepted = ties = 0
+    seen: set[str] = set()
+    with Llama(target, n_ctx=512, n_threads=T1) as base, Llama(target, n_ctx=512, n_threads=T1, **opts) as llm:
+        for p in prompts:
+            ids = base.prompt_tokens(p)
+            for s in SEEDS[:2]:
+                want = base.generate(ids, max_tokens=N_TOKENS, seed=s, ignore_eos=True, verify="coupled",
+                                     **SAMPLING).tokens
+                for dm in draft_maxes:
+                    res = llm.generate(ids, max_tokens=N_TOKENS, seed=s, ignore_eos=True, verify="coupled",
+                                       draft_max=dm, **SAMPLING)
+                    ties += assert_same_or_near_tie(base, ids, res.tokens, want, s, SAMPLING)
+                    drafted += res.stats.n_drafted
+                    accepted += res.stats.n_accepted
+                    seen |= {st.source for st in res.stats.steps if st.n_drafted}
+    assert ties <= 1
+    assert 0 < accepted < drafted
+    if sources is not None:
+        assert sources <= seen, seen
+
+
+def test_external_drafts_are_kept_when_they_equal_the_target_token(pair_paths, alone):
+    # a deterministic draft is kept exactly when it is the coupled token: the true
+    # continuation is kept whole, a wrong token ends the step with the target's own
+    base, out = alone
+    want = out[0, SEEDS[0]]
+    pair = base.pair
+    pair.set_sampling(verify="coupled", seed=SEEDS[0], **SAMPLING)
+    pair.prefill(PROMPTS[0])
+    r = pair.step(draft=want[:5])
+    assert r.tokens == want[:6] and r.n_accepted == 5
+    wrong = (want[6] + 1) % base.n_vocab
+    r = pair.step(draft=[wrong, *want[7:9]])
+    assert r.tokens == [want[6]] and r.n_accepted == 0
+    r = pair.step(draft=want[7:12])
+    assert r.tokens == want[7:13]
+    pair.set_sampling()

@@ -24,5 +24,6 @@ void register_model(pybind11::module_& m);
 void register_context_pair(pybind11::module_& m);
 void register_chat(pybind11::module_& m);
 void register_grammar(pybind11::module_& m);
+void register_embedder(pybind11::module_& m);
 
 }  // namespace pydflash::bindings

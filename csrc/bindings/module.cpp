@@ -17,4 +17,5 @@ PYBIND11_MODULE(_core, m) {
     pydflash::bindings::register_context_pair(m);
     pydflash::bindings::register_chat(m);
     pydflash::bindings::register_grammar(m);
+    pydflash::bindings::register_embedder(m);
 }

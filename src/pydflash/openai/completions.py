@@ -91,6 +91,11 @@ def _fill(max_tokens: int | None, n_ctx: int, n_prompt: int) -> int:
     return max_tokens
 
 
+def _echo(llm: Llama, prompt: str | Sequence[int], tokens: list[int]) -> str:
+    """The prompt as ``echo=True`` repeats it (token ids as their text)."""
+    return prompt if isinstance(prompt, str) else llm.detokenize(tokens).decode("utf-8", errors="replace")
+
+
 def _unsupported(**kw: Any) -> None:
     for name, value in kw.items():
         if value not in (None, False, 0):
@@ -176,7 +181,7 @@ def create_completion(
     )
     gens = _generations(llm, tokens, cfg, id_slot, n)
     meta: _Meta = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or llm.model_name}
-    head = (prompt if isinstance(prompt, str) else llm.detokenize(tokens)) if echo else ""
+    head = _echo(llm, prompt, tokens) if echo else ""
     if stream:
         return _chained([_completion_chunks(g, cancel, meta, head) for g in gens], gens)
     return _merged([_completion(g, cancel, meta, head) for g in gens])
@@ -429,7 +434,7 @@ def _chat_prompt(
 def _generation_prompt_tokens(llm: Llama, text: str) -> list[int]:
     """The template's assistant prefix as tokens (llama.cpp's rule: without a leading
     space token that the text itself does not start with)."""
-    toks = llm.tokenize(text, add_special=False, parse_special=True)
+    toks = llm.tokenize(text, add_bos=False, special=True)
     if toks and not text[:1].isspace() and llm.core_model.token_to_piece(toks[0], True)[:1].isspace():
         toks = toks[1:]
     return toks

@@ -8,6 +8,8 @@ llm.create_chat_completion([{"role": "user", "content": "hi"}])   # OpenAI-shape
 
 from __future__ import annotations
 
+import os
+import warnings
 from typing import Any
 
 # _backends before any use of _core: it loads ggml's backends in the CUDA build
@@ -67,7 +69,7 @@ __all__ = [
     "__version__",
     "backends",
     "embedded_pair",
-    "inspect",
+    "inspect_gguf",
 ]
 
 
@@ -79,8 +81,13 @@ def backends() -> list[dict[str, Any]]:
     return list(_core.devices())
 
 
-def inspect(path: str) -> dict[str, object]:
+def inspect_gguf(path: str | os.PathLike[str]) -> dict[str, object]:
     """A GGUF file's architecture, metadata and tensor names (no weights load)."""
-    import os
-
     return _core.inspect_gguf(os.fspath(path))
+
+
+def inspect(path: str | os.PathLike[str]) -> dict[str, object]:
+    """Deprecated name of ``inspect_gguf`` (outside ``__all__``: a star import would
+    shadow the standard library's ``inspect``)."""
+    warnings.warn("pydflash.inspect is deprecated: use pydflash.inspect_gguf", DeprecationWarning, stacklevel=2)
+    return inspect_gguf(path)

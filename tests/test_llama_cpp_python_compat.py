@@ -127,6 +127,7 @@ def test_save_state_and_load_state_continue_as_saved(llm):
     llm.reset()
     llm.eval(llm.tokenize(PROMPT.encode()))
     state = llm.save_state()
+    assert isinstance(state, pydflash.LlamaState)
     assert state.n_tokens == len(llm.input_ids) and state.llama_state_size == len(state.llama_state) > 0
     first = llm.generate(llm.input_ids.tolist(), max_tokens=12, temperature=0.0, ignore_eos=True).tokens
     llm.reset()

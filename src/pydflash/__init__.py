@@ -29,6 +29,7 @@ from .errors import (
     RollbackError,
 )
 from .llama import Llama
+from .llama_cpp_api import LlamaState
 from .pair import ContextPair
 from .results import (
     GenerationResult,
@@ -55,6 +56,7 @@ __all__ = [
     "Grammar",
     "GrammarError",
     "Llama",
+    "LlamaState",
     "MemoryReport",
     "MemoryRow",
     "ModelLoadError",

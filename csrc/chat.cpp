@@ -3,6 +3,7 @@
 #include <mutex>
 
 #include "errors.h"
+#include "template_error.h"
 
 // llama.cpp's common library (its chat.h shares our header's name: include by folder)
 #include "common/chat.h"
@@ -59,7 +60,8 @@ ChatTemplate::ChatTemplate(std::shared_ptr<Model> model, const std::string& sour
         tmpls_.reset(
             common_chat_templates_init(model_ ? model_->get() : nullptr, source, bos_token, eos_token).release());
     } catch (const std::exception& e) {
-        throw ChatTemplateError(std::string("chat template does not parse: ") + e.what());
+        const std::string where = jinja_ ? template_parse_error(source) : "";
+        throw ChatTemplateError("chat template does not parse: " + (where.empty() ? std::string(e.what()) : where));
     }
     if (!tmpls_) throw ChatTemplateError("chat template could not be initialised");
     source_ = common_chat_templates_source(tmpls_.get());

@@ -237,7 +237,11 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& p
     }
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = params.n_gpu_layers;
-    if (!params.use_mmap) mp.load_mode = LLAMA_LOAD_MODE_NONE;
+    if (params.use_mlock) {
+        mp.load_mode = params.use_mmap ? LLAMA_LOAD_MODE_MMAP_MLOCK : LLAMA_LOAD_MODE_MLOCK;
+    } else if (!params.use_mmap) {
+        mp.load_mode = LLAMA_LOAD_MODE_NONE;
+    }
     mp.main_gpu = params.main_gpu;
     mp.load_mtp = params.load_mtp;
     mp.split_mode = parse_split_mode(params.split_mode);

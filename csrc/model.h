@@ -15,6 +15,7 @@ namespace pydflash {
 struct ModelParams {
     int n_gpu_layers = 0;  // < 0: all layers
     bool use_mmap = true;
+    bool use_mlock = false;                // keep the weights in RAM (llama.cpp's --mlock)
     int main_gpu = 0;                      // the device used with split_mode "none"
     std::string split_mode = "layer";      // "none", "layer" or "row" (across GPUs)
     std::vector<float> tensor_split;       // share per device; empty: by free memory

@@ -1,6 +1,8 @@
 #include "pair_params.h"
 
 #include <algorithm>
+#include <cmath>
+#include <string>
 #include <thread>
 
 #include "errors.h"
@@ -41,6 +43,11 @@ void PairParams::validate() const {
     at_least("n_batch", n_batch, 1);
     at_least("n_ubatch", n_ubatch, 1);
     at_least("n_threads", n_threads, 0);
+    at_least("n_threads_batch", n_threads_batch, 0);
+    if (!(rope_freq_base >= 0.0f) || !std::isfinite(rope_freq_base)) {
+        throw InvalidArgument("rope_freq_base must be a finite number >= 0 (0: the model's), got " +
+                              std::to_string(rope_freq_base));
+    }
     at_least("draft_max", draft_max, -1);
     at_least("draft_window", draft_window, -1);
     check_choice("rollback", rollback);
@@ -72,7 +79,9 @@ llama_context_params context_params(const PairParams& p, bool drafter) {
     int32_t threads = p.n_threads;
     if (threads <= 0) threads = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
     cp.n_threads = threads;
-    cp.n_threads_batch = threads;
+    cp.n_threads_batch = p.n_threads_batch > 0 ? p.n_threads_batch : threads;
+    // the drafter keeps its own RoPE: it was trained with it
+    if (!drafter) cp.rope_freq_base = p.rope_freq_base;
     cp.no_perf = true;
     return cp;
 }

@@ -41,6 +41,8 @@ struct PairParams {
     int32_t n_batch = 512;            // largest single decode (prefill chunk)
     int32_t n_ubatch = 512;           // physical batch; also the drafter's injection chunk
     int32_t n_threads = 0;            // 0 = number of hardware threads
+    int32_t n_threads_batch = 0;      // prompt and batch passes; 0 = as n_threads
+    float rope_freq_base = 0.0f;      // the target's RoPE base; 0 = the model's
     int32_t draft_max = -1;           // default draft length; -1 = block_size - 1
     std::string rollback = "auto";    // or a RollbackKind name, to force one
     std::string flash_attn = "auto";  // "auto", "on" or "off", for both contexts

@@ -1,7 +1,7 @@
 """Drive DFlash decoding one speculative step at a time with the low-level API.
 
+    python examples/step_by_step.py                          # the shipped pair
     python examples/step_by_step.py TARGET.gguf DRAFTER.gguf "def fib(n):"
-    python examples/step_by_step.py            # writes a tiny random pair first
 
 Each step drafts a block with the DFlash drafter, verifies it in one target
 pass, and keeps the agreeing prefix plus one token of the target's own.
@@ -10,8 +10,8 @@ pass, and keeps the agreeing prefix plus one token of the target's own.
 from __future__ import annotations
 
 import argparse
-import tempfile
 
+import pydflash
 from pydflash import Llama
 
 
@@ -19,21 +19,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("target", nargs="?")
     ap.add_argument("drafter", nargs="?")
-    ap.add_argument("prompt", nargs="?", default="def fib(n):")
+    ap.add_argument("prompt", nargs="?", default="def fibonacci(n):\n")
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--draft-max", type=int, default=None)
     a = ap.parse_args()
-
-    tmp = None
     if a.target is None:
-        from pydflash import testing
+        a.target, a.drafter = pydflash.embedded_pair()  # trained on Python code: it writes Python
 
-        tmp = tempfile.TemporaryDirectory()
-        a.target, a.drafter = map(str, testing.write_pair(tmp.name))
-
-    with Llama(a.target, draft=a.drafter, n_ctx=1024) as llm:
+    with Llama(a.target, a.drafter, n_ctx=1024) as llm:
         pair = llm.pair
-        ms = pair.prefill(llm.tokenize(a.prompt))
+        ms = pair.prefill(llm.tokenize(a.prompt.encode()))
         print(f"prefill: {pair.n_past} tokens in {ms:.1f} ms; block size {pair.block_size}")
         generated: list[int] = []
         for i in range(a.steps):
@@ -43,9 +38,8 @@ def main() -> int:
                   f"-> {step.tokens} (draft {step.t_draft_ms:.2f} ms, verify {step.t_verify_ms:.2f} ms, "
                   f"inject {step.t_inject_ms:.2f} ms)")
         # the same tokens as plain greedy decoding, with fewer target passes
-        print(f"{len(generated)} tokens in {a.steps} target passes: {llm.detokenize(generated)!r}")
-    if tmp is not None:
-        tmp.cleanup()
+        text = llm.detokenize(generated).decode("utf-8", errors="replace")
+        print(f"{len(generated)} tokens in {a.steps} target passes:\n{a.prompt}{text}")
     return 0
 
 

@@ -14,7 +14,7 @@ import pytest
 from pydflash import Llama, embedded_pair
 from pydflash.bench import BenchConfig, report, run
 from pydflash.bench.engines import parse_native_output
-from pydflash.bench.workload import WORKLOADS, make_prompts
+from pydflash.bench.workload import WORKLOADS, make_prompts, text_codec
 from pydflash.cli import main as cli
 
 REQUIRED = {"engine", "isl", "osl", "draft_max", "decode_tok_s", "prefill_tok_s", "tau", "acceptance_rate",
@@ -98,9 +98,10 @@ def test_prompts_have_exactly_isl_tokens(workload):
     corpus = WORKLOADS[workload]()
     with Llama(t, n_ctx=64) as tok:
         for isl in (2, 17, 300):
-            prompts = make_prompts(tok.tokenize, tok.detokenize, isl, 3, corpus)
+            tokenize, detokenize = text_codec(tok)
+            prompts = make_prompts(tokenize, detokenize, isl, 3, corpus)
             assert len(set(prompts)) == 3
-            assert [len(tok.tokenize(p)) for p in prompts] == [isl] * 3
+            assert [len(tokenize(p)) for p in prompts] == [isl] * 3
 
 
 def test_cli_writes_json_csv(tmp_path, capsys):

@@ -239,7 +239,7 @@ def exact_rows(base: Llama, seqs: np.ndarray, kw: dict) -> np.ndarray:
     """cond[i, j]: the target's exact distribution of position j given PROMPT +
     seqs[i, :j], with the sampler chain applied (penalty window included)."""
     n, m = seqs.shape
-    out = np.zeros((n, m, base.n_vocab))
+    out = np.zeros((n, m, base.n_vocab()))
     for i, s in enumerate(seqs):
         ctx = PROMPT + [int(t) for t in s]
         logits = base.pair.score(ctx[:-1])[len(PROMPT) - 1:]

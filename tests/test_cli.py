@@ -102,6 +102,9 @@ def test_step_by_step_example():
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("step ") >= 6 and "target passes" in proc.stdout
+    # the shipped pair writes Python, not replacement characters of random weights
+    assert "\ufffd" not in proc.stdout and "def fibonacci(n):" in proc.stdout
+    assert "return" in proc.stdout.split("target passes:")[1] or "if " in proc.stdout.split("target passes:")[1]
 
 
 def test_generate_structured_output(tmp_path):
@@ -125,3 +128,4 @@ def test_generate_structured_output(tmp_path):
     assert missing.returncode == 2 and "nope.gbnf" in missing.stderr
     both = run(*base, "-p", "x", "--grammar", "root ::= [a]", "-j", "{}", check=False)
     assert both.returncode == 2 and "not allowed with" in both.stderr
+

@@ -108,12 +108,12 @@ def test_a_quiet_readers_stop_strings_are_searched_in_new_text_only(dflash, monk
 
 def test_text_matches_detokenize(dflash):
     res = dflash.generate("The quick", max_tokens=50, ignore_eos=True)
-    assert res.text == dflash.detokenize(res.tokens)
+    assert res.text == dflash.detokenize(res.tokens).decode("utf-8", errors="replace")
 
 
 def test_tokenize_roundtrip(dflash):
     for text in ["def main():\n    return 0\n", "hello world", "ünïcödé ✓", ""]:
-        assert dflash.detokenize(dflash.tokenize(text)) == text
+        assert dflash.detokenize(dflash.tokenize(text.encode())) == text.encode()
     with pytest.raises(TypeError):
         dflash.tokenize(123)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="out of range"):
@@ -138,7 +138,7 @@ def test_stop_strings(dflash, baseline):
 def test_eos_ends_generation(model_dir):
     t, d = model_dir / "target-eos.gguf", model_dir / "drafter-eos.gguf"
     with Llama(t, n_ctx=1024) as base, Llama(t, draft=d, n_ctx=1024) as spec:
-        eos_id = base.tokenize("<|endoftext|>", add_special=False)
+        eos_id = base.tokenize("<|endoftext|>", add_bos=False, special=True)
         assert len(eos_id) == 1
         hits = 0
         for prompt in ["a", "def", "import os", "x = 1", "class A:", "hello", "1 + 2", "return"]:

@@ -111,9 +111,9 @@ def spread(spread_pair):
 def letters_allowed(base: Llama, first: bool) -> np.ndarray:
     """Tokens [a-e]+ allows: letter tokens; after one, the end of generation too."""
     m = base.core_model
-    ok = np.array([re.fullmatch(rb"[a-e]+", m.token_to_piece(t, False)) is not None for t in range(base.n_vocab)])
+    ok = np.array([re.fullmatch(rb"[a-e]+", m.token_to_piece(t, False)) is not None for t in range(base.n_vocab())])
     if not first:
-        ok |= np.array([m.is_eog(t) for t in range(base.n_vocab)])
+        ok |= np.array([m.is_eog(t) for t in range(base.n_vocab())])
     return ok
 
 
@@ -163,7 +163,7 @@ def test_the_reported_distribution_is_the_masked_chain(spread):
         ignore_eos=True,
         grammar=Grammar(LETTERS),
         logprobs=True,
-        top_logprobs=base.n_vocab,
+        top_logprobs=base.n_vocab(),
         post_sampling_probs=True,
         **kw,
     )
@@ -172,7 +172,7 @@ def test_the_reported_distribution_is_the_masked_chain(spread):
     for first, lp in zip((True, False), r.logprobs):
         row = base.pair.score(ctx)[-1].astype(np.float64)
         ref = transform(np.where(letters_allowed(base, first), row, -np.inf), ctx[-64:], **kw)
-        got = np.zeros(base.n_vocab)
+        got = np.zeros(base.n_vocab())
         for t, v in lp.top:
             got[t] = np.exp(v)
         assert np.abs(got - ref).max() < 1e-4
@@ -223,7 +223,7 @@ def test_the_step_api_restarts_the_grammar_at_each_prefill_and_set_sampling_drop
             toks += pair.step().tokens
         runs.append(toks)
     assert runs[0] == runs[1]
-    text = llm.detokenize(runs[0][:-1])
+    text = llm.detokenize(runs[0][:-1]).decode()
     assert re.fullmatch(r"[0-9]{1,3};", text), text
     pair.set_sampling()  # drops the grammar: the same prompt runs free again
     pair.prefill(prompt)

@@ -195,7 +195,7 @@ def test_sampling_runs(hybrid, verify):
                      verify=verify)
     b = llm.generate(TEXT_PROMPTS[0], max_tokens=48, temperature=0.8, top_k=20, seed=3, ignore_eos=True,
                      verify=verify)
-    assert len(a.tokens) == 48 and all(0 <= t < llm.n_vocab for t in a.tokens)
+    assert len(a.tokens) == 48 and all(0 <= t < llm.n_vocab() for t in a.tokens)
     assert a.tokens == b.tokens  # same seed, same object: same sample
     check_stats(a, llm.pair.block_size - 1)
 

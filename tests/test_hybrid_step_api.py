@@ -54,7 +54,7 @@ def test_rejection_at_each_position(case):
         pair.prefill(llm.tokenize(PROMPT))
         n0 = pair.n_past
         draft = list(ref[:k])
-        draft[cut] = corrupt(draft[cut], llm.n_vocab)
+        draft[cut] = corrupt(draft[cut], llm.n_vocab())
         step = pair.step(draft=draft)
         assert step.n_accepted == cut
         assert list(step.tokens) == ref[: cut + 1]
@@ -78,7 +78,7 @@ def test_many_partial_rejections_in_a_row(case):
         r = rng.random()  # reject at the first position, accept all, or a partial cut
         cut = 0 if r < 0.2 else n if r < 0.35 or n == 1 else rng.randint(1, n - 1)
         if cut < n:
-            draft[cut] = corrupt(draft[cut], llm.n_vocab)
+            draft[cut] = corrupt(draft[cut], llm.n_vocab())
         step = pair.step(draft=draft)
         assert step.n_accepted == cut
         cuts.append((cut, n))
@@ -100,7 +100,7 @@ def test_drafts_longer_than_the_planes(case):
         pair.prefill(llm.tokenize(PROMPT))
         draft = list(ref[:k])
         if cut < k:
-            draft[cut] = corrupt(draft[cut], llm.n_vocab)
+            draft[cut] = corrupt(draft[cut], llm.n_vocab())
         step = pair.step(draft=draft)
         assert step.n_accepted == cut
         assert list(step.tokens) == ref[: cut + 1]
@@ -116,11 +116,11 @@ def test_long_draft_after_a_pending_plane_rollback(case):
     for cut in (0, k // 2):
         pair.prefill(llm.tokenize(PROMPT))
         draft = list(ref[:k])
-        draft[cut] = corrupt(draft[cut], llm.n_vocab)
+        draft[cut] = corrupt(draft[cut], llm.n_vocab())
         out = list(pair.step(draft=draft).tokens)
         assert out == ref[: cut + 1]
         long = list(ref[len(out): len(out) + k + 6])
-        long[k + 2] = corrupt(long[k + 2], llm.n_vocab)
+        long[k + 2] = corrupt(long[k + 2], llm.n_vocab())
         step = pair.step(draft=long)
         assert step.n_accepted == k + 2
         out += step.tokens
@@ -159,7 +159,7 @@ def test_plain_hybrid_pair_verifies_external_drafts(hybrid_models):
             draft = list(ref[len(out): len(out) + n])
             cut = rng.randint(0, len(draft))
             if cut < len(draft):
-                draft[cut] = corrupt(draft[cut], llm.n_vocab)
+                draft[cut] = corrupt(draft[cut], llm.n_vocab())
             step = pair.step(draft=draft)
             assert step.n_accepted == cut
             out += step.tokens

@@ -103,7 +103,7 @@ def test_text_that_is_not_utf8(tmp_path, target_path):
         assert llm.metadata["general.n\ufffdme"] == "pydflash tiny qwen3 target"
         assert "general.name" not in llm.metadata
         assert len(llm.generate("x", max_tokens=2, ignore_eos=True).tokens) == 2
-    assert "general.n\ufffdme" in pydflash.inspect(odd)["metadata"]
+    assert "general.n\ufffdme" in pydflash.inspect_gguf(odd)["metadata"]
     arch = tmp_path / "odd-arch.gguf"
     arch.write_bytes(raw.replace(b"qwen3", b"qw\xc3n3"))
     msg = load_error(ModelLoadError, "unknown model architecture", arch)

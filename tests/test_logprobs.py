@@ -147,7 +147,7 @@ def test_bad_logprob_options_raise_and_leave_the_model_usable(dflash_b8: Llama):
         dflash_b8.generate([7], max_tokens=2, logprobs=True, top_logprobs=-1)
     with pytest.raises(TypeError, match="logprobs must be a bool"):
         dflash_b8.generate([7], max_tokens=2, logprobs=1)  # type: ignore[arg-type]
-    n_vocab = dflash_b8.n_vocab
+    n_vocab = dflash_b8.n_vocab()
     with pytest.raises(ValueError, match=r"top_logprobs must be <= n_vocab"):
         dflash_b8.generate([7], max_tokens=2, logprobs=True, top_logprobs=n_vocab + 1)
     r = dflash_b8.generate([7], max_tokens=4, ignore_eos=True, logprobs=True, top_logprobs=n_vocab)

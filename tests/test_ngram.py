@@ -233,7 +233,7 @@ def test_the_server_takes_spec_type_and_reports_each_source(embedded_target, cop
         with urllib.request.urlopen(req, timeout=300) as r:
             out = json.loads(r.read())
         m = metrics(url)
-    assert out["choices"][0]["text"] == embedded_target.detokenize(copy_reference)
+    assert out["choices"][0]["text"] == embedded_target.detokenize(copy_reference).decode()
     sources = out["timings"]["draft_sources"]
     assert set(sources) == {"ngram-mod", "draft-dflash"}
     assert sum(s["draft_n"] for s in sources.values()) == out["timings"]["draft_n"]

@@ -137,7 +137,7 @@ def test_each_sequence_equals_itself_decoded_alone(alone, target_path, model_dir
         ties = 0
         for seed in range(3):
             rng = random.Random(1000 * n_parallel + seed)
-            jobs = random_jobs(rng, n_parallel + 3, llm.n_vocab)
+            jobs = random_jobs(rng, n_parallel + 3, llm.n_vocab())
             ties += assert_same(run_schedule(llm, jobs, rng), solo(alone, jobs))
         print(f"n_parallel {n_parallel}: {ties} of {3 * (n_parallel + 3)} sequences stopped at a near-tie")
 
@@ -145,7 +145,7 @@ def test_each_sequence_equals_itself_decoded_alone(alone, target_path, model_dir
 def test_the_target_alone_batches_too(target_path):
     with open_llm(target_path, None, 1) as one, open_llm(target_path, None, 4) as four:
         rng = random.Random(7)
-        jobs = random_jobs(rng, 7, one.n_vocab)
+        jobs = random_jobs(rng, 7, one.n_vocab())
         assert_same(run_schedule(four, jobs, rng), solo(one, jobs))
 
 
@@ -157,7 +157,7 @@ def test_hybrid_targets_each_rollback_per_sequence(hybrid_models, name):
     with open_llm(target, draft, 1, rollback=rollback) as one, open_llm(target, draft, 3, rollback=rollback) as three:
         assert three.rollback == kind
         rng = random.Random(hash(name) % 1000)
-        jobs = random_jobs(rng, 5, one.n_vocab)
+        jobs = random_jobs(rng, 5, one.n_vocab())
         assert_same(run_schedule(three, jobs, rng), solo(one, jobs))
 
 
@@ -405,7 +405,7 @@ def test_the_server_runs_requests_side_by_side(alone, target_path, model_dir):
     from pydflash.server import Server
 
     prompts = [[60 + i, 61, 62] for i in range(3)]
-    want = [alone.detokenize(alone.generate(p, max_tokens=20, ignore_eos=True).tokens) for p in prompts]
+    want = [alone.detokenize(alone.generate(p, max_tokens=20, ignore_eos=True).tokens).decode() for p in prompts]
     with (
         open_llm(target_path, model_dir / "drafter-b8.gguf", 4) as llm,
         Server(llm, port=0) as srv,

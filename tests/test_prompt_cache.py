@@ -58,7 +58,7 @@ def next_prompt(rng: random.Random, held: list[int], n_vocab: int) -> tuple[list
 
 def check_cases(llm: Llama, seed: int, recurrent: bool) -> dict[str, int]:
     rng = random.Random(seed)
-    pair, n_vocab = llm.pair, llm.n_vocab
+    pair, n_vocab = llm.pair, llm.n_vocab()
     seen: dict[str, int] = {}
     for _ in range(N_CASES):
         held = history_then(pair, rng, n_vocab)
@@ -103,7 +103,7 @@ def test_a_next_turn_takes_the_history_from_the_cache(dflash_b8):
         pair.step()
     held = pair.tokens
     n_past = pair.n_past
-    pair.prefill(held + dflash_b8.tokenize("\n\nprint(", add_special=False), reuse=True)
+    pair.prefill(held + dflash_b8.tokenize("\n\nprint(", add_bos=False, special=True), reuse=True)
     assert pair.n_cached == n_past == len(held) - 1  # everything but the pending token
 
 
@@ -133,7 +133,7 @@ def test_a_recurrent_state_is_not_cut_back(hybrid_models, name, back):
         for _ in range(4):
             pair.step()
         held = pair.tokens
-        prompt = held[: pair.n_past - back] + [(held[pair.n_past - back] + 1) % llm.n_vocab]
+        prompt = held[: pair.n_past - back] + [(held[pair.n_past - back] + 1) % llm.n_vocab()]
         got, cached = greedy_after(pair, prompt, reuse=True)
         assert cached == 0
         assert got == greedy_after(pair, prompt, reuse=False)[0]
@@ -146,7 +146,7 @@ def test_generate_reuses_the_cache_by_default(dflash_b8, baseline):
     prompt = dflash_b8.tokenize("class Stack:\n    def __init__(self):")
     first = dflash_b8.generate(prompt, max_tokens=24, ignore_eos=True, cache_prompt=False)
     assert first.stats.cached_tokens == 0
-    turn2 = prompt + first.tokens + dflash_b8.tokenize("\n    def push(self, x):", add_special=False)
+    turn2 = prompt + first.tokens + dflash_b8.tokenize("\n    def push(self, x):", add_bos=False, special=True)
     # accepted counts are compared: fixed draft lengths
     fresh = dflash_b8.generate(turn2, max_tokens=24, ignore_eos=True, cache_prompt=False, draft_max=7)
     dflash_b8.generate(prompt, max_tokens=24, ignore_eos=True, cache_prompt=False)  # turn 1 again

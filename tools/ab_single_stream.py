@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import pydflash
     from pydflash import Llama
-    from pydflash.bench.workload import heldout_stdlib_text, make_prompts
+    from pydflash.bench.workload import heldout_stdlib_text, make_prompts, text_codec
     from pydflash.testing.padding import pad_ffn
 
     if a.model:
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         t, draft = pydflash.embedded_pair()
         target = str(pad_ffn(t, Path(tempfile.mkdtemp()) / "target-padded.gguf", 16384))
     with Llama(target, n_ctx=256) as llm:
-        prompts = make_prompts(llm.tokenize, llm.detokenize, a.isl, a.prompts, heldout_stdlib_text())
+        prompts = make_prompts(*text_codec(llm), a.isl, a.prompts, heldout_stdlib_text())
     rates: dict[str, list[float]] = {"a": [], "b": []}
     outputs: dict[str, list[list[int]]] = {}
     for i in range(a.rounds):

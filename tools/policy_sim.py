@@ -344,11 +344,12 @@ def record_traces(workload: str, n: int, target: str, draft: str, positions: int
     the target's greedy output (the prefix prefilled, then one step)."""
     from pydflash import Llama
     from pydflash.bench.tasks import prompts
+    from pydflash.bench.workload import text_codec
 
     with Llama(target, draft=draft, n_ctx=1024, n_batch=512) as pair:
         core = pair._engine._core
         out = []
-        for p in prompts(workload, pair.tokenize, pair.detokenize, 128, n):
+        for p in prompts(workload, *text_codec(pair), 128, n):
             ids = pair.tokenize(p)
             gen = pair.generate(
                 ids, max_tokens=positions + BLOCK, ignore_eos=True, draft_max=0, cache_prompt=False
@@ -366,10 +367,11 @@ def measure_costs(target: str, draft: str, steps: int = 24) -> dict:
     prompt (the overheads it does not time are the embedded table's)."""
     from pydflash import Llama
     from pydflash.bench.tasks import prompts
+    from pydflash.bench.workload import text_codec
 
     with Llama(target, draft=draft, n_ctx=1024, n_batch=512) as pair:
         core = pair._engine._core
-        ids = pair.tokenize(prompts("prose", pair.tokenize, pair.detokenize, 128, 1)[0])
+        ids = pair.tokenize(prompts("prose", *text_codec(pair), 128, 1)[0])
         rows: dict[int, list[tuple[float, float, float]]] = {}
         for k in range(BLOCK):
             core.prefill(ids, False, 0)

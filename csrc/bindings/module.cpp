@@ -18,4 +18,5 @@ PYBIND11_MODULE(_core, m) {
     pydflash::bindings::register_chat(m);
     pydflash::bindings::register_grammar(m);
     pydflash::bindings::register_coupled(m);
+    pydflash::bindings::register_embedder(m);
 }

@@ -82,6 +82,8 @@ void register_options(py::module_& m) {
         .def_readwrite("n_batch", &PairParams::n_batch)
         .def_readwrite("n_ubatch", &PairParams::n_ubatch)
         .def_readwrite("n_threads", &PairParams::n_threads)
+        .def_readwrite("n_threads_batch", &PairParams::n_threads_batch)
+        .def_readwrite("rope_freq_base", &PairParams::rope_freq_base)
         .def_readwrite("draft_max", &PairParams::draft_max)
         .def_readwrite("rollback", &PairParams::rollback)
         .def_readwrite("flash_attn", &PairParams::flash_attn)
@@ -129,6 +131,7 @@ void register_options(py::module_& m) {
     py::class_<ModelParams> model(m, "ModelParams", "How a model is loaded and where its layers go.");
     model.def_readwrite("n_gpu_layers", &ModelParams::n_gpu_layers)
         .def_readwrite("use_mmap", &ModelParams::use_mmap)
+        .def_readwrite("use_mlock", &ModelParams::use_mlock)
         .def_readwrite("main_gpu", &ModelParams::main_gpu)
         .def_readwrite("split_mode", &ModelParams::split_mode)
         .def_readwrite("tensor_split", &ModelParams::tensor_split)

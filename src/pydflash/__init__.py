@@ -8,6 +8,9 @@ llm.create_chat_completion([{"role": "user", "content": "hi"}])   # OpenAI-shape
 
 from __future__ import annotations
 
+import os
+import warnings
+
 # _backends before any use of _core: it loads ggml's backends in the CUDA build
 from . import _backends, _core  # noqa: F401  (_backends is imported for that effect only)
 from .config import Grammar, NgramConfig
@@ -26,6 +29,7 @@ from .errors import (
     RollbackError,
 )
 from .llama import Llama
+from .llama_cpp_api import LlamaState
 from .pair import ContextPair
 from .results import (
     GenerationResult,
@@ -52,6 +56,7 @@ __all__ = [
     "Grammar",
     "GrammarError",
     "Llama",
+    "LlamaState",
     "MemoryReport",
     "MemoryRow",
     "ModelLoadError",
@@ -66,12 +71,17 @@ __all__ = [
     "__version__",
     "backends",
     "embedded_pair",
-    "inspect",
+    "inspect_gguf",
 ]
 
 
-def inspect(path: str) -> dict[str, object]:
+def inspect_gguf(path: str | os.PathLike[str]) -> dict[str, object]:
     """A GGUF file's architecture, metadata and tensor names (no weights load)."""
-    import os
-
     return _core.inspect_gguf(os.fspath(path))
+
+
+def inspect(path: str | os.PathLike[str]) -> dict[str, object]:
+    """Deprecated name of ``inspect_gguf`` (outside ``__all__``: a star import would
+    shadow the standard library's ``inspect``)."""
+    warnings.warn("pydflash.inspect is deprecated: use pydflash.inspect_gguf", DeprecationWarning, stacklevel=2)
+    return inspect_gguf(path)

@@ -36,6 +36,7 @@ DEFAULT_DRAFT_WINDOW: int
 class ModelParams:
     n_gpu_layers: int
     use_mmap: bool
+    use_mlock: bool
     main_gpu: int
     split_mode: str
     tensor_split: list[float]
@@ -65,6 +66,8 @@ class PairParams:
     n_batch: int
     n_ubatch: int
     n_threads: int
+    n_threads_batch: int
+    rope_freq_base: float
     draft_max: int
     rollback: str
     flash_attn: str
@@ -305,6 +308,16 @@ class ContextPair:
     def rollback(self) -> str: ...
     @property
     def n_rs_seq(self) -> int: ...
+
+class Embedder:
+    def __init__(self, model: Model, n_ctx: int, n_threads: int = 0, pooling: str = "") -> None: ...
+    def embed(self, tokens: Sequence[int]) -> npt.NDArray[np.float32]: ...
+    @property
+    def n_embd(self) -> int: ...
+    @property
+    def n_ctx(self) -> int: ...
+    @property
+    def pooling(self) -> str: ...
 
 class ChatTemplate:
     def __init__(self, model: Model | None, source: str = "", bos_token: str = "", eos_token: str = "") -> None: ...

@@ -112,7 +112,9 @@ class ModelConfig:
     n_ctx: int = _PAIR.n_ctx  # all sequences together: each gets n_ctx // n_parallel (llama.cpp's -c)
     n_parallel: int = _PAIR.n_seq  # sequences decoded together (llama.cpp's -np)
     n_batch: int = _PAIR.n_batch
-    n_gpu_layers: int = _MODEL.n_gpu_layers  # target layers to offload; -1: all
+    n_ubatch: int | None = None  # the physical batch; None: min(n_batch, the core's)
+    # target layers to offload; -1: all (the CUDA build's default: a GPU is why it was built)
+    n_gpu_layers: int = -1 if _core.dynamic_backends() else _MODEL.n_gpu_layers
     draft_n_gpu_layers: int | None = None  # the drafter's; None: as n_gpu_layers
     main_gpu: int = _MODEL.main_gpu  # the device used with split_mode "none"
     split_mode: str = _MODEL.split_mode  # across several GPUs: "none", "layer" or "row"
@@ -128,10 +130,15 @@ class ModelConfig:
     # window if it has one, else _core.DEFAULT_DRAFT_WINDOW. Never changes the output
     draft_window: int | None = None
     n_threads: int | None = None  # None: all hardware threads
+    n_threads_batch: int | None = None  # prompt and batch passes; None: as n_threads
+    use_mmap: bool = _MODEL.use_mmap  # map the weights from the file instead of reading them
+    use_mlock: bool = _MODEL.use_mlock  # keep the weights in RAM
+    rope_freq_base: float = 0.0  # the target's RoPE base; 0: the model's (the drafter keeps its own)
+    embedding: bool = False  # also make an embedding context of the target (create_embedding)
     # None: each step's draft length is chosen (draft_adaptive), else block size - 1; an int pins it
     draft_max: int | None = None
     draft_adaptive: bool = True  # False: draft block size - 1 every step when draft_max is None
-    seed: int = 0
+    seed: int = -1  # -1: a random seed per generation, as llama.cpp
     rollback: str = _PAIR.rollback
     # llama.cpp's --spec-type list, e.g. ("ngram-mod", "draft-dflash"): n-gram drafts
     # first, the drafter's block otherwise; (): the drafter alone, if any
@@ -144,7 +151,7 @@ class ModelConfig:
             raise TypeError(f"ngram must be an NgramConfig, not {type(self.ngram).__name__}")
         for name in ("n_ctx", "n_parallel", "n_batch", "n_gpu_layers", "main_gpu"):
             int_option(name, getattr(self, name))
-        for name in ("draft_n_gpu_layers", "n_threads"):
+        for name in ("draft_n_gpu_layers", "n_threads", "n_threads_batch", "n_ubatch"):
             if getattr(self, name) is not None:
                 int_option(name, getattr(self, name))
         if self.draft_max is not None:
@@ -159,6 +166,10 @@ class ModelConfig:
                 f"not {type(self.draft_adaptive).__name__}"
             )
         int_option("seed", self.seed, bits=64)
+        for name in ("use_mmap", "use_mlock", "embedding"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, not {type(getattr(self, name)).__name__}")
+        float_option("rope_freq_base", self.rope_freq_base)
         if isinstance(self.tensor_split, (str, bytes)) or not isinstance(self.tensor_split, Sequence):
             raise TypeError(f"tensor_split must be a sequence of numbers, not {type(self.tensor_split).__name__}")
         split = tuple(float_option("tensor_split entry", x) for x in self.tensor_split)
@@ -186,6 +197,8 @@ class ModelConfig:
             ngl = self.draft_n_gpu_layers
         return _core.ModelParams(
             n_gpu_layers=ngl,
+            use_mmap=self.use_mmap,
+            use_mlock=self.use_mlock,
             main_gpu=self.main_gpu,
             split_mode=self.split_mode,
             tensor_split=list(self.tensor_split),
@@ -199,8 +212,10 @@ class ModelConfig:
             n_ctx=self.n_ctx,
             n_seq=self.n_parallel,
             n_batch=self.n_batch,
-            n_ubatch=min(self.n_batch, _PAIR.n_ubatch),
+            n_ubatch=min(self.n_batch, _PAIR.n_ubatch) if self.n_ubatch is None else self.n_ubatch,
             n_threads=self.n_threads or 0,
+            n_threads_batch=self.n_threads_batch or 0,
+            rope_freq_base=float(self.rope_freq_base),
             draft_max=-1 if self.draft_max is None else self.draft_max,
             rollback=self.rollback,
             flash_attn=self.flash_attn,

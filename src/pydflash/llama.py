@@ -3,6 +3,7 @@ process."""
 
 from __future__ import annotations
 
+import difflib
 import os
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
@@ -14,14 +15,14 @@ from .engine.engine import Engine
 from .engine.generation import Generation, Prompt
 from .engine.submission import Submission
 from .errors import PyDFlashError
+from .fit import check_context_fits, explain_context_failure
+from .llama_cpp_api import LlamaCppApi, LlamaCppKeywords, llama_cpp_options, token_list
 from .openai.chat import ChatTemplate
-from .openai.completions import create_chat_completion, create_completion
 from .pair import ContextPair
 from .results import GenerationResult, MemoryReport, MemoryRow, StreamStep
 
 if TYPE_CHECKING:
     from .openai.chat import ChatPrompt
-    from .openai.types import ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk
 
 __all__ = ["Llama", "Prompt"]
 # the core's defaults, shown in help(Llama)
@@ -29,7 +30,7 @@ _DEFAULTS = ModelConfig()
 _SAMPLING = SamplingConfig()
 
 
-class Llama:
+class Llama(LlamaCppApi):
     """A target model and an optional DFlash drafter loaded into one process.
 
     >>> llm = Llama("target.gguf", draft="drafter.gguf")
@@ -39,6 +40,11 @@ class Llama:
     ``draft=None`` decodes with the target alone (the baseline; same API and
     stats). At temperature 0 the output with a drafter equals the target's
     own greedy output, token for token.
+
+    llama-cpp-python's API is here too (``LlamaCppApi``): ``Llama(model_path=...,
+    draft_model=...)``, its constructor keywords (``LlamaCppKeywords``), ``n_ctx()``,
+    ``tokenize(bytes)``, ``eval``/``sample``, ``save_state``, ``create_embedding``;
+    ``generate`` keeps pydflash's meaning.
 
     ``rollback`` says how rejected draft tokens leave the target's memory:
     "auto" picks "kv-trim" for attention-only targets, "recurrent-planes" for
@@ -59,8 +65,8 @@ class Llama:
     def __init__(
         self,
         model_path: str | os.PathLike[str],
-        *,
         draft: str | os.PathLike[str] | None = None,
+        *,
         n_ctx: int = _DEFAULTS.n_ctx,
         n_parallel: int = _DEFAULTS.n_parallel,
         n_gpu_layers: int = _DEFAULTS.n_gpu_layers,
@@ -85,6 +91,7 @@ class Llama:
         ngram: NgramConfig | None = None,
         verbose: bool = False,
         chat_template: str | None = None,
+        **llama_cpp: Unpack[LlamaCppKeywords],
     ):
         """Options: see ``ModelConfig`` (devices: ``n_gpu_layers``/``draft_n_gpu_layers``
         (-1 = all), ``main_gpu``, ``split_mode``, ``tensor_split``, ``rpc_servers``;
@@ -93,12 +100,13 @@ class Llama:
         drafter; draft length: ``draft_max`` None chooses each step's length,
         ``draft_adaptive=False`` drafts block size - 1 instead, an int pins it; speculation:
         ``speculative``, llama.cpp's ``--spec-type`` list such as ``["ngram-mod", "draft-dflash"]``,
-        with ``ngram`` its n-gram settings)."""
+        with ``ngram`` its n-gram settings); ``seed`` -1: random; llama-cpp-python's keywords too."""
         self._pair_core: _core.ContextPair | None = None
         self._target: _core.Model | None = None
         self._draft: _core.Model | None = None
-        # ModelConfig's __post_init__ normalises (and checks, with typed errors) any numbers into
-        # the tensor_split tuple, "a:1,b:2" into the rpc_servers tuple, a bool flash_attn to "on"/"off"
+        compat = llama_cpp_options(llama_cpp, draft, chat_template)
+        draft, chat_template = compat.draft, compat.chat_template
+        # ModelConfig normalises (with typed errors) tensor_split, rpc_servers "a:1,b:2", a bool flash_attn
         self.config = ModelConfig(
             n_ctx=n_ctx,
             n_parallel=n_parallel,
@@ -122,7 +130,9 @@ class Llama:
             rollback=rollback,
             speculative=speculative_types(speculative),
             ngram=ngram or NgramConfig(),
+            **compat.config,  # type: ignore[arg-type]  # checked by ModelConfig (above)
         )
+        self.set_seed(seed)
         _logging.set_verbose(verbose)
         self._engine: Engine | None = None
         self._chat_template_source = chat_template  # None: the GGUF's own (ChatML if none)
@@ -140,7 +150,14 @@ class Llama:
             self._target = _core.Model.load(os.fspath(model_path), cfg.model_params("target"), "target")
             if draft is not None:
                 self._draft = _core.Model.load_drafter(os.fspath(draft), cfg.model_params("drafter"))
-            return _core.ContextPair(self._target, self._draft, cfg.pair_params())
+            check_context_fits(self._target, cfg)
+            try:
+                pair = _core.ContextPair(self._target, self._draft, cfg.pair_params())
+            except PyDFlashError as e:
+                raise explain_context_failure(e, self._target, cfg) from e
+            if cfg.embedding:
+                self._embedder = _core.Embedder(self._target, min(cfg.n_ctx, cfg.n_batch), cfg.n_threads or 0)
+            return pair
         finally:
             _logging.flush()
 
@@ -156,6 +173,7 @@ class Llama:
         self._pair_core = None
         self._target = None
         self._draft = None
+        self._embedder = None
 
     def interrupt(self) -> None:
         """Stop the running decode: every generation in it (all running sequences)
@@ -212,11 +230,6 @@ class Llama:
         return self._pair
 
     @property
-    def n_ctx(self) -> int:
-        """The context of all sequences together (each gets ``n_ctx // n_parallel``)."""
-        return self.config.n_ctx
-
-    @property
     def n_parallel(self) -> int:
         """Sequences that decode together."""
         return self.config.n_parallel
@@ -225,11 +238,6 @@ class Llama:
     def n_ctx_slot(self) -> int:
         """One sequence's context: ``n_ctx // n_parallel`` (llama-server's n_ctx_slot)."""
         return self.pair.n_ctx
-
-    @property
-    def n_vocab(self) -> int:
-        """The target's vocabulary size."""
-        return self._model().n_vocab
 
     @property
     def has_draft(self) -> bool:
@@ -312,22 +320,6 @@ class Llama:
             raise ValueError(f"slot must be an int in [0, {self.n_parallel}), got {slot!r}")
         return slot
 
-    # -- vocabulary ----------------------------------------------------------
-
-    def tokenize(self, text: str | bytes, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        """Token ids of ``text``; BOS is added where the vocabulary asks for it."""
-        if isinstance(text, bytes):
-            text = text.decode("utf-8")
-        if not isinstance(text, str):
-            raise TypeError(f"text must be str or bytes, not {type(text).__name__}")
-        return self._model().tokenize(text, add_special, parse_special)
-
-    def detokenize(self, tokens: Sequence[int], *, special: bool = False) -> str:
-        """Text of ``tokens`` (invalid UTF-8 is replaced, never raised)."""
-        ids = _token_list(tokens, self._model().n_vocab)
-        raw: bytes = self._model().detokenize(ids, False, special)
-        return raw.decode("utf-8", errors="replace")
-
     # -- generation ----------------------------------------------------------
 
     def generate(
@@ -381,7 +373,7 @@ class Llama:
         the longest prefix of the prompt that the contexts already hold (the
         previous prompt and its output) is not evaluated again; the output is
         the same either way. ``stats.cached_tokens`` says how many were kept."""
-        cfg = _sampling(max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos, options)
+        cfg = _sampling("generate", max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos, options)
         gen = Generation(self, prompt, cfg)
         gen.wait()
         return gen.result()
@@ -400,7 +392,7 @@ class Llama:
     ) -> Iterator[StreamStep]:
         """Like ``generate`` (same options), one ``StreamStep`` per speculative
         step. The last step carries the finish_reason."""
-        cfg = _sampling(max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos, options)
+        cfg = _sampling("stream", max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos, options)
         return iter(Generation(self, prompt, cfg))
 
     def submit(
@@ -424,7 +416,7 @@ class Llama:
 
         >>> subs = [llm.submit(p, max_tokens=64) for p in prompts]
         >>> texts = [s.result().text for s in subs]"""
-        cfg = _sampling(max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos, options)
+        cfg = _sampling("submit", max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos, options)
         return Submission(Generation(self, prompt, cfg, slot=slot))
 
     def generate_batch(
@@ -444,7 +436,7 @@ class Llama:
         Every prompt is checked before any runs; an error cancels the rest."""
         if isinstance(prompts, (str, bytes)):
             raise TypeError("prompts must be a sequence of prompts (for one prompt, use generate())")
-        cfg = _sampling(max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos, options)
+        cfg = _sampling("generate_batch", max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos, options)
         gens = [Generation(self, p, cfg) for p in prompts]
         subs = [Submission(g) for g in gens]
         try:
@@ -458,7 +450,7 @@ class Llama:
             return "<pydflash.Llama closed>"
         d = f" draft='{self._draft.path}'" if self._draft is not None else ""
         np = f" n_parallel={self.n_parallel}" if self.n_parallel > 1 else ""
-        return f"<pydflash.Llama '{self._model().path}'{d} n_ctx={self.n_ctx}{np}>"
+        return f"<pydflash.Llama '{self._model().path}'{d} n_ctx={self.n_ctx()}{np}>"
 
     # -- OpenAI-style API (pydflash.completions) --------------------------------
 
@@ -496,22 +488,6 @@ class Llama:
             token=token,
         )
         return cls(target, draft=draft, **kwargs)
-
-    def create_completion(self, prompt: Prompt, *args: Any, **kwargs: Any) -> Completion | Iterator[CompletionChunk]:
-        """OpenAI-style text completion (``stream=True``: chunks); options and
-        defaults as llama-cpp-python's. See ``pydflash.completions.create_completion``."""
-        return create_completion(self, prompt, *args, **kwargs)
-
-    def __call__(self, prompt: Prompt, *args: Any, **kwargs: Any) -> Completion | Iterator[CompletionChunk]:
-        """Same as ``create_completion``."""
-        return self.create_completion(prompt, *args, **kwargs)
-
-    def create_chat_completion(
-        self, messages: Sequence[Mapping[str, Any]], *args: Any, **kwargs: Any
-    ) -> ChatCompletion | Iterator[ChatCompletionChunk]:
-        """OpenAI-style chat completion through the model's chat template.
-        See ``pydflash.completions.create_chat_completion``."""
-        return create_chat_completion(self, messages, *args, **kwargs)
 
     def apply_chat_template(
         self,
@@ -559,19 +535,20 @@ class Llama:
         text becomes BOS), a list of ids is checked against the vocabulary."""
         model = self._model()
         if isinstance(prompt, (str, bytes)):
-            tokens = self.tokenize(prompt)
+            tokens = self.tokenize(prompt, special=True)  # as llama-cpp-python's completions
             if not tokens:
                 if model.bos < 0:
                     raise ValueError("prompt is empty and the vocabulary has no BOS token to start from")
                 tokens = [model.bos]
             return tokens
-        tokens = _token_list(prompt, model.n_vocab)
+        tokens = token_list(prompt, model.n_vocab)
         if not tokens:
             raise ValueError("prompt token list is empty")
         return tokens
 
 
 def _sampling(
+    caller: str,
     max_tokens: int,
     temperature: float,
     top_k: int,
@@ -582,6 +559,12 @@ def _sampling(
     options: GenerateOptions,
 ) -> SamplingConfig:
     """The checked config of generate/stream/submit/generate_batch's arguments."""
+    for name in options:
+        if name not in GenerateOptions.__annotations__:
+            known = [*GenerateOptions.__annotations__, "max_tokens", "temperature", "top_k", "top_p", "seed", "stop"]
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}{hint}")
     return SamplingConfig.build(
         max_tokens=max_tokens,
         temperature=temperature,
@@ -592,16 +575,3 @@ def _sampling(
         ignore_eos=ignore_eos,
         **options,
     )
-
-
-def _token_list(tokens: Sequence[int], n_vocab: int) -> list[int]:
-    if isinstance(tokens, (str, bytes)):
-        raise TypeError("expected a sequence of token ids")
-    out: list[int] = []
-    for t in tokens:
-        if isinstance(t, bool) or not isinstance(t, int):
-            raise TypeError(f"token ids must be int, got {type(t).__name__}")
-        if not 0 <= t < n_vocab:
-            raise ValueError(f"token id {t} is out of range [0, {n_vocab})")
-        out.append(t)
-    return out

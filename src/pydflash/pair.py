@@ -9,6 +9,7 @@ context driven one speculative step at a time.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -70,12 +71,22 @@ class ContextPair:
         draft: Sequence[int] | None = None,
     ) -> StepResult:
         """One speculative step. ``draft_max`` bounds the drafted block (None:
-        the pair's default; 0: plain target decoding, no n-gram draft either); a block shorter than
+        the pair's default; 0: plain target decoding, no n-gram draft either; past
+        ``max_draft``: clamped to it with a warning, as llama.cpp); a block shorter than
         ``draft_min`` is dropped; the block is cut where the drafter's
         confidence falls below ``draft_p_min`` (as llama.cpp measures it: for
         DFlash, the token's softmax probability among the drafter's 10 largest logits). ``draft`` verifies these tokens
         instead of the drafter's block (any external draft source)."""
         dm = -1 if draft_max is None else int_option("draft_max", draft_max, 0)
+        limit = self._core.max_draft
+        if limit > 0 and dm > limit and draft is None and self._core.drafter_kind != "mtp":
+            # as llama.cpp does with a --draft-max past the block: the drafter cannot fill more
+            warnings.warn(
+                f"draft_max={dm} exceeds the most this drafter drafts in one pass (max_draft={limit}, "
+                f"block size {self._core.block_size}); clamped to {limit}",
+                stacklevel=2,
+            )
+            dm = limit
         try:
             return self._core.step(
                 dm,

@@ -20,6 +20,7 @@ from .engines import Engine, EngineUnavailable, Measurement, NativeEngine, Worke
 from .roofline import bytes_per_pass, measure_bandwidth
 from .tasks import WORKLOADS
 from .tasks import prompts as workload_prompts
+from .workload import text_codec
 
 ENGINES = (report.TARGET_ONLY, report.DFLASH, report.ADAPTIVE, report.NATIVE, report.LCP)
 DRAFT_MAX_SWEEP = (1, 2, 4, 8, 12, 15)
@@ -225,7 +226,7 @@ def _prompts(source: dict[str, str], cfg: BenchConfig, count: int) -> dict[int, 
     from ..llama import Llama
 
     with Llama(source["tokenizer_model"], n_ctx=64) as tok:
-        return {isl: workload_prompts(cfg.workload, tok.tokenize, tok.detokenize, isl, count) for isl in cfg.isl}
+        return {isl: workload_prompts(cfg.workload, *text_codec(tok), isl, count) for isl in cfg.isl}
 
 
 def _measure(

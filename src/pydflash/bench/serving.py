@@ -30,7 +30,7 @@ from .engines import find_llama_server
 from .run import machine_info, prepare_models, round_up
 from .servers import ENGINES, LLAMA_SERVER, PYDFLASH, ServerProcess, pydflash_serve_has_parallel, sigterm_unwinds
 from .sse_client import TIMEOUT_S, StreamRecord, stream_completion
-from .workload import heldout_stdlib_text, make_prompts
+from .workload import heldout_stdlib_text, make_prompts, text_codec
 
 Log = Callable[[str], None]
 CTX_MARGIN = 64  # tokens of context beyond a request's prompt + output
@@ -148,13 +148,11 @@ def _prompts(tokenizer_model: str, cfg: ServingConfig) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {"sweep": [], "history": [], "turn": []}
     with Llama(tokenizer_model, n_ctx=64) as tok:
         if cfg.concurrency:
-            out["sweep"] = make_prompts(
-                tok.tokenize, tok.detokenize, cfg.isl, max(cfg.concurrency) * cfg.requests, corpus
-            )
+            out["sweep"] = make_prompts(*text_codec(tok), cfg.isl, max(cfg.concurrency) * cfg.requests, corpus)
         if cfg.turns >= 2:
-            out["history"] = make_prompts(tok.tokenize, tok.detokenize, cfg.history, cfg.repeats, corpus)
+            out["history"] = make_prompts(*text_codec(tok), cfg.history, cfg.repeats, corpus)
             n_new = cfg.repeats * (cfg.turns - 1)
-            out["turn"] = make_prompts(tok.tokenize, tok.detokenize, cfg.turn_tokens, n_new, corpus[len(corpus) // 2 :])
+            out["turn"] = make_prompts(*text_codec(tok), cfg.turn_tokens, n_new, corpus[len(corpus) // 2 :])
     return out
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from .engines import Engine, EngineUnavailable, Measurement, NativeEngine, WorkerEngine, find_native
 from .run import Log, machine_info, prepare_models, round_up
 from .tasks import WORKLOADS, prompts
+from .workload import text_codec
 
 TARGET = "pydflash target"
 ADAPTIVE = "pydflash draft-dflash adaptive"  # draft_max None: the adaptive length; the others pin it
@@ -113,7 +114,7 @@ def _prompts(tokenizer_model: str, cfg: WorkloadConfig) -> dict[str, list[str]]:
     from ..llama import Llama
 
     with Llama(tokenizer_model, n_ctx=64) as tok:
-        return {w: prompts(w, tok.tokenize, tok.detokenize, cfg.isl, cfg.prompts) for w in cfg.workloads}
+        return {w: prompts(w, *text_codec(tok), cfg.isl, cfg.prompts) for w in cfg.workloads}
 
 
 def _measure(

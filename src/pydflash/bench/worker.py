@@ -74,7 +74,7 @@ def pydflash_engine(a: argparse.Namespace) -> tuple[Callable[[Request], Reply], 
 
     def run(req: Request) -> Reply:
         nonlocal llm
-        prompt = llm.tokenize(req["text"])
+        prompt = llm.tokenize(req["text"], special=True)
         dm = req.get("draft_max") if a.draft or a.spec_type else 0  # None: the adaptive draft length
         if ngram or (mtp and dm is not None and dm != llm.pair.max_draft):
             llm.close()

@@ -11,6 +11,10 @@ import hashlib
 import sysconfig
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..llama import Llama
 
 # The embedded pair's train / held-out split (tools/train/corpus.py uses it too).
 SKIP_PARTS = {"site-packages", "test", "tests", "idle_test", "lib2to3", "__pycache__"}
@@ -83,3 +87,9 @@ def make_prompts(
         else:
             raise RuntimeError(f"no prompt of exactly {isl} tokens found after offset {i * stride}")
     return prompts
+
+
+def text_codec(llm: Llama) -> tuple[Callable[[str], list[int]], Callable[[list[int]], str]]:
+    """``llm``'s tokenizer as the prompt builders use it: text in (special tokens
+    read as the completions read them), text out."""
+    return (lambda t: llm.tokenize(t, special=True)), (lambda ids: llm.detokenize(ids).decode("utf-8", "replace"))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import shlex
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -217,6 +219,24 @@ def _command_line(a: argparse.Namespace) -> str:
     return shlex.join(["pydflash", *getattr(a, "argv", [])])
 
 
+def noise_warnings(repeats: int, warmup: int, rows: list[dict[str, Any]]) -> list[str]:
+    """Why these figures may be noise rather than a measurement."""
+    out = []
+    if repeats < 2:
+        out.append("one repeat per configuration: no median, one slow run moves the figures (--repeats 3)")
+    if warmup < 1:
+        out.append("no warm-up: the first runs pay for cold caches and thread start-up (--warmup 1)")
+    for r in rows:
+        tau, speedup = r.get("tau"), r.get("speedup")
+        if tau is not None and speedup is not None and tau < 1.2 and speedup > 1.3:
+            # a step yields tau tokens at about one target pass: more than tau-fold is timing, not drafting
+            out.append(
+                f"{r['engine']} at ISL {r['isl']}, draft_max {r['draft_max']}: speed-up {speedup:.2f}x with tau "
+                f"{tau:.2f} (near 1): the baseline's timing is off, not the drafting"
+            )
+    return out
+
+
 def run(a: argparse.Namespace) -> int:
     from ..bench import BenchConfig, report, run
 
@@ -233,6 +253,9 @@ def run(a: argparse.Namespace) -> int:
         raise ValueError(f"{', '.join(given)}: only with --serving")
     if (a.model is None) != (a.draft is None):
         raise ValueError("give both -m TARGET and -d DRAFT, or neither (the embedded pair)")
+    if a.charts and importlib.util.find_spec("matplotlib") is None:
+        # before the bench, not after minutes of it
+        raise ValueError("--charts needs matplotlib: pip install matplotlib (or pydflash[bench])")
     changes = {
         k: v
         for k, v in dict(
@@ -262,6 +285,8 @@ def run(a: argparse.Namespace) -> int:
     print()
     for line in res["goals"]:
         print(line)
+    for line in noise_warnings(cfg.repeats, cfg.warmup, res["rows"]):
+        print(f"warning: {line}", file=sys.stderr)
     for name, why in res["meta"]["skipped"].items():
         print(f"not measured: {name} ({why})")
     if a.json:

@@ -18,13 +18,7 @@ DRAFT_MAX_HELP = (
 
 def add_common(p: argparse.ArgumentParser) -> None:
     d = ModelConfig()  # the core's defaults
-    p.add_argument(
-        "--n-ctx",
-        type=int,
-        default=d.n_ctx,
-        help="context size in tokens, shared by --parallel sequences (default: %(default)s)",
-    )
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    _add_load(p, d)
     p.add_argument(
         "--no-draft-adaptive",
         action="store_true",
@@ -97,6 +91,30 @@ def add_common(p: argparse.ArgumentParser) -> None:
     add_speculative(p)
 
 
+def _add_load(p: argparse.ArgumentParser, d: ModelConfig) -> None:
+    """Context, threads, batches and how the weights load: llama.cpp's flags of the same names."""
+    p.add_argument(
+        "-c",
+        "--ctx-size",
+        "--n-ctx",
+        dest="n_ctx",
+        type=int,
+        default=d.n_ctx,
+        help="context size in tokens, shared by --parallel sequences (default: %(default)s)",
+    )
+    p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument(
+        "-tb", "--threads-batch", type=int, default=None, help="CPU threads of prompt passes (default: --threads)"
+    )
+    p.add_argument("-b", "--batch-size", type=int, default=d.n_batch, help="logical batch (default: %(default)s)")
+    p.add_argument(
+        "-ub", "--ubatch-size", type=int, default=None, help="physical batch (default: the smaller of 512 and -b)"
+    )
+    p.add_argument("--mlock", action="store_true", help="keep the weights in RAM")
+    p.add_argument("--no-mmap", action="store_true", help="read the weights instead of mapping the file")
+    p.add_argument("--rope-freq-base", type=float, default=0.0, help="the target's RoPE base (default: the model's)")
+
+
 UNSUPPORTED = ("draft-simple", "draft-eagle3")  # refused by the core, with a reason
 
 
@@ -131,6 +149,12 @@ def llama_options(a: argparse.Namespace) -> dict[str, Any]:
     return dict(
         n_ctx=a.n_ctx,
         n_threads=a.threads,
+        n_threads_batch=a.threads_batch,
+        n_batch=a.batch_size,
+        n_ubatch=a.ubatch_size,
+        use_mlock=a.mlock,
+        use_mmap=not a.no_mmap,
+        rope_freq_base=a.rope_freq_base,
         draft_adaptive=not a.no_draft_adaptive,
         verbose=a.verbose,
         n_gpu_layers=a.n_gpu_layers,

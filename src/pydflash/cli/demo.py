@@ -62,7 +62,7 @@ def _demo_pair(workdir: Path) -> tuple[str, str, str]:
 
 
 def _piece(llm: Llama, tokens: Sequence[int]) -> str:
-    return repr(llm.detokenize(list(tokens)))[1:-1]
+    return repr(llm.detokenize(list(tokens)).decode("utf-8", errors="replace"))[1:-1]
 
 
 def run(a: argparse.Namespace) -> int:

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import _core
+from ..config import SamplingConfig
 from ..devices import backends
+from ..embedded import embedded_pair
 from ..errors import PyDFlashError
 from ..llama import Llama
 from . import bench as bench_command
@@ -43,12 +45,23 @@ def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     g = sub.add_parser(
         "generate",
         help="generate text from a prompt and print speculative stats",
-        description="Generate from PROMPT with TARGET (and a DFlash DRAFT), print the text and the decoding stats.",
+        description="Generate from PROMPT with TARGET (and a DFlash DRAFT), print the text and the decoding stats. "
+        "Without -m: the embedded pair. Flags as llama.cpp's (-m, -md, -p, -n, -c, -t, -ngl, -s, --temp ...).",
     )
-    g.add_argument("-m", "--model", required=True, metavar="TARGET", help="target GGUF file")
-    g.add_argument("-d", "--draft", metavar="DRAFT", help="DFlash drafter GGUF file (omit: target alone)")
-    g.add_argument("-p", "--prompt", required=True, help="prompt text")
-    g.add_argument("-n", "--max-tokens", type=int, default=128, help="tokens to generate (default: %(default)s)")
+    g.add_argument("-m", "--model", metavar="TARGET", help="target GGUF file (default: the embedded pair)")
+    g.add_argument(
+        "-d", "-md", "--draft", "--model-draft", metavar="DRAFT", help="DFlash drafter GGUF file (omit: target alone)"
+    )
+    g.add_argument("-p", "--prompt", default=DEFAULT_PROMPT, help="prompt text (default: %(default)r)")
+    g.add_argument(
+        "-n",
+        "--n-predict",
+        "--max-tokens",
+        dest="max_tokens",
+        type=int,
+        default=128,
+        help="tokens to generate (default: %(default)s)",
+    )
     g.add_argument("--draft-max", type=int, default=None, help=DRAFT_MAX_HELP)
     g.add_argument(
         "--draft-min",
@@ -62,10 +75,7 @@ def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         default=0.0,
         help="cut the draft where the drafter's confidence falls below this, 0..1 (default: %(default)s)",
     )
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=0)
+    _add_sampling(g)
     g.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-text")
     c = g.add_mutually_exclusive_group()
     c.add_argument("--grammar", metavar="GBNF", help="the output follows this GBNF grammar (llama.cpp's format)")
@@ -75,6 +85,66 @@ def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     g.add_argument("--stream", action="store_true", help="print text as it is generated")
     g.add_argument("--json", action="store_true", help="print the result as JSON")
     add_common(g)
+
+
+DEFAULT_PROMPT = "def fibonacci(n):\n"
+
+
+def _add_sampling(g: argparse.ArgumentParser) -> None:
+    """llama.cpp's sampler flags, with pydflash's defaults (SamplingConfig's: greedy)."""
+    d = SamplingConfig()
+    s = g.add_argument_group("sampling (as llama.cpp's options of the same names; the chain applies to the drafts too)")
+    s.add_argument(
+        "--temp",
+        "--temperature",
+        dest="temperature",
+        type=float,
+        default=d.temperature,
+        help="0 = greedy (default: %(default)s)",
+    )
+    s.add_argument("--top-k", type=int, default=d.top_k, help="0 = off (default: %(default)s)")
+    s.add_argument("--top-p", type=float, default=d.top_p, help="1.0 = off (default: %(default)s)")
+    s.add_argument("--min-p", type=float, default=d.min_p, help="0.0 = off (default: %(default)s)")
+    s.add_argument(
+        "--typical",
+        dest="typical_p",
+        type=float,
+        default=d.typical_p,
+        help="locally typical sampling, 1.0 = off (default: %(default)s)",
+    )
+    s.add_argument(
+        "--top-nsigma", dest="top_n_sigma", type=float, default=d.top_n_sigma, help="-1 = off (default: %(default)s)"
+    )
+    s.add_argument("--repeat-penalty", type=float, default=d.repeat_penalty, help="1.0 = off (default: %(default)s)")
+    s.add_argument(
+        "--repeat-last-n",
+        dest="penalty_last_n",
+        type=int,
+        default=d.penalty_last_n,
+        help="tokens the penalties look back over; -1 = the context (default: %(default)s)",
+    )
+    s.add_argument("--presence-penalty", type=float, default=d.presence_penalty, help="0 = off (default: %(default)s)")
+    s.add_argument(
+        "--frequency-penalty", type=float, default=d.frequency_penalty, help="0 = off (default: %(default)s)"
+    )
+    s.add_argument("-s", "--seed", type=int, default=-1, help="-1 = random (default: %(default)s)")
+
+
+def _sampling_options(a: argparse.Namespace) -> dict[str, Any]:
+    names = (
+        "temperature",
+        "top_k",
+        "top_p",
+        "min_p",
+        "typical_p",
+        "top_n_sigma",
+        "repeat_penalty",
+        "penalty_last_n",
+        "presence_penalty",
+        "frequency_penalty",
+        "seed",
+    )
+    return {n: getattr(a, n) for n in names}
 
 
 def _structured(a: argparse.Namespace) -> dict[str, str]:
@@ -187,14 +257,17 @@ def _add_rpc_server(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _cmd_generate(a: argparse.Namespace) -> int:
-    with Llama(a.model, draft=a.draft, draft_max=a.draft_max, seed=a.seed, **llama_options(a)) as llm:
+    model, draft = a.model, a.draft
+    if model is None:
+        if draft is not None:
+            print("pydflash generate: error: -d needs -m (the drafter's target)", file=sys.stderr)
+            return 2
+        model, draft = embedded_pair()
+    with Llama(model, draft=draft, draft_max=a.draft_max, seed=a.seed, **llama_options(a)) as llm:
         kw = dict(
             max_tokens=a.max_tokens,
-            temperature=a.temperature,
-            top_k=a.top_k,
-            top_p=a.top_p,
-            seed=a.seed,
             ignore_eos=a.ignore_eos,
+            **_sampling_options(a),
             draft_min=a.draft_min,
             draft_p_min=a.draft_p_min,
             **_structured(a),
@@ -419,8 +492,13 @@ def _cmd_rpc_server(a: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     a = _parser().parse_args(argv)
     a.argv = list(sys.argv[1:] if argv is None else argv)  # the exact command, for the bench's JSON
+    # llama.cpp's own log is printed by -v as llama.cpp prints it (pydflash._logging), not twice
+    shown = logging.StreamHandler()
+    shown.addFilter(lambda r: not r.name.startswith("pydflash.llama_cpp"))
     logging.basicConfig(
-        level=logging.INFO if getattr(a, "verbose", False) else logging.WARNING, format="%(name)s: %(message)s"
+        level=logging.INFO if getattr(a, "verbose", False) else logging.WARNING,
+        format="%(name)s: %(message)s",
+        handlers=[shown],
     )
     try:
         return {

@@ -183,8 +183,8 @@ class Server:
         """The model's entry in ``GET /v1/models``: its id, and the pair's facts under ``meta``."""
         llm = self.llm
         meta = {
-            "n_ctx": llm.n_ctx,
-            "n_vocab": llm.n_vocab,
+            "n_ctx": llm.n_ctx(),
+            "n_vocab": llm.n_vocab(),
             "draft": llm.has_draft,
             "block_size": llm.pair.block_size if llm.has_draft else 0,
         }
@@ -449,7 +449,7 @@ class _Exchange:
     def _generate(self, body: bytes, emit: Callable[[_Item], None]) -> None:
         srv = self.server
         req = self.kind.model_validate_json(body)
-        req.check(srv.llm.n_vocab, srv.parallel)
+        req.check(srv.llm.n_vocab(), srv.parallel)
         first, kw = req.arguments()
         create: Callable[..., Any] = (
             srv.llm.create_completion if isinstance(req, CompletionRequest) else srv.llm.create_chat_completion

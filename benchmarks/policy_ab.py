@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from benchmarks.legacy_policy.engine import LegacyEngine
+
 from pydflash import Llama, embedded_pair
 from pydflash.bench.tasks import prompts as workload_prompts
 from pydflash.engine.engine import Engine
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=30)
     ap.add_argument("--isl", type=int, default=128)
     ap.add_argument("--osl", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=1, help="1: a shared machine's other load stalls 2 threads' barriers")
+    ap.add_argument("--threads", type=int, default=1, help="1: a busy machine stalls 2 threads' barriers")
     ap.add_argument("--json", required=True)
     a = ap.parse_args(argv)
     target, draft = embedded_pair()

@@ -29,15 +29,14 @@ PRIOR = 0.6  # c_1 before anything was seen on the pair
 PRIOR_WEIGHT = 2.0  # pseudo-observations of a position's prior
 DECAY = 0.9  # a sequence's estimate: weight of the past per step (about its last 10)
 POOLED_DECAY = 0.98  # the pair's (slower: one unlucky sequence does not stop the next)
-PROBE_BUDGET = 0.01  # probes lose at most this share of the time against plain steps
+PROBE_BUDGET = 0.01  # probes lose at most this share of the time against plain steps ...
+PROBE_ROOM = 0.5  # ... where a whole block kept would save this share of a probe's time; less pro rata
 PROBE_MIN, PROBE_MAX = 4, 4096  # steps off between probes
 PROBE_WEIGHT = 2.0  # a probe counts as this many steps (it is the only news while off)
 PROBE_ALPHA = 0.25  # weight of each probe's measured time
 RECHECK = 8  # a lone sequence that is off but could drift on is weighed again this often
 PROBE_NEWS = 16  # drafting steps seen before probes keep to the budget (until then a doubling wait)
-# a DFlash draft ends at the first token whose probability under the drafter (llama.cpp's
-# draft_p_min measure) is below this, unless the generation sets draft_p_min
-CONFIDENCE_CUT = 0.5
+CONFIDENCE_CUT = 0.5  # a DFlash draft ends below this probability (draft_p_min, where a generation sets none)
 
 
 def gains(c: Sequence[float], k_max: int) -> list[float]:
@@ -51,9 +50,8 @@ def drafter_rows(k: int, pass_rows: int) -> int:
 
 
 class _Estimate:
-    """Per-position conditional rates, exponentially weighted, each shrunk toward a
-    prior: another estimate's rates (the caller passes them), or a number for the first
-    position and, for each later one, the rate before it where that is higher."""
+    """Per-position rates, exponentially weighted, each shrunk toward a prior: another
+    estimate's rates, or a number (then the rate before it where that is higher)."""
 
     def __init__(self, n: int, decay: float, prior: float = PRIOR):
         self.n, self.decay, self.prior = n, decay, prior
@@ -203,8 +201,7 @@ class DraftPolicy:
                 st.kept.observe(o.drafted, o.accepted, w)
                 self.pooled.observe(o.drafted, o.accepted)
             if st.probing and len(seqs) == 1:
-                last = self.probe_ms or wall_ms / s
-                self.probe_ms = last + PROBE_ALPHA * (wall_ms / s - last)
+                self.probe_ms += PROBE_ALPHA * (wall_ms / s - self.probe_ms) if self.probe_ms else wall_ms / s
 
     def _option(self, kept: list[float], passing: list[float], lo: int, cap: int) -> _Option:
         return _Option(gains([c * p for c, p in zip(kept, passing, strict=True)], cap), gains(passing, cap), lo, cap)
@@ -240,11 +237,14 @@ class DraftPolicy:
         return max(ends, key=lambda e: e[0])[1]
 
     def _spacing(self, o: _Option) -> int:
-        """Steps off per probe that keep a probe's expected loss (its time less what its
-        expected tokens take plainly) within PROBE_BUDGET of the plain steps between."""
+        """Steps off per probe that keep its expected loss against plain steps within the
+        budget, which shrinks with the time a whole block kept would save (none: never)."""
         plain = max(self.cost.step_ms(1, 0), 1e-9)
         probe = max(self.cost.step_ms(o.rows[o.hi], drafter_rows(o.hi, self.pass_rows)), self.probe_ms)
+        room = 1.0 - probe / ((1 + o.hi) * plain)
+        budget = PROBE_BUDGET * min(room / PROBE_ROOM, 1.0) * plain
         loss = probe - o.tokens[o.hi] * plain
-        spacing = min(max(math.ceil(loss / (PROBE_BUDGET * plain)), PROBE_MIN), PROBE_MAX)
+        spacing = min(max(math.ceil(loss / budget), PROBE_MIN), PROBE_MAX) if budget > 0 else PROBE_MAX
         # a new pair's first drafts come at a generation's first positions, where drafters keep least
-        return min(spacing, PROBE_MIN << self._probes) if self._news < PROBE_NEWS else spacing
+        early = self._news < PROBE_NEWS and room >= PROBE_ROOM
+        return min(spacing, PROBE_MIN << self._probes) if early else spacing

@@ -391,7 +391,7 @@ class Engine:
 
     def _step_run(self, s: _Slot, n: int, budget: int, t0: float) -> None:
         """``n`` plain steps of one sequence in one call to the core: the engine's own
-        work per step cost a small target ~10% of its plain step."""
+        work per step is a sizable share of a small target's plain step."""
         gen = s.gen
         assert gen is not None
         st = s.draft  # before a release clears it

@@ -66,18 +66,16 @@ def test_generate_sleeps_until_the_end(dflash, monkeypatch):
     # a whole completion's text is that one event's, cut at a stop string as a stream's
     stop = res.text[12:15]
     events.clear()
-    whole = dflash.create_completion(
-        "import os", max_tokens=40, temperature=0.0, ignore_eos=True, draft_max=0, stop=[stop]
-    )
+    whole = dflash.create_completion("import os", max_tokens=40, temperature=0.0, ignore_eos=True, draft_max=0,
+                                     stop=[stop])
     assert events == [1]
     streamed = list(dflash.stream("import os", max_tokens=40, ignore_eos=True, draft_max=0, stop=[stop]))
     assert whole["choices"][0]["text"] == "".join(s.text for s in streamed) == res.text[: res.text.find(stop)]
     assert whole["choices"][0]["finish_reason"] == streamed[-1].finish_reason == "stop"
     # so do a whole completion's, which asks its cancel check now and then meanwhile
     notified.clear()
-    out = dflash.create_completion(
-        "import os", max_tokens=40, temperature=0.0, ignore_eos=True, draft_max=0, cancel=lambda: False
-    )
+    out = dflash.create_completion("import os", max_tokens=40, temperature=0.0, ignore_eos=True, draft_max=0,
+                                   cancel=lambda: False)
     assert out["choices"][0]["text"] == res.text and notified == [1]
     # a stream's reader is woken for each of its steps
     notified.clear()
@@ -167,10 +165,8 @@ def test_prompt_longer_than_context(target_path, model_dir):
 
 
 def test_generation_running_past_context(target_path, model_dir):
-    with (
-        Llama(target_path, n_ctx=64) as base,
-        Llama(target_path, draft=model_dir / "drafter-b8.gguf", n_ctx=64) as spec,
-    ):
+    with Llama(target_path, n_ctx=64) as base, \
+            Llama(target_path, draft=model_dir / "drafter-b8.gguf", n_ctx=64) as spec:
         prompt = list(range(1, 41))
         want = base.generate(prompt, max_tokens=500, ignore_eos=True)
         got = spec.generate(prompt, max_tokens=500, ignore_eos=True)
@@ -193,18 +189,15 @@ def test_empty_and_bad_prompts(dflash):
     assert dflash.generate("fine", max_tokens=0).tokens == []
 
 
-@pytest.mark.parametrize(
-    "kwargs,match",
-    [
-        ({"max_tokens": -1}, "max_tokens"),
-        ({"temperature": -0.5}, "temperature"),
-        ({"temperature": float("nan")}, "temperature"),
-        ({"top_p": 0.0}, "top_p"),
-        ({"top_p": 1.5}, "top_p"),
-        ({"top_k": -2}, "top_k"),
-        ({"draft_max": -1}, "draft_max"),
-    ],
-)
+@pytest.mark.parametrize("kwargs,match", [
+    ({"max_tokens": -1}, "max_tokens"),
+    ({"temperature": -0.5}, "temperature"),
+    ({"temperature": float("nan")}, "temperature"),
+    ({"top_p": 0.0}, "top_p"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"top_k": -2}, "top_k"),
+    ({"draft_max": -1}, "draft_max"),
+])
 def test_bad_sampling_arguments(dflash, kwargs, match):
     with pytest.raises(ValueError, match=match):
         dflash.generate("x", **kwargs)
@@ -347,7 +340,7 @@ def test_a_lone_generation_that_drafts_nothing_steps_in_runs(baseline, dflash_b8
 
     pair_core = _CountingCore(dflash_b8._engine._core)
     monkeypatch.setattr(dflash_b8._engine, "_core", pair_core)
-    observed: list[int] = []  # the policy sees every step once, a generation's last run's too
+    observed: list[int] = []  # the policy sees every step once (a run's as one), a generation's last too
     observe = DraftPolicy.observe
     monkeypatch.setattr(
         DraftPolicy, "observe", lambda p, *a: (observed.append(a[-1] if len(a) > 5 else 1), observe(p, *a))[1]

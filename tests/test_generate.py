@@ -336,13 +336,15 @@ def test_a_lone_generation_that_drafts_nothing_steps_in_runs(baseline, dflash_b8
     assert counting.runs == [] and stopped.finish_reason == "stop"
     # an adaptive pair whose drafting does not pay (random drafter weights) goes off and
     # runs its plain steps; every output is the target's
-    from pydflash.drafting.policy import DraftPolicy
+    from pydflash.drafting import DraftPolicy
 
     pair_core = _CountingCore(dflash_b8._engine._core)
     monkeypatch.setattr(dflash_b8._engine, "_core", pair_core)
-    observed: list[int] = []  # the policy sees every run's steps, a generation's last run's too
-    observe = DraftPolicy.observe_plain_run
-    monkeypatch.setattr(DraftPolicy, "observe_plain_run", lambda p, v, w: (observed.append(len(w)), observe(p, v, w)))
+    observed: list[int] = []  # the policy sees every step once (a run's as one), a generation's last too
+    observe = DraftPolicy.observe
+    monkeypatch.setattr(
+        DraftPolicy, "observe", lambda p, *a: (observed.append(a[-1] if len(a) > 5 else 1), observe(p, *a))[1]
+    )
     for prompt in ["import os", "def f(x):", "hello"]:
         want = baseline.generate(prompt, max_tokens=400, ignore_eos=True).tokens
         assert dflash_b8.generate(prompt, max_tokens=400, ignore_eos=True).tokens == want
@@ -350,7 +352,7 @@ def test_a_lone_generation_that_drafts_nothing_steps_in_runs(baseline, dflash_b8
     # that even a whole block kept saves nothing probes every 4,096 steps, and a settled
     # sequence is not weighed)
     assert sum(pair_core.runs) > 400
-    assert observed == pair_core.runs
+    assert sum(observed) == sum(pair_core.runs) + pair_core.steps
 
 
 def test_a_pinned_plain_generation_on_an_adaptive_pair_steps_in_runs(baseline, dflash_b8, monkeypatch):

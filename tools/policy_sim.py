@@ -8,32 +8,20 @@ real A/B of a few percent drowns in here.
     python tools/policy_sim.py costs --target T.gguf --draft D.gguf --out costs.json
     python tools/policy_sim.py run prose.json [--machine padded|embedded|costs.json]
         [--seeds 5] [--burst NORMAL,SLOW,FACTOR] [--miscalibrate DRAFT,VERIFY] [--set NAME=VALUE ...]
-    python tools/policy_sim.py rules prose.json [code.json ...] [--machine ...]
 
 A trace holds, per prompt, the tokens a full draft keeps at each position of the
 target's greedy output (the embedded pair's, 128 positions): the drafter's proposal
 at a position depends only on the prefix, which greedy decoding fixes, so a draft of
 k there keeps min(k, a[i]) (tests/test_policy_sim.py checks that against the engine).
-``run`` drives DraftPolicy as the engine drives one generation whose reader waits for
-the end (plain steps in runs, weighings, probes, the same observations), each step's
+``run`` drives DraftPolicy (``choose``, ``observe``) as the engine drives one generation
+whose reader waits for the end (plain steps in runs, weighings, probes), each step's
 time the machine table's for its rows times noise: lognormal per step and, with
 ``--burst``, slow intervals in time (mean lengths in plain steps, and the slowdown)
 that every engine of a seed meets at the same times, as a busy neighbour would;
 ``--miscalibrate`` starts the policy from a calibration that misjudged drafting steps.
 It prints each engine's speed over the target alone (by total time) and the adaptive
 one's over each, paired by prompt as the bench pairs runs, the means over seeds; a
-replay repeats exactly (the policy's own timing of its weighings reads the
-table's clock).
-
-``rules`` weighs every rule that sets a step's draft length by what the step
-before it did (``OUTCOMES``: the generation's first step, after a plain step, after
-a draft whose first token was rejected, after one partly kept, after one kept
-whole) without noise, beside the adaptive policy, each by three measures against
-every fixed draft_max: total time, the median of per-prompt ratios, and the ratio
-of the median per-prompt speeds (the bench's first goal line). It prints the rule
-best by total time and the best by total time of those whose every measure is at
-least GOAL (#15's 0.98): what a policy that sees only the last step's outcome could
-reach on these prompts, and what the goal's measures cost it.
+replay repeats exactly.
 
 What it leaves out: llama.cpp's graph rebuilds beyond a fixed switch cost,
 drafts that differ from the trace's near the end of a generation's budget, and
@@ -44,16 +32,16 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import itertools
 import json
 import math
 import random
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from pydflash.drafting import policy as dp
 from pydflash.drafting.cost import CostModel
+from pydflash.drafting.policy import DraftPolicy, Outcome
 
 OSL = 128
 BLOCK = 8  # the embedded drafter's block: its pass covers every row of it
@@ -150,26 +138,14 @@ def calibrated(m: dict, miscal: tuple[float, float] = (1.0, 1.0)) -> CostModel:
 def run_adaptive(
     traces: Sequence[Sequence[int]],
     mach: Machine,
-    patch: Callable | None = None,
     miscal: tuple[float, float] = (1.0, 1.0),
     per_prompt: list[float] | None = None,
 ) -> float:
     """Total ms of the generations, in order, through one DraftPolicy (its state carries,
-    as an engine's does). Mirrors Engine._step for a lone sequence and a quiet reader.
-    ``per_prompt``: each generation's ms appended there."""
+    as an engine's does), driven as Engine._step drives a lone sequence whose reader
+    waits for the end. ``per_prompt``: each generation's ms appended there."""
     m = mach.m
-    pol = dp.DraftPolicy(calibrated(m, miscal), BLOCK - 1, BLOCK)
-    # the policy times its own weighings (how often a lone sequence that is off weighs
-    # again): on the table's clock, so that a replay repeats exactly
-    clock = [0.0]
-
-    def timer() -> float:
-        clock[0] += m["py_choose"] / 1e3  # a weighing: two readings py_choose apart
-        return clock[0]
-
-    pol.timer = timer
-    if patch is not None:
-        patch(pol)
+    pol = DraftPolicy(calibrated(m, miscal), BLOCK - 1, BLOCK)
     n_run = max(1, min(256, int(RUN_MS / m["verify"][1])))
     total = 0.0
     for a in traces:
@@ -178,14 +154,11 @@ def run_adaptive(
         ntok = off = 0
         while ntok < OSL:
             budget = OSL - ntok - 1
-
-            def run(n: int, budget: int = budget, st: dp.SequenceDraft = st) -> None:
-                nonlocal total, ntok, off
-                if n > budget + 1:  # the generation ends first, as the engine's run does
-                    pol.unrun(st, n - budget - 1)
-                    n = budget + 1
-                vs: list[float] = []
-                ws: list[float] = []
+            if st.quiet == 0:
+                total += m["py_choose"]  # a weighing
+            k = pol.choose([st], [min(BLOCK - 1, budget)], [0])[0]
+            if k == 0 and (n := min(n_run, st.quiet, budget + 1)) > 1:  # a run of plain steps
+                vs, ws = [], []
                 for _ in range(n):
                     mach.now = total
                     v, _, w = mach.step(0)
@@ -193,22 +166,8 @@ def run_adaptive(
                     ws.append(w + m["py_run"])
                     total += ws[-1]
                 ntok, off = ntok + n, off + n
-                pol.observe_plain_run(vs, ws)
-
-            n_plain = pol.plain_run(st, n_run)
-            if n_plain > 1:
-                run(n_plain)
+                pol.observe([st], [Outcome(0, 0, 0)], sum(vs) / n, 0.0, sum(ws) / n, n)
                 continue
-            plain = n_plain > 0
-            k = 0
-            if not plain:
-                k = pol.choose([st], [min(BLOCK - 1, budget)], [0])[0]
-                total += m["py_choose"]
-                if k == 0 and not st.probing and n_run > 1:
-                    n2 = 1 + pol.plain_run(st, n_run - 1)
-                    if n2 > 1:
-                        run(n2)
-                        continue
             acc = min(k, a[ntok])
             mach.now = total
             v, d, w = mach.step(k, off if k else 0)
@@ -216,13 +175,7 @@ def run_adaptive(
             off = 0 if k else off + 1
             total += w
             ntok += acc + 1
-            if plain:
-                pol.observe_plain(v, w, 1)
-                continue
-            pol.observe_sequence(st, k, acc)
-            pol.observe_step(1 + k, v, dp.drafter_rows(k, BLOCK) if k else 0, d, w)
-            pol.observe_lone(acc + 1, k > 0, w, probe=st.probing, k=k)
-        pol.end_sequence(st)
+            pol.observe([st], [Outcome(k, k, acc)], v, d, w)
         if per_prompt is not None:
             per_prompt.append(total - start)
     return total
@@ -245,73 +198,12 @@ def run_fixed(traces: Sequence[Sequence[int]], mach: Machine, k: int, per_prompt
     return total
 
 
-# what a generation's last step did, and the draft lengths ``rules`` tries after each
-OUTCOMES = ("start", "plain", "miss", "part", "whole")
-RULE_LENGTHS = {"start": (1, 2), "plain": (0, 1, 2), "miss": (0, 1, 2), "part": (1, 2, 3), "whole": (2, 3, 4, 5, 7)}
-GOAL = 0.98  # adaptive / the best fixed draft_max, by every measure
-
-
-def run_rule(
-    traces: Sequence[Sequence[int]], mach: Machine, rule: dict[str, int], per_prompt: list[float] | None = None
-) -> float:
-    """Total ms of the generations when each step drafts ``rule[o]``, o the outcome of the
-    generation's step before it (OUTCOMES); ``per_prompt``: each generation's ms appended."""
-    m, total = mach.m, 0.0
-    for a in traces:
-        start, ntok, last = total, 0, "start"
-        while ntok < OSL:
-            k = min(rule[last], OSL - ntok - 1)
-            mach.now = total
-            total += mach.step(k)[2] + m["py_single"]
-            kept = min(k, a[ntok])
-            ntok += kept + 1
-            last = "plain" if k == 0 else "miss" if kept == 0 else "whole" if kept == k else "part"
-        if per_prompt is not None:
-            per_prompt.append(total - start)
-    return total
-
-
-def measures(each: Sequence[float], fixed: dict[int, list[float]]) -> tuple[float, float, float]:
-    """Per-prompt times ``each`` against every fixed draft_max's (per-prompt times): the
-    worst over them of the speed ratio by total time, the median of per-prompt ratios,
-    and the ratio of median per-prompt speeds."""
-    total = min(sum(f) / sum(each) for f in fixed.values())
-    paired = min(statistics.median(b / a for a, b in zip(each, f, strict=True)) for f in fixed.values())
-    medians = min(statistics.median(f) / statistics.median(each) for f in fixed.values())
-    return total, paired, medians
-
-
-def rule_search(traces: Sequence[Sequence[int]], m: dict) -> dict[str, tuple[dict[str, int], tuple[float, ...]]]:
-    """Every rule of RULE_LENGTHS without noise: the best by total time ("total"), the best
-    by total time of those whose every measure is at least GOAL ("goal", where one is),
-    and the adaptive policy ("adaptive", no rule), each with ``measures`` against every
-    fixed draft_max from 1."""
-    fixed: dict[int, list[float]] = {}
-    for k in range(1, BLOCK):
-        fixed[k] = []
-        run_fixed(traces, Machine(m, 0.0, 0, None), k, fixed[k])
-    scored = []
-    for lengths in itertools.product(*(RULE_LENGTHS[o] for o in OUTCOMES)):
-        rule = dict(zip(OUTCOMES, lengths, strict=True))
-        each: list[float] = []
-        run_rule(traces, Machine(m, 0.0, 0, None), rule, each)
-        scored.append((rule, measures(each, fixed)))
-    each = []
-    run_adaptive(traces, Machine(m, 0.0, 0, None, noise=1), per_prompt=each)
-    found = {"total": max(scored, key=lambda r: r[1][0])}
-    if goal := [r for r in scored if min(r[1]) >= GOAL]:
-        found["goal"] = max(goal, key=lambda r: r[1][0])
-    found["adaptive"] = ({}, measures(each, fixed))
-    return found
-
-
 def evaluate(
     traces: Sequence[Sequence[int]],
     m: dict,
     seeds: int = 5,
     sigma: float = 0.05,
     burst: tuple[float, float, float] | None = None,
-    patch: Callable | None = None,
     miscal: tuple[float, float] = (1.0, 1.0),
     paired: dict[str, float] | None = None,
 ) -> dict[str, float]:
@@ -328,7 +220,7 @@ def evaluate(
         t = run_fixed(order, Machine(m, sigma, s, burst), 0, times["f0"])
         for name, ms in [
             (f"f{k}", run_fixed(order, Machine(m, sigma, s, burst), k, times[f"f{k}"])) for k in range(1, BLOCK)
-        ] + [("adaptive", run_adaptive(order, Machine(m, sigma, s, burst, noise=1), patch, miscal, times["adaptive"]))]:
+        ] + [("adaptive", run_adaptive(order, Machine(m, sigma, s, burst, noise=1), miscal, times["adaptive"]))]:
             out.setdefault(name, []).append(t / ms)
         for name, ms in times.items():
             if name != "adaptive":
@@ -410,10 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument(
         "--miscalibrate", help="DRAFT,VERIFY: the calibration's drafter pass and multi-row target passes, scaled"
     )
-    r.add_argument("--set", action="append", default=[], help="NAME=VALUE: a _draft_policy constant")
-    u = sub.add_parser("rules", help="every draft length by the last step's outcome, beside the adaptive policy")
-    u.add_argument("traces", nargs="+")
-    u.add_argument("--machine", default="padded", help="padded, embedded, or a table from `costs`")
+    r.add_argument("--set", action="append", default=[], help="NAME=VALUE: a drafting.policy constant")
     args = ap.parse_args(argv)
     if args.cmd == "traces":
         tr = record_traces(
@@ -429,17 +318,10 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out).write_text(json.dumps(measure_costs(args.target, args.draft)))
         return 0
     m = MACHINES[args.machine] if args.machine in MACHINES else json.loads(Path(args.machine).read_text())
-    if args.cmd == "rules":
-        print("worst over fixed draft_max 1-7 of: total time, paired (median of ratios), ratio of medians")
-        for path in args.traces:
-            for name, (rule, ratios) in rule_search(json.loads(Path(path).read_text()), m).items():
-                what = " ".join(f"{o} {k}" for o, k in rule.items()) or "the package's policy, no noise"
-                print(f"{Path(path).name}: {name:8} " + " ".join(f"{r:.3f}" for r in ratios) + f"  ({what})")
-        return 0
     for kv in args.set:
         name, _, value = kv.partition("=")
         if not hasattr(dp, name):
-            ap.error(f"--set: _draft_policy has no {name}")
+            ap.error(f"--set: drafting.policy has no {name}")
         setattr(dp, name, type(getattr(dp, name))(value))
 
     def floats(text: str, form: str) -> tuple[float, ...]:

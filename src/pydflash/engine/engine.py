@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator
 
 from .. import _core
-from ..drafting.policy import CONFIDENCE_CUT, CostModel, DraftPolicy, SequenceDraft, drafter_rows
+from ..drafting.policy import CONFIDENCE_CUT, CostModel, DraftPolicy, Outcome, SequenceDraft
 from ..errors import GenerationInterrupted, GrammarError, PyDFlashError
 from ..pair import ContextPair
 from .generation import Generation
@@ -196,8 +196,6 @@ class Engine:
         return True
 
     def _release(self, slot: _Slot) -> None:
-        if slot.draft is not None and self._policy is not None:
-            self._policy.end_sequence(slot.draft)
         slot.gen = None
         slot.draft = None
         slot.prefilling = False
@@ -262,14 +260,13 @@ class Engine:
     def _start(self, slot: _Slot) -> None:
         gen = slot.gen
         assert gen is not None
-        defer = False  # the prompt's features wait for the drafter's next pass (none may come)
         if gen.adaptive and self._policy is not None:
             slot.draft = self._policy.new_sequence()
-            defer = self._policy.starts_settled(slot.draft)
+        # a sequence that starts off leaves its prompt's features waiting, as plain steps do
+        defer = slot.draft is not None and slot.draft.quiet > 0
         try:
             self._pair.sequence(slot.seq).set_sampling_config(gen.config, gen.seed)
             gen.started(self._core.prefill_begin(slot.seq, gen.prompt, gen.config.cache_prompt, defer))
-            self._prefilled()
             slot.prefilling = self._core.prefill_remaining(slot.seq) > 0
             if not slot.prefilling:
                 gen.prefilled()
@@ -280,17 +277,11 @@ class Engine:
 
     def _prefill(self, slots: list[_Slot]) -> None:
         self._core.prefill_some([s.seq for s in slots], self._chunk)
-        self._prefilled()
         for s in slots:
             if self._core.prefill_remaining(s.seq) == 0:
                 s.prefilling = False
                 assert s.gen is not None
                 s.gen.prefilled()
-
-    def _prefilled(self) -> None:
-        # the steps after a prompt's batch are slower (llama.cpp's graph rebuild): not their kind's cost
-        if self._policy is not None:
-            self._policy.prefilled()
 
     def _make_policy(self) -> DraftPolicy:
         """The adaptive draft length's policy, its costs timed on an empty slot
@@ -334,33 +325,25 @@ class Engine:
             caps.append(max(0, min(default_dm if dm < 0 else dm, budgets[-1])))
         if not stepping:
             return
-        lengths = asked
         policy = self._policy
-        lone = stepping[0].draft if len(stepping) == 1 else None
-        n_run = self._run_max(stepping[0]) if len(stepping) == 1 else 1
-        n_plain = policy.plain_run(lone, n_run) if policy is not None and lone is not None else 0
-        plain = n_plain > 0
-        if n_plain > 1 or (n_run > 1 and lone is None and caps[0] == 0):
-            # alone, nothing to draft for a while (the policy's off, or no policy and no
-            # length: a pinned draft_max=0 too), and a reader that waits for the end
-            self._step_run(stepping[0], n_plain or n_run, budgets[0], t0)
-            return
-        if plain:
-            # alone and off between weighings (most steps where drafting does not pay):
-            # a plain step; only its costs are observed, below, as every step's are (the
-            # weighing steps alone would be a biased sample: the first after a probe
-            # rebuilds llama.cpp's graph)
-            lengths = [0]
-        elif policy is not None and any(s.draft is not None for s in stepping):
+        drafts = [s.draft for s in stepping]  # before a generation's end clears its slot
+        lengths = asked
+        if policy is not None and any(d is not None for d in drafts):
             floors = [s.gen.config.draft_min if s.gen is not None else 0 for s in stepping]
-            chosen = policy.choose([s.draft for s in stepping], caps, floors)
-            lengths = [k if s.draft is not None else a for s, k, a in zip(stepping, chosen, asked, strict=True)]
-            if lone is not None and lengths == [0] and not lone.probing and n_run > 1:
-                # weighed and off: the steps until the next weighing go with this one
-                n_plain = 1 + policy.plain_run(lone, n_run - 1)
-                if n_plain > 1:
-                    self._step_run(stepping[0], n_plain, budgets[0], t0)
-                    return
+            chosen = policy.choose(drafts, caps, floors)
+            lengths = [k if d is not None else a for d, k, a in zip(drafts, chosen, asked, strict=True)]
+        if len(stepping) == 1:
+            # alone with nothing to draft for a while (the policy's off, or a pinned 0) and a
+            # reader that waits for the end: several plain steps in one call
+            lone = drafts[0]
+            n = self._run_max(stepping[0])
+            if lone is not None:
+                n = min(n, lone.quiet) if lengths[0] == 0 else 1
+            elif caps[0] != 0:
+                n = 1
+            if n > 1:
+                self._step_run(stepping[0], n, budgets[0], t0)
+                return
         steps = []
         for s, k, b in zip(stepping, lengths, budgets, strict=True):
             assert s.gen is not None
@@ -370,27 +353,15 @@ class Engine:
             steps.append(_core.SeqStep(s.seq, k, s.gen.config.draft_min, p_min, budget=b))
         results = core.step_batch(steps)
         for s, r in zip(stepping, results, strict=True):
-            # n-gram drafts say nothing about the drafter's acceptance
-            if not plain and policy is not None and s.draft is not None and not r.error and r.source in MODEL_SOURCES:
-                policy.observe_sequence(s.draft, r.n_drafted, r.n_accepted, r.draft_max)
             self._take(s, r)
-        if policy is None:
-            return
-        wall = (time.perf_counter() - t0) * 1e3
-        first = results[0]
-        if plain and first.n_drafted == 0 and not first.error:  # one row, no drafter pass: sampled
-            policy.observe_plain(first.t_verify_ms, wall, len(first.tokens))
-            return
-        if plain:  # one sequence, no drafter pass (an n-gram draft): nothing to sum
-            policy.observe_step(1 + first.n_drafted, first.t_verify_ms, 0, 0.0, wall)
-        else:
-            rows = sum(1 + r.n_drafted for r in results)
-            draft_rows = sum(drafter_rows(r.draft_max, policy.pass_rows) for r in results if r.t_draft_ms > 0)
-            t_draft = max(r.t_draft_ms for r in results)
-            policy.observe_step(rows, first.t_verify_ms, draft_rows, t_draft, wall)
-        # n-gram drafts' tokens say nothing of what the drafter's steps or plain steps give
-        if lone is not None and not first.error and first.source in MODEL_SOURCES:
-            policy.observe_lone(len(first.tokens), first.draft_max > 0, wall, probe=lone.probing, k=first.n_drafted)
+        if policy is not None:
+            wall = (time.perf_counter() - t0) * 1e3
+            # n-gram drafts say nothing about the drafter's acceptance
+            out = [
+                Outcome(r.draft_max, r.n_drafted, r.n_accepted, not r.error and r.source in MODEL_SOURCES)
+                for r in results
+            ]
+            policy.observe(drafts, out, results[0].t_verify_ms, max(r.t_draft_ms for r in results), wall)
 
     def _run_max(self, slot: _Slot) -> int:
         """The steps a lone sequence may take in one call (``_step_run``): 1 where its
@@ -401,7 +372,8 @@ class Engine:
         assert gen is not None
         if not gen.channel.quiet or gen.text.stop_strings or self._queue or any(s.prefilling for s in self._slots):
             return 1
-        return max(1, min(RUN_MAX_STEPS, int(RUN_MS / self._run_step_ms)))
+        # at least 2: only runs measure a run's step, and one slow run must not end runs for good
+        return max(2, min(RUN_MAX_STEPS, int(RUN_MS / self._run_step_ms)))
 
     def _take(self, s: _Slot, r: _core.StepResult) -> bool:
         """One step's result to its generation; True (its slot freed) where that ended it."""
@@ -419,26 +391,21 @@ class Engine:
 
     def _step_run(self, s: _Slot, n: int, budget: int, t0: float) -> None:
         """``n`` plain steps of one sequence in one call to the core: the engine's own
-        work per step cost a small target ~10% of its plain step."""
+        work per step is a sizable share of a small target's plain step."""
         gen = s.gen
         assert gen is not None
-        policy = self._policy
-        st = s.draft if policy is not None else None  # before a release clears it
+        st = s.draft  # before a release clears it
         step = _core.SeqStep(s.seq, 0, gen.config.draft_min, gen.config.draft_p_min, budget=budget)
         results = self._core.step_run(step, n, budget + 1, not gen.config.ignore_eos)
-        if policy is not None and st is not None and len(results) < n:
-            policy.unrun(st, n - len(results))  # the generation ended first: the policy counted them
         for r in results:
             if self._take(s, r):
                 break
         wall = (time.perf_counter() - t0) * 1e3
-        self._run_step_ms += RUN_ALPHA * (wall / len(results) - self._run_step_ms)
-        if policy is not None and st is not None:
-            # each step's time in the core, and the run's own (the engine's) shared out
-            core = [r.t_step_ms for r in results]  # summed in C++: five attributes each cost ~35 us a run
-            share = max(wall - sum(core), 0.0) / len(results)
-            walls = [c + share for c in core]
-            policy.observe_plain_run([r.t_verify_ms for r in results], walls)
+        n = len(results)
+        self._run_step_ms += RUN_ALPHA * (wall / n - self._run_step_ms)
+        if self._policy is not None:
+            verify = sum(r.t_verify_ms for r in results) / n
+            self._policy.observe([st], [Outcome(0, 0, 0)], verify, 0.0, wall / n, n)
 
 
 MODEL_SOURCES = ("draft-dflash", "draft-dspark", "draft-mtp", "")  # "": nothing drafted this step

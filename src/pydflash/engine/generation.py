@@ -93,9 +93,8 @@ class _Channel:
 
     def until_end(self, timeout: float | None = None) -> list[StreamStep | BaseException] | None:
         """Every item up to the last, waiting for it asleep (None: not there after
-        ``timeout`` seconds): a consumer woken for each step takes the GIL and a core
-        from the engine's thread while the next step computes (on the embedded pair
-        its decode took ~7% longer)."""
+        ``timeout`` seconds): a consumer woken for each step would take the GIL and a
+        core from the engine's thread while the next step computes."""
         with self._cv:  # a lock wait: Ctrl-C interrupts it
             self.quiet = True
             if not self._cv.wait_for(lambda: self._ended, timeout):
@@ -185,7 +184,7 @@ class Generation:
         self.n_cached = 0  # prompt tokens taken from the prompt cache
         seed = config.seed if config.seed is not None else host.config.seed
         self.seed = seed if seed >= 0 else random.getrandbits(63)
-        # the engine chooses each step's draft length (_draft_policy) unless one is pinned
+        # the engine chooses each step's draft length (drafting/) unless one is pinned
         # (here or by the Llama), adaptive lengths are off, or a seeded sample must
         # reproduce: its random draws follow the draft lengths, which follow timings
         # (verify="coupled" draws none: its noise is keyed by position, any length reproduces)
@@ -328,8 +327,8 @@ class Generation:
     def take_step(self, step: _core.StepResult) -> None:
         """One step's tokens: EOS, max_tokens, stop strings; delivered as a StreamStep
         (to a reader that waits for the end only, one at the end, with every token and
-        all the text not delivered before: building and queueing one per step took
-        ~15 us of the engine's thread, 4% of a plain step of the embedded target)."""
+        all the text not delivered before: one per step would cost the engine's thread
+        more than a small model's plain step can spare)."""
         self.steps.append(step)
         self._take(step.tokens, step.logprobs)
         if self.finish is None and self.channel.quiet:

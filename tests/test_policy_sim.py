@@ -34,12 +34,14 @@ def test_a_trace_predicts_what_the_engines_drafts_keep():
     traces = sim.record_traces("prose", 2, target, draft, positions=48)
     assert len(traces) == 2 and all(len(a) == 48 for a in traces)
     from pydflash.bench.tasks import prompts
+    from pydflash.bench.workload import text_codec
 
     with Llama(target, draft=draft, n_ctx=1024, n_batch=512) as pair:
-        ps = prompts("prose", pair.tokenize, pair.detokenize, 128, 2)
+        tokenize, detokenize = text_codec(pair)
+        ps = prompts("prose", tokenize, detokenize, 128, 2)
         checked = 0
         for p, a in zip(ps, traces, strict=True):
-            r = pair.generate(pair.tokenize(p), max_tokens=40, ignore_eos=True, draft_max=3, cache_prompt=False)
+            r = pair.generate(tokenize(p), max_tokens=40, ignore_eos=True, draft_max=3, cache_prompt=False)
             pos = 0
             for s in r.stats.steps:
                 if s.n_drafted:

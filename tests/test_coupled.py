@@ -227,7 +227,7 @@ def test_the_first_four_positions_follow_the_target_distribution(block_models):
     # test_block_sampling's check (exact conditionals, chi-square, Bonferroni) on
     # 600 seeds of 4 tokens, drafted as one block of 3 and verified coupled
     llm = tb.open_llm(block_models, "qwen3-b8")
-    seqs, reach = tb.sample_blocks(llm, tb.N, 3, tb.PLAIN, "coupled")
+    seqs, reach = tb.sample_blocks(llm, tb.N, 3, {**tb.PLAIN, "draft_max": 3}, "coupled")
     pvals = tb.target_pvalues(tb.open_llm(block_models, "qwen3-b8", draft=False), seqs, tb.PLAIN)
     print(f"\ncoupled: reach {np.round(reach, 3).tolist()}; min p-value {min(pvals):.3g}")
     assert tb.passes(pvals), np.round(pvals, 6).tolist()
@@ -304,7 +304,7 @@ def test_external_drafts_are_kept_when_they_equal_the_target_token(pair_paths, a
     pair.prefill(PROMPTS[0])
     r = pair.step(draft=want[:5])
     assert r.tokens == want[:6] and r.n_accepted == 5
-    wrong = (want[6] + 1) % base.n_vocab
+    wrong = (want[6] + 1) % base.n_vocab()
     r = pair.step(draft=[wrong, *want[7:9]])
     assert r.tokens == [want[6]] and r.n_accepted == 0
     r = pair.step(draft=want[7:12])

@@ -135,8 +135,9 @@ def test_a_llama_pinned_draft_max_and_the_off_switch(target_path, model_dir):
 
 def test_a_seeded_sample_keeps_the_fixed_length(dflash):
     # its random draws follow the draft lengths: a seed reproduces it only with fixed lengths
-    a = dflash.generate("def", max_tokens=40, temperature=0.8, seed=42, ignore_eos=True)
-    b = dflash.generate("def", max_tokens=40, temperature=0.8, seed=42, ignore_eos=True)
+    # (a seeded request's default, verify="coupled", draws none: test_coupled.py)
+    a = dflash.generate("def", max_tokens=40, temperature=0.8, seed=42, ignore_eos=True, verify="rejection")
+    b = dflash.generate("def", max_tokens=40, temperature=0.8, seed=42, ignore_eos=True, verify="rejection")
     assert a.tokens == b.tokens
     assert_pinned(a, dflash.pair.max_draft, 40)
 

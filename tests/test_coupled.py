@@ -223,6 +223,20 @@ def test_a_seeded_coupled_generation_keeps_the_adaptive_length(pair_paths):
         assert set(chosen[:-1]) != {llm.pair.max_draft}, chosen
 
 
+def test_a_seeded_request_is_coupled_by_default(pair_paths, alone):
+    # the default verify: "coupled" with a seed (per call or the Llama's), "rejection" without
+    _, out = alone
+    with Llama(pair_paths[0], draft=pair_paths[1], n_ctx=512, n_threads=T1, draft_max=3) as llm:
+        for s in SEEDS:
+            assert llm.generate(PROMPTS[0], max_tokens=N_TOKENS, seed=s, ignore_eos=True,
+                                **SAMPLING).tokens == out[0, s]
+            # the rejection rule's text, unlike the default's, follows the drafts
+            assert llm.generate(PROMPTS[0], max_tokens=N_TOKENS, seed=s, ignore_eos=True, verify="rejection",
+                                **SAMPLING).tokens != out[0, s]
+    with Llama(pair_paths[0], draft=pair_paths[1], n_ctx=512, n_threads=T1, draft_max=3, seed=SEEDS[1]) as llm:
+        assert llm.generate(PROMPTS[0], max_tokens=N_TOKENS, ignore_eos=True, **SAMPLING).tokens == out[0, SEEDS[1]]
+
+
 def test_the_first_four_positions_follow_the_target_distribution(block_models):
     # test_block_sampling's check (exact conditionals, chi-square, Bonferroni) on
     # 600 seeds of 4 tokens, drafted as one block of 3 and verified coupled

@@ -172,7 +172,7 @@ SETTINGS = {
 NARROW = {"T0.6-topk24-typical0.5", "T1.2-topnsigma3"}
 
 
-@pytest.mark.parametrize("verify", ["rejection", "match"])
+@pytest.mark.parametrize("verify", ["rejection", "match", "coupled"])
 @pytest.mark.parametrize("setting", sorted(SETTINGS))
 def test_dflash_sampling_matches_target_distribution(spread_pair, verify, setting):
     llm, base = spread_pair
@@ -186,7 +186,7 @@ def test_dflash_sampling_matches_target_distribution(spread_pair, verify, settin
         assert 0.02 < acc < 0.98, acc
 
 
-@pytest.mark.parametrize("verify", ["rejection", "match"])
+@pytest.mark.parametrize("verify", ["rejection", "match", "coupled"])
 @pytest.mark.parametrize("setting", ["T1-topk6", "T1.2-topnsigma3"])
 def test_external_drafts_keep_the_distribution(spread_pair, verify, setting):
     # drafts from another source (here: the target's own greedy tokens, so that
@@ -271,7 +271,7 @@ def test_greedy_with_penalties_and_bias_is_lossless(dflash, baseline):
 
 def test_seeded_sampling_is_reproducible(spread_pair):
     llm, _ = spread_pair
-    for verify in ("rejection", "match"):
+    for verify in ("rejection", "match", "coupled"):
         a = llm.generate(PROMPT, max_tokens=40, temperature=0.9, seed=7, verify=verify, ignore_eos=True)
         b = llm.generate(PROMPT, max_tokens=40, temperature=0.9, seed=7, verify=verify, ignore_eos=True)
         assert a.tokens == b.tokens

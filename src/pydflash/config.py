@@ -290,8 +290,9 @@ class SamplingConfig:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     # at temperature > 0: "rejection" (speculative sampling), "match", or "coupled" (the
-    # target alone's text for the seed: noise keyed by position, shared with the drafter)
-    verify: str = _SAMPLING.verify
+    # target alone's text for the seed: noise keyed by position, shared with the drafter);
+    # None: decided by for_seed ("coupled" for a seeded request)
+    verify: str | None = None
     draft_max: int | None = None  # None: the Llama's (adaptive unless it pins one); an int pins it
     draft_min: int = 0
     draft_p_min: float = 0.0
@@ -330,7 +331,8 @@ class SamplingConfig:
             int_option("logit_bias token", tok)
             if isinstance(bias, bool) or not isinstance(bias, (int, float)):
                 raise TypeError(f"logit_bias values must be numbers, got {bias!r}")
-        str_option("verify", self.verify)
+        if self.verify is not None:
+            str_option("verify", self.verify)
         for s in self.stop:
             if not isinstance(s, str):
                 raise TypeError(f"stop strings must be str, got {type(s).__name__}")
@@ -354,7 +356,7 @@ class SamplingConfig:
         return cls(
             stop=cls.normalise_stop(stop),
             logit_bias=bias,
-            verify=_SAMPLING.verify if verify is None else verify,
+            verify=verify,
             grammar=make_grammar(grammar, json_schema),
             **kw,
         )
@@ -374,11 +376,20 @@ class SamplingConfig:
             penalty_last_n=self.penalty_last_n,
             logit_bias=list(self.logit_bias),
             seed=seed & 0xFFFFFFFFFFFFFFFF,
-            verify=self.verify,
+            verify=self.verify or _SAMPLING.verify,
             logprobs=self.logprobs,
             top_logprobs=self.top_logprobs,
             post_sampling_probs=self.post_sampling_probs,
         )
+
+    def for_seed(self, seeded: bool) -> SamplingConfig:
+        """This config with ``verify`` decided: None becomes "coupled" for a seeded
+        request (its text is then the target alone's and its draft length stays
+        adaptive, at an acceptance no lower than the others' on the shipped pair:
+        benchmarks/results/coupled-cpu-2core.json), the core's default otherwise."""
+        if self.verify is not None:
+            return self
+        return dataclasses.replace(self, verify="coupled" if seeded else _SAMPLING.verify)
 
     def draft_control(self) -> _core.DraftControl:
         """The core's draft-length controls (draft_max None: the pair's default)."""

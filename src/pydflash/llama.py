@@ -337,14 +337,14 @@ class Llama(LlamaCppApi):
         """Generate up to ``max_tokens`` tokens after ``prompt`` (text or ids).
 
         Temperature 0 is greedy: the output equals the target's own greedy
-        output. At temperature > 0, ``verify="rejection"`` (default) samples
+        output. At temperature > 0, ``verify="rejection"`` (default unseeded) samples
         the draft from the drafter's distribution q and accepts a token with
         probability min(1, p/q), resampling from max(0, p - q) on rejection;
-        ``verify="match"`` accepts a greedy draft token only when the target's
-        own sample equals it; ``verify="coupled"`` gives the target alone's text for
-        the seed (Gumbel-max, noise keyed by seed, position and token). All three
-        keep p exactly; the same chain (llama.cpp's order: logit bias, penalties, top-n-sigma,
-        top-k, typical-p, top-p, min-p, temperature) shapes p and q.
+        ``verify="match"`` accepts a greedy draft token only when the target's own
+        sample equals it; ``verify="coupled"`` (default seeded) gives the target alone's
+        text for the seed (Gumbel-max, noise keyed by seed, position, token). All three
+        keep p exactly; the same chain (llama.cpp's order: logit bias, penalties,
+        top-n-sigma, top-k, typical-p, top-p, min-p, temperature) shapes p and q.
 
         Keyword options (``GenerateOptions``, defaults as ``SamplingConfig``'s):
         ``min_p``, ``typical_p``, ``top_n_sigma``, ``repeat_penalty``,

@@ -149,7 +149,7 @@ class ChatCompletion(TypedDict):
 
 class ChatCompletionChunkDelta(TypedDict, total=False):
     role: Literal["assistant"]
-    content: str
+    content: str | None  # None in the first chunk, as llama-server and OpenAI send it
     reasoning_content: str
     tool_calls: list[dict[str, Any]]
 

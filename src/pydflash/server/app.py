@@ -21,7 +21,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -38,22 +38,30 @@ try:
     from starlette.routing import Route
     from starlette.types import ASGIApp, Receive, Scope, Send
 
-    from .http import FramingCheck, HTTPProtocol, error_body, error_response
+    from .anthropic import AnthropicRequest
+    from .http import FramingCheck, error_body, error_response, protocol
+    from .limits import PromptLimit
     from .metrics import Metrics
-    from .requests import BadRequest, ChatRequest, CompletionRequest, describe
+    from .native import InfillRequest, NativeRequest
+    from .requests import BadRequest, ChatRequest, CompletionRequest, Unsupported, describe
+    from .routes_native import model_file, native_routes
+    from .security import Guard, loopback_only
 except ImportError as e:  # the optional dependencies of the server extra
     raise ImportError(f"pydflash serve needs {e.name}: pip install pydflash[server]") from e
 
-from ..errors import GenerationInterrupted, PyDFlashError
+from ..errors import ContextLimitError, GenerationInterrupted, PyDFlashError
 from ..llama import Llama
 
-__all__ = ["Server", "serve"]
+__all__ = ["MAX_BODY", "Server", "serve"]
 
 log = logging.getLogger("pydflash.server")
 
 MAX_BODY = 32 * 1024 * 1024
+MAX_SLOT_BODY = 64 * 1024  # a slot action's body names a file: no more is needed
 ROUTES = {
     "/health",
+    "/v1/health",
+    "/v1/metrics",
     "/v1/models",
     "/models",
     "/metrics",
@@ -64,7 +72,7 @@ ROUTES = {
     "/chat/completions",
 }
 _Item = tuple[str, Any]  # what a worker hands to its request: ("result" | "head" | "chunk" | "error", payload)
-_Kind = type[CompletionRequest] | type[ChatRequest]
+_Kind = type[CompletionRequest] | type[ChatRequest] | type[NativeRequest] | type[AnthropicRequest]
 T = TypeVar("T")
 
 
@@ -75,15 +83,21 @@ class Server:
 
     ``parallel``: the generations the model runs at once (its ``n_parallel``);
     ``queue_size``: admitted requests beyond those (default 4 x parallel, at least
-    8); ``timeout``: seconds a client has to send its request body;
+    8); a request is admitted once its body has arrived. ``timeout``: seconds a client
+    has to send its request body, and to read what the server writes (a client that
+    reads nothing for that long is cut off and its generation ends);
     ``timeout_keep_alive``: an idle connection (or one whose request head is not
-    complete) is closed after it; ``max_connections``: uvicorn answers 503 past it."""
+    complete) is closed after it; ``max_connections``: past it, 503.
+    ``api_keys``: with any, every path but ``/health`` needs one; ``cors_origins``:
+    ``*``, ``localhost`` or a comma-separated list; ``metrics``/``slots``: whether
+    ``/metrics`` and ``/slots`` answer; ``shutdown_grace``: seconds running requests
+    get to finish when the server stops, before streams end with an error event."""
 
     def __init__(
         self,
         llm: Llama,
         *,
-        host: str = "127.0.0.1",
+        host: str | Sequence[str] = "127.0.0.1",
         port: int = 8080,
         alias: str | None = None,
         parallel: int | None = None,
@@ -92,12 +106,24 @@ class Server:
         timeout_keep_alive: int = 5,
         max_connections: int = 256,
         slot_save_path: str | os.PathLike[str] | None = None,
+        api_keys: Sequence[str] = (),
+        cors_origins: str = "*",
+        metrics: bool = True,
+        slots: bool = True,
+        shutdown_grace: float = 5.0,
+        defaults: Mapping[str, Any] | None = None,
+        tags: Sequence[str] = (),
     ):
         parallel = llm.n_parallel if parallel is None else parallel
         if parallel < 1:
             raise ValueError(f"parallel must be >= 1, got {parallel}")
+        if any(not k for k in api_keys):
+            raise ValueError("an API key may not be empty")
         self.llm = llm
-        self.alias = alias or llm.model_name
+        # llama-server's --alias: a comma-separated list; the id is the first in order
+        self.aliases = sorted({a.strip() for a in (alias or llm.model_name).split(",") if a.strip()})
+        self.alias = self.aliases[0] if self.aliases else llm.model_name
+        self.tags = sorted({t.strip() for t in tags if t.strip()})
         self.parallel = parallel
         self.queue_size = max(8, 4 * parallel) if queue_size is None else queue_size
         if self.queue_size < 0:
@@ -105,35 +131,46 @@ class Server:
         self.timeout = timeout
         self.slot_save_path = None if slot_save_path is None else Path(slot_save_path)
         self.metrics = Metrics(max_accepted=max(1, llm.pair.max_draft) if llm.has_draft else 1, slots=parallel)
+        self.metrics_on, self.slots_on = metrics, slots
+        self.defaults = _clamped(dict(defaults or {}), llm)  # request fields' defaults (-n, --temp, ...)
+        self.shutdown_grace = shutdown_grace
+        self.limit = PromptLimit(llm)
         self.created = int(time.time())
         self.in_flight = 0  # admitted requests (read and written on the event loop only)
+        self.draining = False  # the server is stopping: admit nothing more
+        self.exchanges: set[_Exchange] = set()  # the admitted generation requests
         # each admitted request holds one thread: never wait for another request's
         self.threads = anyio.CapacityLimiter(self.parallel + self.queue_size)
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._socket = socket.create_server((host, port), family=family)
+        self.side_threads = anyio.CapacityLimiter(4)  # /slots, slot files, tokenizing: off the event loop
+        hosts = [host] if isinstance(host, str) else list(host)
+        if not hosts:
+            raise ValueError("host: give at least one address")
+        self._sockets = [
+            socket.create_server((h, port), family=socket.AF_INET6 if ":" in h else socket.AF_INET) for h in hosts
+        ]
+        app = self._app(api_keys, cors_origins, check_host=loopback_only(hosts))
         config = uvicorn.Config(
-            self._app(),
-            http=HTTPProtocol,
+            app,
+            http=protocol(write_timeout=timeout, max_connections=max_connections),
             ws="none",
             lifespan="off",
             loop="asyncio",
             log_config=None,  # the embedding program's logging, untouched
             server_header=False,  # ours names no versions
-            headers=[("server", "pydflash")],
+            headers=[("server", "pydflash"), ("process-start-time-unix", str(self.created))],
             timeout_keep_alive=timeout_keep_alive,
-            limit_concurrency=max_connections,
             timeout_graceful_shutdown=5,
         )
-        self._uvicorn = uvicorn.Server(config)
+        self._uvicorn = _Uvicorn(config, self)
         self._thread: threading.Thread | None = None
 
     @property
     def host(self) -> str:
-        return str(self._socket.getsockname()[0])
+        return str(self._sockets[0].getsockname()[0])
 
     @property
     def port(self) -> int:
-        return int(self._socket.getsockname()[1])
+        return int(self._sockets[0].getsockname()[1])
 
     @property
     def url(self) -> str:
@@ -142,7 +179,7 @@ class Server:
 
     def start(self) -> Server:
         self._thread = threading.Thread(
-            target=self._uvicorn.run, kwargs={"sockets": [self._socket]}, name="pydflash-server", daemon=True
+            target=self._uvicorn.run, kwargs={"sockets": self._sockets}, name="pydflash-server", daemon=True
         )
         self._thread.start()
         while not self._uvicorn.started:
@@ -153,14 +190,15 @@ class Server:
 
     def serve_forever(self) -> None:
         """Serve in this thread until SIGINT/SIGTERM (in the main thread) or ``shutdown()``."""
-        self._uvicorn.run(sockets=[self._socket])
+        self._uvicorn.run(sockets=self._sockets)
 
     def shutdown(self) -> None:
-        """Stop serving (running requests get a few seconds to finish) and close the socket."""
+        """Stop serving (running requests get ``shutdown_grace`` seconds to finish) and close the sockets."""
         self._uvicorn.should_exit = True
         if self._thread is not None:
-            self._thread.join(timeout=30)
-        self._socket.close()
+            self._thread.join(timeout=30 + self.shutdown_grace)
+        for sock in self._sockets:
+            sock.close()
 
     def __enter__(self) -> Server:
         return self.start()
@@ -171,33 +209,92 @@ class Server:
     def model_card(self) -> dict[str, Any]:
         llm = self.llm
         meta = {
-            "n_ctx": llm.n_ctx,
+            "n_ctx": llm.n_ctx_slot,
+            "n_ctx_train": llm.core_model.n_ctx_train,
             "n_vocab": llm.n_vocab,
+            "n_embd": llm.core_model.n_embd,
+            "n_params": llm.core_model.n_params,
+            "size": llm.core_model.size_bytes,
             "draft": llm.has_draft,
             "block_size": llm.pair.block_size if llm.has_draft else 0,
         }
-        return {"id": self.alias, "object": "model", "created": self.created, "owned_by": "pydflash", "meta": meta}
+        return {
+            "id": self.alias,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "pydflash",
+            "aliases": self.aliases,
+            "tags": self.tags,
+            "meta": meta,
+        }
+
+    def props(self) -> dict[str, Any]:
+        """llama-server's ``GET /props``."""
+        llm = self.llm
+        model = llm.core_model
+        d = {"max_tokens": -1, "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "seed": -1}
+        d.update(self.defaults)
+        params = {
+            "n_predict": d["max_tokens"],
+            "seed": d["seed"],
+            "temperature": d["temperature"],
+            "top_k": d["top_k"],
+            "top_p": d["top_p"],
+            "min_p": d["min_p"],
+            "speculative.n_max": d.get("draft_max", llm.pair.max_draft if llm.has_draft else 0),
+            "speculative.n_min": d.get("draft_min", 0),
+            "speculative.p_min": d.get("draft_p_min", 0.0),
+        }
+        bos, eos = model.bos, model.eos
+        return {
+            "default_generation_settings": {"params": params, "n_ctx": llm.n_ctx_slot},
+            "total_slots": self.parallel,
+            "model_alias": self.alias,
+            "model_path": model_file(llm.model_path),
+            "draft_model_path": model_file(llm.draft_path) if llm.draft_path else None,
+            "modalities": {"vision": False, "video": False, "audio": False},
+            "endpoint_slots": self.slots_on,
+            "endpoint_props": False,
+            "endpoint_metrics": self.metrics_on,
+            "ui": False,
+            "chat_template": llm.metadata.get("tokenizer.chat_template", ""),
+            "bos_token": llm.detokenize([bos], special=True) if bos >= 0 else "",
+            "eos_token": llm.detokenize([eos], special=True) if eos >= 0 else "",
+            "build_info": "pydflash",
+            "is_sleeping": False,
+        }
 
     # -- the application ----------------------------------------------------------
 
-    def _app(self) -> Starlette:
+    def _app(self, api_keys: Sequence[str], cors_origins: str, check_host: bool) -> Starlette:
         gets: dict[str, Callable[[Request], Awaitable[Response]]] = {
             "/health": self._health,
+            "/v1/health": self._health,
             "/v1/models": self._models,
             "/models": self._models,
             "/metrics": self._metrics,
+            "/v1/metrics": self._metrics,
             "/slots": self._slots,
         }
         routes = [Route(path, endpoint, methods=["GET"]) for path, endpoint in gets.items()]
         routes.append(Route("/slots/{id_slot}", self._slot_action, methods=["POST"]))
-        for paths, kind in (
-            (("/v1/completions", "/completions"), CompletionRequest),
+        kinds: tuple[tuple[tuple[str, ...], _Kind], ...] = (
+            (("/v1/completions",), CompletionRequest),
             (("/v1/chat/completions", "/chat/completions"), ChatRequest),
-        ):
+            (("/completion", "/completions"), NativeRequest),  # llama-server's: /completions is native
+            (("/infill",), InfillRequest),
+            (("/v1/messages",), AnthropicRequest),
+        )
+        for paths, kind in kinds:
             routes += [Route(path, _Generations(self, kind), methods=["POST"]) for path in paths]
+        routes += native_routes(self)
         return Starlette(
             routes=routes,
-            middleware=[Middleware(_CountRequests, metrics=self.metrics), Middleware(FramingCheck)],
+            middleware=[
+                Middleware(_CountRequests, metrics=self.metrics),
+                Middleware(FramingCheck),
+                Middleware(Guard, api_keys=api_keys, cors_origins=cors_origins, check_host=check_host),
+            ],
             exception_handlers={HTTPException: _http_error},
         )
 
@@ -205,17 +302,41 @@ class Server:
         return _json({"status": "ok"})
 
     async def _models(self, request: Request) -> Response:
-        return _json({"object": "list", "data": [self.model_card()]})
+        card = self.model_card()
+        # llama-server answers both OpenAI's list and Ollama's "models"
+        models = [
+            {
+                "name": self.alias,
+                "model": self.alias,
+                "modified_at": "",
+                "size": "",
+                "digest": "",
+                "type": "model",
+                "description": "",
+                "tags": [],
+                "capabilities": ["completion"],
+                "parameters": "",
+                "details": {},
+            }
+        ]
+        return _json({"object": "list", "data": [card], "models": models})
 
     async def _metrics(self, request: Request) -> Response:
+        if not self.metrics_on:
+            return error_response(501, "This server does not support metrics endpoint. Start it with `--metrics`")
         return Response(self.metrics.render(), media_type=self.metrics.content_type)
 
     async def _slots(self, request: Request) -> Response:
-        return _json(self.llm.slots())
+        if not self.slots_on:
+            return error_response(501, "This server does not support slots endpoint. Start it with `--slots`")
+        # the slots are read under the engine's lock, which a long prefill may hold
+        return _json(await anyio.to_thread.run_sync(self.llm.slots, limiter=self.side_threads))
 
     async def _slot_action(self, request: Request) -> Response:
         """llama-server's ``POST /slots/{id}?action=save|restore|erase`` (save and
         restore: ``{"filename": ...}`` in ``--slot-save-path``)."""
+        if not self.slots_on:
+            return error_response(501, "This server does not support slots endpoint. Start it with `--slots`")
         action = request.query_params.get("action", "")
         try:
             slot = int(request.path_params["id_slot"])
@@ -223,31 +344,38 @@ class Server:
                 raise ValueError
         except ValueError:
             return error_response(400, f"id_slot must be a slot in [0, {self.llm.n_parallel})", "id_slot")
-        if action == "erase":
-            n = await anyio.to_thread.run_sync(self.llm.erase_slot, slot)
-            return _json({"id_slot": slot, "n_erased": n})
-        if action not in ("save", "restore"):
+        if action not in ("save", "restore", "erase"):
             return error_response(400, "action must be save, restore or erase", "action")
+        raw = await read_body(request, MAX_SLOT_BODY, self.timeout)
+        if isinstance(raw, Response):
+            return raw
+        if action == "erase":
+            try:
+                n = await anyio.to_thread.run_sync(self.llm.erase_slot, slot, limiter=self.side_threads)
+            except PyDFlashError as e:
+                return error_response(503 if "busy" in str(e) else 500, str(e))
+            return _json({"id_slot": slot, "n_erased": n})
         if self.slot_save_path is None:
             return error_response(501, "slot save and restore need --slot-save-path")
         try:
-            body = json.loads(await request.body() or b"{}")
+            body = json.loads(raw or b"{}")
             name = body.get("filename") if isinstance(body, dict) else None
         except ValueError:
             name = None
-        if not isinstance(name, str) or not name or Path(name).name != name or name in (".", ".."):
+        if not _plain_file_name(name):
             return error_response(400, "'filename' must be a plain file name", "filename")
+        assert isinstance(name, str)
         path = self.slot_save_path / name
         t0 = time.perf_counter()
+        run = self.llm.save_slot if action == "save" else self.llm.load_slot
         try:
-            if action == "save":
-                await anyio.to_thread.run_sync(self.llm.save_slot, slot, path)
-            else:
-                await anyio.to_thread.run_sync(self.llm.load_slot, slot, path)
+            await anyio.to_thread.run_sync(run, slot, path, limiter=self.side_threads)
         except ValueError as e:
             return error_response(400, str(e))
         except PyDFlashError as e:
             return error_response(503 if "busy" in str(e) else 500, str(e))
+        except OSError as e:
+            return error_response(400 if action == "restore" else 500, f"{e.strerror or e}: {name}")
         ms = (time.perf_counter() - t0) * 1e3
         n = len(self.llm.pair.sequence(slot).tokens)
         # llama-server's field names
@@ -255,6 +383,74 @@ class Server:
             ("n_saved", "n_written", "save_ms") if action == "save" else ("n_restored", "n_read", "restore_ms")
         )
         return _json({"id_slot": slot, "filename": name, tokens: n, size: path.stat().st_size, "timings": {took: ms}})
+
+
+def _clamped(defaults: dict[str, Any], llm: Llama) -> dict[str, Any]:
+    """Draft lengths over what the drafter's block allows are clamped, with a warning (as llama.cpp does)."""
+    top = llm.pair.max_draft if llm.has_draft else 0
+    for key in ("draft_max", "draft_min"):
+        if defaults.get(key, 0) > top:
+            log.warning("%s %d is over what the drafter allows (%d): using %d", key, defaults[key], top, top)
+            defaults[key] = top
+    return defaults
+
+
+# characters a slot file name may not hold (llama.cpp's fs_validate_filename refuses them too)
+_BAD_NAME_CHARS = frozenset('/\\:*?"<>|') | {chr(c) for c in range(32)} | {chr(127)}
+
+
+def _plain_file_name(name: object) -> bool:
+    return (
+        isinstance(name, str)
+        and 0 < len(name.encode("utf-8", "surrogatepass")) <= 255
+        and name not in (".", "..")
+        and not _BAD_NAME_CHARS.intersection(name)
+    )
+
+
+async def read_body(request: Request, limit: int, timeout: float) -> bytes | Response:
+    """A request's whole body, or the error response when it is over ``limit`` bytes
+    (413) or does not arrive within ``timeout`` seconds (408); both close the connection."""
+    declared = request.headers.get("content-length", "0")
+    too_big = error_response(413, f"request body is over {limit} bytes", headers={"Connection": "close"})
+    if declared.isdigit() and int(declared) > limit:
+        return too_big
+    body = bytearray()
+    try:
+        with anyio.fail_after(timeout):
+            async for part in request.stream():
+                body += part
+                if len(body) > limit:
+                    return too_big
+    except TimeoutError:
+        msg = f"the request body did not arrive within {timeout:g} s"
+        return error_response(408, msg, headers={"Connection": "close"})
+    return bytes(body)
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn's server, with a drain before its shutdown: running requests get the
+    grace period to finish; then each is cancelled, and a stream ends with an error
+    event and a well-formed end (uvicorn would cut it off mid-body)."""
+
+    def __init__(self, config: uvicorn.Config, owner: Server):
+        super().__init__(config)
+        self.owner = owner
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        owner = self.owner
+        owner.draining = True
+        for server in self.servers:
+            server.close()  # no new connections
+        deadline = time.monotonic() + owner.shutdown_grace
+        while owner.in_flight and time.monotonic() < deadline:
+            await anyio.sleep(0.05)
+        for exchange in list(owner.exchanges):
+            exchange.stop()
+        deadline = time.monotonic() + 10
+        while owner.in_flight and time.monotonic() < deadline:
+            await anyio.sleep(0.05)
+        await super().shutdown(sockets)
 
 
 def _json(obj: Any, status: int = 200) -> Response:
@@ -290,19 +486,7 @@ class _Generations:
         self.kind = kind
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        srv = self.server
-        if srv.in_flight >= srv.parallel + srv.queue_size:
-            srv.metrics.event("requests_rejected")
-            msg = f"the server is busy ({srv.in_flight} requests in flight); retry later"
-            await error_response(503, msg, headers={"Retry-After": "1"})(scope, receive, send)
-            return
-        srv.in_flight += 1
-        srv.metrics.admitted(1)
-        try:
-            await _Exchange(srv, self.kind, scope, receive, send).run()
-        finally:
-            srv.in_flight -= 1
-            srv.metrics.admitted(-1)
+        await _Exchange(self.server, self.kind, scope, receive, send).run()
 
 
 class _ClientGone(Exception):
@@ -313,7 +497,7 @@ class _Exchange:
     """One generation request, from its body to its response's last byte. The
     worker thread parses, generates and hands its result (or a stream's chunks)
     over a channel; this side sends them, and sets ``gone`` when the client
-    leaves: the generation polls it after each step and stops."""
+    leaves (or the server stops): the generation polls it after each step and stops."""
 
     def __init__(self, server: Server, kind: _Kind, scope: Scope, receive: Receive, send: Send):
         self.server = server
@@ -321,12 +505,42 @@ class _Exchange:
         self.scope, self.receive, self.send = scope, receive, send
         self.gone = threading.Event()
         self.left = False  # the client disconnected before the end of the response
+        self.stopped = False  # the server is stopping: the generation was cancelled for it
         self.running = False  # the generation made its first step (worker thread only)
+        self.done_marker = True  # the stream ends with "data: [DONE]" (OpenAI's; not llama-server's native)
+        self.event_names = False  # each event has an "event: TYPE" line (Anthropic's streams)
 
     async def run(self) -> None:
         body = await self._body()
         if body is None:
             return
+        srv = self.server
+        # admitted only now: a client that sends its body slowly holds no place in the queue
+        if srv.draining or srv.in_flight >= srv.parallel + srv.queue_size:
+            srv.metrics.event("requests_rejected")
+            msg = (
+                "the server is shutting down"
+                if srv.draining
+                else f"the server is busy ({srv.in_flight} requests in flight); retry later"
+            )
+            await error_response(503, msg, headers={"Retry-After": "1"})(self.scope, self.receive, self.send)
+            return
+        srv.in_flight += 1
+        srv.metrics.admitted(1)
+        srv.exchanges.add(self)
+        try:
+            await self._exchange(body)
+        finally:
+            srv.exchanges.discard(self)
+            srv.in_flight -= 1
+            srv.metrics.admitted(-1)
+
+    def stop(self) -> None:
+        """End it for the server's shutdown: its generation stops at its next step."""
+        self.stopped = True
+        self.gone.set()
+
+    async def _exchange(self, body: bytes) -> None:
         sender, items = anyio.create_memory_object_stream[_Item](0)
         try:
             async with anyio.create_task_group() as tg, items:
@@ -340,31 +554,16 @@ class _Exchange:
                 self.server.metrics.event("requests_cancelled")
 
     async def _body(self) -> bytes | None:
-        """The request body, or None when it was refused (413, 408, 400) or the client left."""
-        request = Request(self.scope, self.receive)
-        declared = request.headers.get("content-length", "0")
-        if declared.isdigit() and int(declared) > MAX_BODY:
-            await self._refuse(413, f"request body is over {MAX_BODY} bytes")
-            return None
-        body = bytearray()
+        """The request body, or None when it was refused (413, 408) or the client left."""
         try:
-            with anyio.fail_after(self.server.timeout):
-                async for part in request.stream():
-                    body += part
-                    if len(body) > MAX_BODY:
-                        await self._refuse(413, f"request body is over {MAX_BODY} bytes")
-                        return None
-        except TimeoutError:
-            await self._refuse(408, f"the request body did not arrive within {self.server.timeout:g} s")
-            return None
+            body = await read_body(Request(self.scope, self.receive), MAX_BODY, self.server.timeout)
         except ClientDisconnect:
             return None
-        return bytes(body)
-
-    async def _refuse(self, status: int, message: str) -> None:
-        # the rest of the body is never read: the connection closes after the answer
-        self.server.metrics.event("requests_failed")
-        await error_response(status, message, headers={"Connection": "close"})(self.scope, self.receive, self.send)
+        if isinstance(body, Response):
+            self.server.metrics.event("requests_failed")
+            await body(self.scope, self.receive, self.send)  # the rest of the body is never read
+            return None
+        return body
 
     async def _answer(self, items: ObjectReceiveStream[_Item]) -> None:
         try:
@@ -400,9 +599,15 @@ class _Exchange:
         self.gone.set()
 
     def error(self, exc: BaseException) -> tuple[int, dict[str, Any]]:
-        """(status, OpenAI error object) of an error before or during the generation."""
-        status, message, param = _failure(exc)
+        """(status, llama-server's error object) of an error before or during the generation."""
         self.server.metrics.event("requests_failed")
+        if self.stopped and isinstance(exc, GenerationInterrupted):
+            return 503, error_body(503, "the server is shutting down")
+        if isinstance(exc, ContextLimitError) and exc.n_ctx:
+            body = error_body(400, str(exc), kind="exceed_context_size_error")
+            body["error"].update(n_prompt_tokens=exc.n_prompt_tokens, n_ctx=exc.n_ctx)
+            return 400, body
+        status, message, param = _failure(exc)
         return status, error_body(status, message, param)
 
     # -- the worker thread -----------------------------------------------------------
@@ -437,15 +642,16 @@ class _Exchange:
     def _generate(self, body: bytes, emit: Callable[[_Item], None]) -> None:
         srv = self.server
         req = self.kind.model_validate_json(body)
+        req.fill(srv.defaults)
         req.check(srv.llm.n_vocab, srv.parallel)
-        first, kw = req.arguments()
-        create: Callable[..., Any] = (
-            srv.llm.create_completion if isinstance(req, CompletionRequest) else srv.llm.create_chat_completion
-        )
-        # the prompt is tokenized (and a chat template applied) here, in this thread
-        out = create(first, stream=bool(req.stream), model=srv.alias, cancel=self._cancelled, **kw)
+        # before any tokenizing: a prompt far over the context costs no more than one that fits
+        srv.limit.check(req.prompt_bytes())
+        out = req.respond(srv.llm, srv.alias, self._cancelled)
+        self.done_marker = req.done_marker
+        self.event_names = getattr(req, "sse_event_names", False)
         if not req.stream:
-            srv.metrics.generation(out["timings"])
+            for one in out if isinstance(out, list) else [out]:
+                srv.metrics.generation(one["timings"])
             emit(("result", out))
             return
         chunks = self._counted(out)
@@ -478,6 +684,8 @@ class _Exchange:
 
 def _failure(exc: BaseException) -> tuple[int, str, str | None]:
     """(status, message, param) of an error before or during a generation."""
+    if isinstance(exc, Unsupported):
+        return 501, str(exc), exc.param
     if isinstance(exc, BadRequest):
         return 400, str(exc), exc.param
     if isinstance(exc, (ValueError, TypeError)):  # the library's checks (ContextLimitError is one)
@@ -502,16 +710,19 @@ class _EventStream(StreamingResponse):
         super().__init__(self._events(head, items), media_type="text/event-stream", headers=headers)
 
     async def _events(self, head: list[dict[str, Any]], items: ObjectReceiveStream[_Item]) -> AsyncIterator[bytes]:
+        named = self.exchange.event_names
         for chunk in head:
-            yield _event(chunk)
+            yield _event(chunk, named)
         async for kind, payload in items:
             if kind == "error":
                 self.finished = True
-                yield _event(self.exchange.error(payload)[1])
+                err = self.exchange.error(payload)[1]
+                yield _event({"type": "error", **err} if named else err, named)
                 return
-            yield _event(payload)
+            yield _event(payload, named)
         self.finished = True
-        yield b"data: [DONE]\n\n"
+        if self.exchange.done_marker:
+            yield b"data: [DONE]\n\n"
 
     async def listen_for_disconnect(self, receive: Receive) -> None:
         await super().listen_for_disconnect(receive)
@@ -519,38 +730,25 @@ class _EventStream(StreamingResponse):
             self.exchange.client_left()
 
 
-def _event(obj: Any) -> bytes:
-    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+def _event(obj: Any, named: bool = False) -> bytes:
+    """One server-sent event; ``named``: with an ``event:`` line of its ``type`` (Anthropic's)."""
+    head = f"event: {obj.get('type', 'message')}\n".encode() if named and isinstance(obj, dict) else b""
+    return head + b"data: " + json.dumps(obj).encode() + b"\n\n"
 
 
 def serve(
     model: str,
     draft: str | None = None,
     *,
-    host: str = "127.0.0.1",
-    port: int = 8080,
-    alias: str | None = None,
     parallel: int = 1,
-    queue_size: int | None = None,
-    timeout: float = 60.0,
-    max_connections: int = 256,
-    slot_save_path: str | None = None,
     ready: Callable[[Server], None] | None = None,
+    server: Mapping[str, Any] | None = None,
     **llama_kwargs: Any,
 ) -> None:
-    """Load the pair and serve until interrupted (Ctrl-C / SIGTERM)."""
+    """Load the pair and serve until interrupted (Ctrl-C / SIGTERM). ``server``: the
+    keyword arguments of ``Server`` (host, port, api_keys, ...)."""
     with Llama(model, draft=draft, n_parallel=parallel, **llama_kwargs) as llm:
-        srv = Server(
-            llm,
-            host=host,
-            port=port,
-            alias=alias,
-            parallel=parallel,
-            queue_size=queue_size,
-            timeout=timeout,
-            max_connections=max_connections,
-            slot_save_path=slot_save_path,
-        )
+        srv = Server(llm, parallel=parallel, **(server or {}))
 
         def stop(*_: object) -> None:
             raise KeyboardInterrupt

@@ -122,6 +122,8 @@ class AnthropicRequest(_Messages):
     top_k: int | None = None
     stop_sequences: list[str] | None = None
     thinking: dict[str, Any] | None = None
+    logit_bias: dict[str, float] | None = None  # llama-server passes its own fields through
+    seed: int | None = None
 
     lead: ClassVar[int] = 1
     done_marker: ClassVar[bool] = False
@@ -156,7 +158,7 @@ class AnthropicRequest(_Messages):
             "tool_choice": self.openai_tool_choice(),
             "stop": self.stop_sequences,
         }
-        for key in ("temperature", "top_p", "top_k"):
+        for key in ("temperature", "top_p", "top_k", "logit_bias", "seed"):
             if getattr(self, key) is not None:
                 fields[key] = getattr(self, key)
         if self.thinking is not None:

@@ -25,13 +25,15 @@ Supported:
   POST /v1/completions, /completions, /v1/chat/completions, /chat/completions
        (OpenAI; stream: server-sent events; tools; logprobs; response_format)
   POST /completion (llama-server's native completion), /tokenize, /detokenize,
-       /apply-template, /chat/completions/input_tokens
+       /apply-template, /chat/completions/input_tokens, /infill (models with FIM tokens)
+  POST /v1/messages, /v1/messages/count_tokens (Anthropic; stream, tools, x-api-key)
+  POST /v1/responses, /responses, /v1/responses/input_tokens (OpenAI Responses; stateless)
   GET  /props, /v1/models, /models, /health, /v1/health, /slots (--no-slots: off),
        /metrics, /v1/metrics (with --metrics: llamacpp: names + speculative counters)
   POST /slots/ID?action=save|restore|erase (save/restore: --slot-save-path)
 Not supported (501, naming the feature): embeddings, rerank, multimodal input,
   LoRA adapters, the model router, /infill on a model without FIM tokens,
-  the Anthropic Messages and OpenAI Responses APIs.
+  Responses' previous_response_id (400: nothing is stored).
 Safety: --api-key guards every path but /health; a server on loopback answers
   only Host: localhost/127.0.0.1/[::1]; JSON bodies only (no CORS-simple types);
   a client that reads nothing for --timeout seconds is cut off; SIGTERM drains

@@ -44,6 +44,7 @@ try:
     from .metrics import Metrics
     from .native import InfillRequest, NativeRequest
     from .requests import BadRequest, ChatRequest, CompletionRequest, Unsupported, describe
+    from .responses import ResponsesRequest
     from .routes_native import model_file, native_routes
     from .security import Guard, loopback_only
 except ImportError as e:  # the optional dependencies of the server extra
@@ -72,7 +73,9 @@ ROUTES = {
     "/chat/completions",
 }
 _Item = tuple[str, Any]  # what a worker hands to its request: ("result" | "head" | "chunk" | "error", payload)
-_Kind = type[CompletionRequest] | type[ChatRequest] | type[NativeRequest] | type[AnthropicRequest]
+_Kind = (
+    type[CompletionRequest] | type[ChatRequest] | type[NativeRequest] | type[AnthropicRequest] | type[ResponsesRequest]
+)
 T = TypeVar("T")
 
 
@@ -284,6 +287,7 @@ class Server:
             (("/completion", "/completions"), NativeRequest),  # llama-server's: /completions is native
             (("/infill",), InfillRequest),
             (("/v1/messages",), AnthropicRequest),
+            (("/v1/responses", "/responses"), ResponsesRequest),
         )
         for paths, kind in kinds:
             routes += [Route(path, _Generations(self, kind), methods=["POST"]) for path in paths]
@@ -667,8 +671,10 @@ class _Exchange:
     def _counted(self, chunks: Iterator[dict[str, Any]]) -> Generator[dict[str, Any], None, None]:
         try:
             for chunk in chunks:
-                if "timings" in chunk:
-                    self.server.metrics.generation(chunk["timings"])
+                # the last chunk's timings (the Responses API's: in its final response object)
+                timings = chunk.get("timings") or (chunk.get("response") or {}).get("timings")
+                if timings:
+                    self.server.metrics.generation(timings)
                 yield chunk
         finally:
             chunks.close()  # type: ignore[attr-defined]  # the completion functions return generators

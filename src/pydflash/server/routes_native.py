@@ -21,6 +21,7 @@ from .anthropic import CountTokensRequest
 from .http import error_response
 from .native import _piece, tokenize_mixed
 from .requests import Unsupported, describe
+from .responses import ResponsesRequest
 
 if TYPE_CHECKING:
     from .app import Server
@@ -114,6 +115,11 @@ def native_routes(srv: Server) -> list[Route]:
     def count_tokens(body: dict[str, Any]) -> dict[str, Any]:
         return CountTokensRequest.model_validate(body).count(llm)
 
+    def response_tokens(body: dict[str, Any]) -> dict[str, Any]:
+        req = ResponsesRequest.model_validate(body)
+        prompt = llm.apply_chat_template(req.messages(), tools=req.chat().tools)
+        return {"object": "response.input_tokens", "input_tokens": len(llm.tokenize(prompt.prompt))}
+
     def input_tokens(body: dict[str, Any]) -> dict[str, Any]:
         return {"input_tokens": len(tokenize_mixed(llm, template(body), True, True))}
 
@@ -131,6 +137,8 @@ def native_routes(srv: Server) -> list[Route]:
         Route("/chat/completions/input_tokens", endpoint(input_tokens), methods=["POST"]),
         Route("/v1/chat/completions/input_tokens", endpoint(input_tokens), methods=["POST"]),
         Route("/v1/messages/count_tokens", endpoint(count_tokens), methods=["POST"]),
+        Route("/v1/responses/input_tokens", endpoint(response_tokens), methods=["POST"]),
+        Route("/responses/input_tokens", endpoint(response_tokens), methods=["POST"]),
         Route("/props", props, methods=["GET"]),
         Route("/props", props_post, methods=["POST"]),
     ]

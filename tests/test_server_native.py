@@ -203,3 +203,12 @@ def test_serve_help_says_what_is_supported():
     for needle in ("/completion", "/tokenize", "/props", "--api-key", "--cors-origins", "--metrics",
                    "Not supported", "embeddings", "-md", "--spec-draft-n-max", "-c", "--temp"):
         assert needle in out.stdout, needle
+
+
+def test_a_chat_that_cannot_end_is_named_at_start(embedded_dflash, caplog):
+    # the embedded pair is a base code model: ChatML's <|im_end|> is no token of its vocabulary,
+    # so a chat reply runs until max_tokens or the context is full (issue #49)
+    caplog.set_level(logging.WARNING)
+    with Server(embedded_dflash, port=0):
+        pass
+    assert "chat replies will not end by themselves" in caplog.text

@@ -166,6 +166,7 @@ class Server:
         )
         self._uvicorn = _Uvicorn(config, self)
         self._thread: threading.Thread | None = None
+        _warn_if_chat_cannot_end(llm)
 
     @property
     def host(self) -> str:
@@ -387,6 +388,22 @@ class Server:
             ("n_saved", "n_written", "save_ms") if action == "save" else ("n_restored", "n_read", "restore_ms")
         )
         return _json({"id_slot": slot, "filename": name, tokens: n, size: path.stat().st_size, "timings": {took: ms}})
+
+
+def _warn_if_chat_cannot_end(llm: Llama) -> None:
+    """A model without a chat template of its own gets ChatML; where its vocabulary has no
+    ``<|im_end|>`` token (a base model, as the embedded pair), a chat reply never ends by
+    itself and fills the context: say so once, at start."""
+    if not llm.chat_template.is_fallback:
+        return
+    ids = llm.core_model.tokenize("<|im_end|>", False, True)
+    if len(ids) != 1 or not llm.core_model.is_eog(ids[0]):
+        log.warning(
+            "%s has no chat template and no <|im_end|> token: chat replies will not end by themselves "
+            "(they run to max_tokens, or fill the context without it); use /completion, or give "
+            "--chat-template and a chat model",
+            llm.model_name,
+        )
 
 
 def _clamped(defaults: dict[str, Any], llm: Llama) -> dict[str, Any]:

@@ -256,6 +256,11 @@ def test_host_origin_and_content_type(keyed):
         status, headers, _ = c.response()
         assert status == 200 and headers["access-control-allow-origin"] == "http://good.example"
         assert "POST" in headers["access-control-allow-methods"]
+    with Conn(keyed) as c:  # from an origin not allowed: no header, so the browser stops there
+        c.send(b"OPTIONS /v1/completions HTTP/1.1\r\nHost: localhost\r\nOrigin: http://evil.example\r\n"
+               b"Access-Control-Request-Method: POST\r\n\r\n")
+        status, headers, _ = c.response()
+        assert status == 200 and "access-control-allow-origin" not in headers
 
 
 # -- 9. slot erase while busy, NUL in a file name --------------------------------------------------

@@ -394,7 +394,10 @@ def _warn_if_chat_cannot_end(llm: Llama) -> None:
     """A model without a chat template of its own gets ChatML; where its vocabulary has no
     ``<|im_end|>`` token (a base model, as the embedded pair), a chat reply never ends by
     itself and fills the context: say so once, at start."""
-    if not llm.chat_template.is_fallback:
+    try:
+        if not llm.chat_template.is_fallback:
+            return
+    except PyDFlashError:  # a template that does not parse fails its chat requests, not the server
         return
     ids = llm.core_model.tokenize("<|im_end|>", False, True)
     if len(ids) != 1 or not llm.core_model.is_eog(ids[0]):

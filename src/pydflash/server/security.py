@@ -31,7 +31,6 @@ PUBLIC_PATHS = frozenset({"/health", "/v1/health"})  # llama-server's: no key ne
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 _SIMPLE_TYPES = frozenset({"text/plain", "multipart/form-data"})
 _FORM = "application/x-www-form-urlencoded"  # curl -d's default: refused from browsers only
-_ALLOW_HEADERS = "Authorization, Content-Type, X-Api-Key, Anthropic-Version"
 
 
 def loopback_only(hosts: Iterable[str]) -> bool:
@@ -77,21 +76,22 @@ class Guard:
         if refusal is not None:
             await refusal(scope, receive, send)
         elif scope["method"] == "OPTIONS":  # the preflight: browsers send no key with it
-            preflight = {
-                "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
-                "Access-Control-Allow-Headers": headers.get("access-control-request-headers", _ALLOW_HEADERS),
-                "Access-Control-Allow-Credentials": "false",
+            preflight = {  # llama-server's answer
+                "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
+                "Access-Control-Allow-Headers": "*",
+                "Access-Control-Allow-Credentials": "true",
             }
             await Response(b"", 200, preflight, "text/html")(scope, receive, send)
         else:
             await self.app(scope, receive, send)
 
     def _allowed_origin(self, origin: str | None) -> str | None:
-        """The ``Access-Control-Allow-Origin`` value for a request from ``origin``."""
-        if "*" in self.origins:
-            return "*"
+        """The ``Access-Control-Allow-Origin`` value for a request from ``origin``
+        (``*``: the origin echoed, as llama-server does; no Origin: none needed)."""
         if origin is None:
-            return None
+            return "*" if "*" in self.origins else None
+        if "*" in self.origins:
+            return origin
         if "localhost" in self.origins and _is_local_origin(origin):
             return origin
         return origin if origin in self.origins else None
@@ -99,10 +99,10 @@ class Guard:
     def _refusal(self, scope: Scope, headers: Headers, origin: str | None, allow: str | None) -> Response | None:
         if self.check_host and _host_name(headers.get("host", "").lower()) not in _LOOPBACK_NAMES:
             return error_response(403, "the Host header must name this server (localhost or a loopback address)")
+        if scope["method"] == "OPTIONS":
+            return None  # a preflight from an origin not allowed: answered without its header
         if origin is not None and allow is None:
             return error_response(403, f"origin {origin!r} is not allowed (see --cors-origins)")
-        if scope["method"] == "OPTIONS":
-            return None
         if self.keys and scope["path"] not in PUBLIC_PATHS and not self._key_ok(headers):
             return error_response(401, "Invalid API Key")
         if scope["method"] == "POST":

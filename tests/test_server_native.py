@@ -58,6 +58,11 @@ def test_native_completion(server, embedded_dflash):
     assert status == 200 and again["content"] == want.text
 
 
+def test_n_predict_0_generates_nothing(server):
+    status, _, res = call(server, "/completion", {"prompt": "def f(x):", "n_predict": 0})
+    assert status == 200 and res["content"] == "" and res["tokens_predicted"] == 0 and res["stop_type"] == "limit"
+
+
 def test_native_stream(server, embedded_dflash):
     want = embedded_dflash.generate("def f(x):", max_tokens=8, **GREEDY)
     req = urllib.request.Request(server.url + "/completion", json.dumps(

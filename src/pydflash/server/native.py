@@ -263,6 +263,11 @@ class NativeRequest(BaseModel):
         cfg = self.config(llm, len(tokens))
         gen = Generation(llm, tokens, cfg, slot=None if self.id_slot < 0 else self.id_slot)
         settings = self.settings(llm, cfg)
+        if (self.n_predict if self.n_predict is not None else self.max_tokens) == 0:
+            # llama-server's n_predict 0: nothing generated (the prompt is checked, not evaluated)
+            gen.finish = "length"
+            final = self._final(llm, gen, model, settings, "")
+            return iter([final]) if self.stream else final
         if self.stream:
             return self._chunks(llm, gen, cancel, model, settings)
         steps = gen.wait(cancel)

@@ -53,6 +53,8 @@ def test_native_completion(server, embedded_dflash):
     assert res["tokens_evaluated"] == len(embedded_dflash.tokenize("def f(x):"))
     assert res["generation_settings"]["n_predict"] == 8 and res["timings"]["predicted_n"] == 8
     assert res["model"] == server.alias
+    status, _, oai = call(server, "/v1/completions", {"prompt": "def f(x):", "max_tokens": 2, **GREEDY})
+    assert oai["system_fingerprint"].startswith("b")
     # /completions is llama-server's native endpoint too
     status, _, again = call(server, "/completions", {"prompt": "def f(x):", "n_predict": 8, **GREEDY})
     assert status == 200 and again["content"] == want.text
@@ -72,7 +74,7 @@ def test_native_stream(server, embedded_dflash):
     assert "[DONE]" not in evs  # llama-server's native stream has none
     assert "".join(e["content"] for e in evs) == want.text
     assert evs[-1]["stop"] is True and evs[-1]["timings"]["predicted_n"] == 8
-    assert all(e["stop"] is False for e in evs[:-1])
+    assert all(e["stop"] is False and e["tokens"] for e in evs[:-1])  # a stream's chunks carry their tokens
 
 
 def test_native_probs_and_prompt_forms(server, embedded_dflash):

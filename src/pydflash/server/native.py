@@ -123,6 +123,10 @@ class NativeRequest(BaseModel):
             field = names.get(key, key)
             if field in type(self).model_fields and field not in self.model_fields_set:
                 setattr(self, field, value)
+        cap = defaults.get("max_tokens", -1)
+        n = self.n_predict if self.n_predict is not None else self.max_tokens
+        if cap > 0 and (n is None or n < 0 or n > cap):  # -n caps a request's n_predict, as in llama-server
+            self.n_predict = cap
 
     def prompt_bytes(self) -> int:
         """UTF-8 bytes of the longest prompt's text (each prompt is bounded alone)."""
@@ -224,11 +228,27 @@ class NativeRequest(BaseModel):
 
     def settings(self, llm: Llama, cfg: SamplingConfig) -> dict[str, Any]:
         """llama-server's ``generation_settings`` (the fields pydflash has)."""
+        n = self.n_predict if self.n_predict is not None else self.max_tokens
         return {
-            "n_predict": self.n_predict if self.n_predict is not None else -1,
+            "n_predict": -1 if n is None else n,
             "seed": -1 if self.seed is None else self.seed,
             "temperature": cfg.temperature,
             "dynatemp_range": 0.0,
+            "dynatemp_exponent": 1.0,
+            "xtc_probability": 0.0,
+            "xtc_threshold": 0.1,
+            "dry_multiplier": 0.0,
+            "dry_base": 1.75,
+            "dry_allowed_length": 2,
+            "dry_penalty_last_n": -1,
+            "mirostat_tau": 5.0,
+            "mirostat_eta": 0.1,
+            "adaptive_target": -1.0,
+            "adaptive_decay": 0.9,
+            "n_keep": 0,
+            "n_discard": 0,
+            "timings_per_token": False,
+            "lora": [],
             "top_k": cfg.top_k,
             "top_p": cfg.top_p,
             "min_p": cfg.min_p,
@@ -240,7 +260,7 @@ class NativeRequest(BaseModel):
             "frequency_penalty": cfg.frequency_penalty,
             "mirostat": 0,
             "stop": list(cfg.stop),
-            "max_tokens": cfg.max_tokens,
+            "max_tokens": -1 if n is None else n,
             "n_probs": self.n_probs,
             "min_keep": 0,
             "ignore_eos": cfg.ignore_eos,
@@ -311,7 +331,7 @@ class NativeRequest(BaseModel):
                 chunk: dict[str, Any] = {
                     "index": 0,
                     "content": step.text,
-                    "tokens": list(step.tokens) if self.return_tokens else [],
+                    "tokens": list(step.tokens),
                     "stop": False,
                     "id_slot": gen.slot if gen.slot is not None else self.id_slot,
                     "tokens_predicted": n,

@@ -7,12 +7,13 @@ what the library does not check is checked here."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidatorFunctionWrapHandler, WrapValidator
 from pydantic_core import PydanticCustomError
 
+from .. import __version__
 from ..openai.completions import MAX_CHOICES
 
 if TYPE_CHECKING:
@@ -51,6 +52,8 @@ Prompt = Annotated[
     str | list[int] | list[str] | list[list[int]],
     _must_be("a string, a list of token ids, or a list of one of these"),
 ]
+
+FINGERPRINT = f"b{__version__}-pydflash"
 
 # stop strings are searched after every step, on the thread that runs every
 # generation: a long list would slow all of them down
@@ -148,7 +151,11 @@ class _Request(BaseModel):
             llm.create_completion if isinstance(self, CompletionRequest) else llm.create_chat_completion
         )
         # the prompt is tokenized (and a chat template applied) here, in the worker's thread
-        return create(first, stream=bool(self.stream), model=model, cancel=cancel, **kw)
+        out = create(first, stream=bool(self.stream), model=model, cancel=cancel, **kw)
+        if not self.stream:
+            out["system_fingerprint"] = FINGERPRINT
+            return out
+        return _fingerprinted(out)
 
     def prompt_bytes(self) -> int:
         """UTF-8 bytes of the prompt's text (0: none to bound)."""
@@ -159,6 +166,9 @@ class _Request(BaseModel):
         for key, value in defaults.items():
             if getattr(self, key, None) is None and key not in self.model_fields_set:
                 setattr(self, key, value)
+        cap = defaults.get("max_tokens", -1)
+        if cap > 0 and (self.max_tokens is None or self.max_tokens < 0 or self.max_tokens > cap):
+            self.max_tokens = cap  # -n caps a request's max_tokens, as llama-server's does
 
     def check(self, n_vocab: int, parallel: int) -> None:
         """What the library does not check, before any work: BadRequest."""
@@ -338,3 +348,13 @@ def describe(err: ValidationError) -> BadRequest:
         else:
             parts.append(f"'{where}' " + (f"must be {_TYPES[e['type']]}" if e["type"] in _TYPES else e["msg"]))
     return BadRequest("; ".join(parts), param)
+
+
+def _fingerprinted(chunks: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Each chunk with ``system_fingerprint`` (OpenAI's field; llama-server's "b<build>-<commit>")."""
+    try:
+        for chunk in chunks:
+            chunk["system_fingerprint"] = FINGERPRINT
+            yield chunk
+    finally:
+        chunks.close()  # type: ignore[attr-defined]  # a generator: leaving early ends the generation

@@ -122,7 +122,7 @@ def test_chat_stream_matches_non_stream(chat_llm):
     for c in chunks:
         assert c["object"] == "chat.completion.chunk" and c["id"] == chunks[0]["id"]
         assert set(c) <= set(ChatCompletionChunk.__annotations__)
-    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
     assert text == full["choices"][0]["message"]["content"]
     assert [c["choices"][0]["finish_reason"] for c in chunks].count("length") == 1
     last = chunks[-1]

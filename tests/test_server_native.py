@@ -219,3 +219,16 @@ def test_a_chat_that_cannot_end_is_named_at_start(embedded_dflash, caplog):
     with Server(embedded_dflash, port=0):
         pass
     assert "chat replies will not end by themselves" in caplog.text
+
+
+def test_several_listen_addresses_share_one_port(embedded_dflash):
+    import socket as s
+    try:
+        with s.socket(s.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback")
+    with Server(embedded_dflash, port=0, host=["127.0.0.1", "::1"]) as srv:
+        for host in ("127.0.0.1", "[::1]"):
+            with urllib.request.urlopen(f"http://{host}:{srv.port}/health", timeout=30) as r:
+                assert r.status == 200

@@ -148,9 +148,11 @@ class Server:
         hosts = [host] if isinstance(host, str) else list(host)
         if not hosts:
             raise ValueError("host: give at least one address")
-        self._sockets = [
-            socket.create_server((h, port), family=socket.AF_INET6 if ":" in h else socket.AF_INET) for h in hosts
-        ]
+        self._sockets: list[socket.socket] = []
+        for h in hosts:  # port 0: the first address's free port, for all of them
+            taken = self._sockets[0].getsockname()[1] if self._sockets else port
+            family = socket.AF_INET6 if ":" in h else socket.AF_INET
+            self._sockets.append(socket.create_server((h.strip("[]"), taken), family=family))
         app = self._app(api_keys, cors_origins, check_host=loopback_only(hosts))
         config = uvicorn.Config(
             app,

@@ -101,6 +101,8 @@ def test_tokenize_detokenize(server, embedded_dflash):
     assert [p["id"] for p in pieces["tokens"]] == embedded_dflash.tokenize("def f", add_special=False)
     status, _, text = call(server, "/detokenize", {"tokens": res["tokens"]})
     assert status == 200 and text["content"] == "def f(x):"
+    ids = call(server, "/tokenize", {"content": "What is it ?"})[2]["tokens"]
+    assert call(server, "/detokenize", {"tokens": ids})[2]["content"] == "What is it ?"  # spaces as they were
 
 
 def test_props_models_and_templates(server, embedded_dflash):

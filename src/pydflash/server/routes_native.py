@@ -90,7 +90,12 @@ def native_routes(srv: Server) -> list[Route]:
         tokens = body.get("tokens") or []
         if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
             raise ValueError("'tokens' must be a list of token ids")
-        return {"content": llm.detokenize(tokens, special=True)}
+        for t in tokens:
+            if not 0 <= t < llm.n_vocab:
+                raise ValueError(f"token id {t} is out of range [0, {llm.n_vocab})")
+        # the pieces joined, as llama-server's tokens_to_str (no clean-up of spaces)
+        raw = b"".join(bytes(llm.core_model.token_to_piece(t, True)) for t in tokens)
+        return {"content": raw.decode("utf-8", "replace")}
 
     def template(body: dict[str, Any]) -> str:
         messages = body.get("messages")

@@ -234,3 +234,20 @@ def test_several_listen_addresses_share_one_port(embedded_dflash):
         for host in ("127.0.0.1", "[::1]"):
             with urllib.request.urlopen(f"http://{host}:{srv.port}/health", timeout=30) as r:
                 assert r.status == 200
+
+
+def test_reasoning_off_is_a_server_default(tmp_path):
+    import dataclasses
+
+    from conftest import TARGET
+    from pydflash import testing
+
+    t = testing.write_target(tmp_path / "t.gguf", dataclasses.replace(TARGET, chat_template=testing.THINKING_TEMPLATE))
+    msgs = {"messages": [{"role": "user", "content": "hi"}]}
+    with Llama(t, n_ctx=256) as llm:
+        with Server(llm, port=0) as srv:
+            on = call(srv, "/apply-template", msgs)[2]["prompt"]
+        with Server(llm, port=0, defaults={"enable_thinking": False}) as srv:  # serve --reasoning off
+            off = call(srv, "/apply-template", msgs)[2]["prompt"]
+            explicit = call(srv, "/apply-template", {**msgs, "enable_thinking": True})[2]["prompt"]
+    assert on != off and explicit == on

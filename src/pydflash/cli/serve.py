@@ -176,6 +176,14 @@ def add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     tmpl.add_argument("--chat-template-file", default=None, metavar="FILE", help="a file holding the jinja template")
     tmpl.add_argument("--jinja", action="store_true", help="accepted: templates are always rendered with jinja")
     tmpl.add_argument(
+        "-rea",
+        "--reasoning",
+        choices=("on", "off", "auto"),
+        default="auto",
+        help="thinking in chat replies of templates that have it: on, off, or auto (the template's default; "
+        "a request's enable_thinking overrides it) (default: %(default)s)",
+    )
+    tmpl.add_argument(
         "--no-jinja",
         action="store_true",
         help="accepted, with a warning: pydflash renders every template with jinja (llama.cpp's built-in "
@@ -239,6 +247,7 @@ def server_options(a: argparse.Namespace) -> dict[str, Any]:
             "draft_max": a.draft_max,
             "draft_min": a.draft_min,
             "draft_p_min": a.draft_p_min,
+            "enable_thinking": {"on": True, "off": False}.get(a.reasoning),
         }.items()
         if v is not None and not (k == "max_tokens" and v < 0)
     }

@@ -109,7 +109,9 @@ def native_routes(srv: Server) -> list[Route]:
             messages,
             add_generation_prompt=bool(add),
             tools=body.get("tools"),
-            enable_thinking=bool(kwargs.pop("enable_thinking", body.get("enable_thinking", True))),
+            enable_thinking=bool(
+                kwargs.pop("enable_thinking", body.get("enable_thinking", srv.defaults.get("enable_thinking", True)))
+            ),
             **kwargs,
         )
         return prompt.prompt

@@ -39,7 +39,7 @@ try:
     from starlette.types import ASGIApp, Receive, Scope, Send
 
     from .anthropic import AnthropicRequest
-    from .http import FramingCheck, error_body, error_response, protocol
+    from .http import CanonicalHeaders, FramingCheck, error_body, error_response, protocol
     from .limits import PromptLimit
     from .metrics import Metrics
     from .native import InfillRequest, NativeRequest
@@ -162,7 +162,7 @@ class Server:
             loop="asyncio",
             log_config=None,  # the embedding program's logging, untouched
             server_header=False,  # ours names no versions
-            headers=[("server", "pydflash"), ("process-start-time-unix", str(self.created))],
+            headers=[("server", "pydflash")],
             timeout_keep_alive=timeout_keep_alive,
             timeout_graceful_shutdown=5,
         )
@@ -298,6 +298,7 @@ class Server:
         return Starlette(
             routes=routes,
             middleware=[
+                Middleware(CanonicalHeaders, start_time=self.created),
                 Middleware(_CountRequests, metrics=self.metrics),
                 Middleware(FramingCheck),
                 Middleware(Guard, api_keys=api_keys, cors_origins=cors_origins, check_host=check_host),

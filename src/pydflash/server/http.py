@@ -13,10 +13,10 @@ from typing import Any
 
 import h11
 from starlette.responses import Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-__all__ = ["FramingCheck", "HTTPProtocol", "error_response", "protocol"]
+__all__ = ["CanonicalHeaders", "FramingCheck", "HTTPProtocol", "error_response", "protocol"]
 
 _PEER_POLL_S = 0.05
 # the kernel's send buffer per connection (Linux doubles it): small, so that a client
@@ -191,3 +191,27 @@ class FramingCheck:
                 await error_response(400, msg, headers={"Connection": "close"})(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+class CanonicalHeaders:
+    """Response header names in their canonical case (``Content-Type``,
+    ``Access-Control-Allow-Origin``), as llama-server writes them: header names are
+    case-insensitive, but some clients look them up in a plain dict. Also adds
+    llama-server's ``Process-Start-Time-Unix`` to every response."""
+
+    def __init__(self, app: ASGIApp, start_time: int) -> None:
+        self.app = app
+        self.start = (b"Process-Start-Time-Unix", str(start_time).encode())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def sender(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                names = [(b"-".join(w.capitalize() for w in k.split(b"-")), v) for k, v in message.get("headers", [])]
+                message = {**message, "headers": [*names, self.start]}
+            await send(message)
+
+        await self.app(scope, receive, sender)

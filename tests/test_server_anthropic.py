@@ -38,6 +38,7 @@ def test_a_reply(client):
     assert msg.type == "message" and msg.role == "assistant"
     assert msg.stop_reason == "max_tokens" and msg.usage.output_tokens == 4
     assert msg.content[0].type == "text" and msg.content[0].text
+    assert msg.usage.cache_read_input_tokens is not None and "timings" not in msg.model_dump()  # as llama-server
 
 
 def test_a_tool_call_and_its_stream(server, client):

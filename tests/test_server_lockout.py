@@ -50,6 +50,14 @@ def one(embedded_dflash: Llama):
     srv.shutdown()
 
 
+@pytest.fixture(scope="module")
+def roomy(embedded_dflash: Llama):
+    """A queue: requests sent one after the other never race the previous one's release."""
+    srv = Server(embedded_dflash, port=0).start()
+    yield srv
+    srv.shutdown()
+
+
 # -- 1. a client that stops reading -------------------------------------------------------
 
 def test_a_client_that_stops_reading_is_cut_off(one):
@@ -97,7 +105,8 @@ def test_partial_bodies_hold_no_place_in_the_queue(one):
 # -- 3. a prompt over the context -------------------------------------------------------------
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
-def test_a_huge_prompt_is_refused_at_once(one, path):
+def test_a_huge_prompt_is_refused_at_once(roomy, path):
+    one = roomy
     text = "def f(x):\n    return x\n" * (8 * 1024 * 1024 // 24)  # 8 MB: ~3M tokens
     fields = {"prompt": text} if path == "/v1/completions" else {"messages": [{"role": "user", "content": text}]}
     t0 = time.monotonic()
@@ -109,7 +118,8 @@ def test_a_huge_prompt_is_refused_at_once(one, path):
     assert took < 5, f"refusing an over-long prompt took {took:.1f} s"
 
 
-def test_a_prompt_just_over_the_context_gives_its_exact_size(one):
+def test_a_prompt_just_over_the_context_gives_its_exact_size(roomy):
+    one = roomy
     tokens = one.llm.tokenize("def f(x):\n    return x\n" * 200)
     assert len(tokens) > one.llm.n_ctx_slot
     status, _, res = post(one, "/v1/completions", body(prompt=tokens, max_tokens=1))
@@ -119,7 +129,8 @@ def test_a_prompt_just_over_the_context_gives_its_exact_size(one):
 
 # -- 4. the stop list ------------------------------------------------------------------------
 
-def test_the_stop_list_is_bounded(one):
+def test_the_stop_list_is_bounded(roomy):
+    one = roomy
     status, _, res = post(one, "/v1/completions", completion(stop=[f"s{i}" for i in range(10_000)]))
     assert status == 400 and res["error"]["param"] == "stop" and "at most" in res["error"]["message"]
     status, _, res = post(one, "/v1/completions", completion(stop=["x" * 10_000]))
@@ -130,7 +141,8 @@ def test_the_stop_list_is_bounded(one):
 
 # -- 5. /slots during a long prefill ----------------------------------------------------------
 
-def test_slots_do_not_block_the_event_loop(one):
+def test_slots_do_not_block_the_event_loop(roomy):
+    one = roomy
     prompt = one.llm.tokenize("def f(x):\n    return x\n" * 200)[: one.llm.n_ctx_slot - 8]
     done = threading.Event()
 
@@ -299,7 +311,8 @@ def test_the_connection_cap_503_is_json(embedded_dflash):
                 c.reset()
 
 
-def test_no_100_continue_to_an_http_1_0_client(one):
+def test_no_100_continue_to_an_http_1_0_client(roomy):
+    one = roomy
     data = completion()
     with Conn(one) as c:
         c.send(b"POST /v1/completions HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"

@@ -169,7 +169,7 @@ def test_llamacpp_metrics(server):
         assert types["llamacpp:" + name] == "counter"
     for name in ("requests_processing", "requests_deferred", "predicted_tokens_seconds"):
         assert types["llamacpp:" + name] == "gauge"
-    assert values["llamacpp:tokens_predicted_total"] >= 4 and values["llamacpp:requests_processing"] == 0
+    assert values["llamacpp:tokens_predicted_total"] >= 4
     assert "pydflash_draft_tokens_total" in text  # the speculative metrics beside them
 
 

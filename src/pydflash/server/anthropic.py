@@ -128,6 +128,7 @@ class AnthropicRequest(_Messages):
     lead: ClassVar[int] = 1
     done_marker: ClassVar[bool] = False
     sse_event_names: ClassVar[bool] = True  # "event: message_start" lines, as Anthropic's streams have
+    keep_timings: ClassVar[bool] = False  # counted in /metrics, not shown: llama-server's replies have none
 
     def fill(self, defaults: dict[str, Any]) -> None:
         for key in ("temperature", "top_p", "top_k"):
@@ -197,6 +198,7 @@ class AnthropicRequest(_Messages):
             "usage": {
                 "input_tokens": out["usage"]["prompt_tokens"],
                 "output_tokens": out["usage"]["completion_tokens"],
+                "cache_read_input_tokens": out["timings"]["cache_n"],
             },
             "timings": out["timings"],
         }
@@ -277,6 +279,7 @@ def _events(chunks: Iterator[dict[str, Any]], msg_id: str, model: str) -> Iterat
                     "usage": {
                         "input_tokens": usage.get("prompt_tokens", 0),
                         "output_tokens": usage.get("completion_tokens", 0),
+                        "cache_read_input_tokens": (chunk.get("timings") or {}).get("cache_n", 0),
                     },
                     "timings": chunk.get("timings"),
                 }

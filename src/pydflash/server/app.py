@@ -536,6 +536,7 @@ class _Exchange:
         self.running = False  # the generation made its first step (worker thread only)
         self.done_marker = True  # the stream ends with "data: [DONE]" (OpenAI's; not llama-server's native)
         self.event_names = False  # each event has an "event: TYPE" line (Anthropic's streams)
+        self.keep_timings = True  # the response shows llama-server's timings
 
     async def run(self) -> None:
         body = await self._body()
@@ -676,9 +677,10 @@ class _Exchange:
         out = req.respond(srv.llm, srv.alias, self._cancelled)
         self.done_marker = req.done_marker
         self.event_names = getattr(req, "sse_event_names", False)
+        self.keep_timings = getattr(req, "keep_timings", True)  # Anthropic's replies have none
         if not req.stream:
             for one in out if isinstance(out, list) else [out]:
-                srv.metrics.generation(one["timings"])
+                srv.metrics.generation(one["timings"] if self.keep_timings else one.pop("timings"))
             emit(("result", out))
             return
         chunks = self._counted(out)
@@ -698,6 +700,8 @@ class _Exchange:
                 timings = chunk.get("timings") or (chunk.get("response") or {}).get("timings")
                 if timings:
                     self.server.metrics.generation(timings)
+                    if not self.keep_timings:
+                        chunk.pop("timings", None)
                 yield chunk
         finally:
             chunks.close()  # type: ignore[attr-defined]  # the completion functions return generators

@@ -97,6 +97,41 @@ def add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="N",
         help="generations the model runs at once (default: %(default)s)",
     )
+    _add_serving_flags(s)
+    _add_spec_flags(s)
+    _add_template_flags(s)
+    smp = s.add_argument_group("request defaults (a request's own fields override them)")
+    add_common(s)
+    # llama.cpp's short names: added here unless the shared flags already have them
+    _add_missing(s, ("-c", "--ctx-size"), dest="n_ctx", type=int, help="context size in tokens (as --n-ctx)")
+    _add_missing(
+        smp,
+        ("-n", "--n-predict"),
+        dest="n_predict",
+        type=int,
+        default=-1,
+        help="tokens to generate; -1: until EOS or the context is full (default: %(default)s)",
+    )
+    _add_missing(
+        smp, ("--temp",), dest="temp", type=float, default=None, help="temperature (default: the request's API default)"
+    )
+    _add_missing(smp, ("--top-k",), dest="top_k", type=int, default=None, help="top-k")
+    _add_missing(smp, ("--top-p",), dest="top_p", type=float, default=None, help="top-p")
+    _add_missing(smp, ("--min-p",), dest="min_p", type=float, default=None, help="min-p")
+    _add_missing(smp, ("-s", "--seed"), dest="seed", type=int, default=None, help="sampling seed (-1: random)")
+    for flag in _REFUSED:
+        _add_missing(
+            s,
+            (flag,),
+            dest="refused_" + flag.strip("-").replace("-", "_"),
+            nargs="?",
+            const=True,
+            help=argparse.SUPPRESS,
+        )
+
+
+def _add_serving_flags(s: argparse.ArgumentParser) -> None:
+    """Queueing, timeouts, slots, metrics, keys and CORS."""
     s.add_argument(
         "--queue-size",
         type=int,
@@ -146,6 +181,9 @@ def add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="ORIGINS",
         help="origins a browser may call from: *, localhost, or a comma-separated list (default: %(default)s)",
     )
+
+
+def _add_spec_flags(s: argparse.ArgumentParser) -> None:
     spec = s.add_argument_group("speculative decoding (llama-server's names)")
     spec.add_argument(
         "--draft-max", "--spec-draft-n-max", dest="draft_max", type=int, default=None, help=DRAFT_MAX_HELP
@@ -166,6 +204,9 @@ def add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="P",
         help="a draft stops at the first token the drafter is less sure of than P",
     )
+
+
+def _add_template_flags(s: argparse.ArgumentParser) -> None:
     tmpl = s.add_argument_group("chat template")
     tmpl.add_argument(
         "--chat-template",
@@ -189,34 +230,6 @@ def add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="accepted, with a warning: pydflash renders every template with jinja (llama.cpp's built-in "
         "templates give the same text either way)",
     )
-    smp = s.add_argument_group("request defaults (a request's own fields override them)")
-    add_common(s)
-    # llama.cpp's short names: added here unless the shared flags already have them
-    _add_missing(s, ("-c", "--ctx-size"), dest="n_ctx", type=int, help="context size in tokens (as --n-ctx)")
-    _add_missing(
-        smp,
-        ("-n", "--n-predict"),
-        dest="n_predict",
-        type=int,
-        default=-1,
-        help="tokens to generate; -1: until EOS or the context is full (default: %(default)s)",
-    )
-    _add_missing(
-        smp, ("--temp",), dest="temp", type=float, default=None, help="temperature (default: the request's API default)"
-    )
-    _add_missing(smp, ("--top-k",), dest="top_k", type=int, default=None, help="top-k")
-    _add_missing(smp, ("--top-p",), dest="top_p", type=float, default=None, help="top-p")
-    _add_missing(smp, ("--min-p",), dest="min_p", type=float, default=None, help="min-p")
-    _add_missing(smp, ("-s", "--seed"), dest="seed", type=int, default=None, help="sampling seed (-1: random)")
-    for flag in _REFUSED:
-        _add_missing(
-            s,
-            (flag,),
-            dest="refused_" + flag.strip("-").replace("-", "_"),
-            nargs="?",
-            const=True,
-            help=argparse.SUPPRESS,
-        )
 
 
 def _add_missing(p: argparse._ActionsContainer, flags: tuple[str, ...], **kw: Any) -> None:

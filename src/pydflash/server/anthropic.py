@@ -204,6 +204,22 @@ class AnthropicRequest(_Messages):
         }
 
 
+def _message_start(msg_id: str, model: str) -> dict[str, Any]:
+    return {
+        "type": "message_start",
+        "message": {
+            "id": msg_id,
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": 0, "output_tokens": 0},
+        },
+    }
+
+
 def _events(chunks: Iterator[dict[str, Any]], msg_id: str, model: str) -> Iterator[dict[str, Any]]:
     """Anthropic's stream events from an OpenAI chat stream."""
     index = -1
@@ -227,19 +243,7 @@ def _events(chunks: Iterator[dict[str, Any]], msg_id: str, model: str) -> Iterat
         for chunk in chunks:
             if not started:  # after the first step: what fails at the start is an HTTP error
                 started = True
-                yield {
-                    "type": "message_start",
-                    "message": {
-                        "id": msg_id,
-                        "type": "message",
-                        "role": "assistant",
-                        "model": model,
-                        "content": [],
-                        "stop_reason": None,
-                        "stop_sequence": None,
-                        "usage": {"input_tokens": 0, "output_tokens": 0},
-                    },
-                }
+                yield _message_start(msg_id, model)
             choice = chunk["choices"][0]
             delta = choice.get("delta") or {}
             if delta.get("reasoning_content"):

@@ -13,7 +13,6 @@ generation."""
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import logging
 import os
@@ -21,43 +20,41 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 try:
     import anyio
     import uvicorn
-    from anyio.abc import ObjectReceiveStream, ObjectSendStream
-    from pydantic import ValidationError
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.middleware import Middleware
-    from starlette.requests import ClientDisconnect, Request
-    from starlette.responses import Response, StreamingResponse
+    from starlette.requests import Request
+    from starlette.responses import Response
     from starlette.routing import Route
     from starlette.types import ASGIApp, Receive, Scope, Send
 
     from .anthropic import AnthropicRequest
-    from .http import CanonicalHeaders, FramingCheck, error_body, error_response, protocol
+    from .exchange import MAX_BODY, Exchange, Generations, Kind
+    from .http import CanonicalHeaders, FramingCheck, error_response, json_response, protocol, read_body
     from .limits import PromptLimit
     from .metrics import Metrics
     from .native import InfillRequest, NativeRequest
-    from .requests import BadRequest, ChatRequest, CompletionRequest, Unsupported, describe
+    from .requests import ChatRequest, CompletionRequest
     from .responses import ResponsesRequest
     from .routes_native import model_file, native_routes
     from .security import Guard, loopback_only
 except ImportError as e:  # the optional dependencies of the server extra
     raise ImportError(f"pydflash serve needs {e.name}: pip install pydflash[server]") from e
 
-from ..errors import ContextLimitError, GenerationInterrupted, PyDFlashError
+from ..errors import PyDFlashError
 from ..llama import Llama
 
 __all__ = ["MAX_BODY", "Server", "serve"]
 
 log = logging.getLogger("pydflash.server")
 
-MAX_BODY = 32 * 1024 * 1024
 MAX_SLOT_BODY = 64 * 1024  # a slot action's body names a file: no more is needed
 ROUTES = {
     "/health",
@@ -72,11 +69,6 @@ ROUTES = {
     "/v1/chat/completions",
     "/chat/completions",
 }
-_Item = tuple[str, Any]  # what a worker hands to its request: ("result" | "head" | "chunk" | "error", payload)
-_Kind = (
-    type[CompletionRequest] | type[ChatRequest] | type[NativeRequest] | type[AnthropicRequest] | type[ResponsesRequest]
-)
-T = TypeVar("T")
 
 
 class Server:
@@ -141,7 +133,7 @@ class Server:
         self.created = int(time.time())
         self.in_flight = 0  # admitted requests (read and written on the event loop only)
         self.draining = False  # the server is stopping: admit nothing more
-        self.exchanges: set[_Exchange] = set()  # the admitted generation requests
+        self.exchanges: set[Exchange] = set()  # the admitted generation requests
         # each admitted request holds one thread: never wait for another request's
         self.threads = anyio.CapacityLimiter(self.parallel + self.queue_size)
         self.side_threads = anyio.CapacityLimiter(4)  # /slots, slot files, tokenizing: off the event loop
@@ -284,7 +276,7 @@ class Server:
         }
         routes = [Route(path, endpoint, methods=["GET"]) for path, endpoint in gets.items()]
         routes.append(Route("/slots/{id_slot}", self._slot_action, methods=["POST"]))
-        kinds: tuple[tuple[tuple[str, ...], _Kind], ...] = (
+        kinds: tuple[tuple[tuple[str, ...], Kind], ...] = (
             (("/v1/completions",), CompletionRequest),
             (("/v1/chat/completions", "/chat/completions"), ChatRequest),
             (("/completion", "/completions"), NativeRequest),  # llama-server's: /completions is native
@@ -293,7 +285,7 @@ class Server:
             (("/v1/responses", "/responses"), ResponsesRequest),
         )
         for paths, kind in kinds:
-            routes += [Route(path, _Generations(self, kind), methods=["POST"]) for path in paths]
+            routes += [Route(path, Generations(self, kind), methods=["POST"]) for path in paths]
         routes += native_routes(self)
         return Starlette(
             routes=routes,
@@ -307,7 +299,7 @@ class Server:
         )
 
     async def _health(self, request: Request) -> Response:
-        return _json({"status": "ok"})
+        return json_response({"status": "ok"})
 
     async def _models(self, request: Request) -> Response:
         card = self.model_card()
@@ -327,7 +319,7 @@ class Server:
                 "details": {},
             }
         ]
-        return _json({"object": "list", "data": [card], "models": models})
+        return json_response({"object": "list", "data": [card], "models": models})
 
     async def _metrics(self, request: Request) -> Response:
         if not self.metrics_on:
@@ -338,7 +330,7 @@ class Server:
         if not self.slots_on:
             return error_response(501, "This server does not support slots endpoint. Start it with `--slots`")
         # the slots are read under the engine's lock, which a long prefill may hold
-        return _json(await anyio.to_thread.run_sync(self.llm.slots, limiter=self.side_threads))
+        return json_response(await anyio.to_thread.run_sync(self.llm.slots, limiter=self.side_threads))
 
     async def _slot_action(self, request: Request) -> Response:
         """llama-server's ``POST /slots/{id}?action=save|restore|erase`` (save and
@@ -362,7 +354,7 @@ class Server:
                 n = await anyio.to_thread.run_sync(self.llm.erase_slot, slot, limiter=self.side_threads)
             except PyDFlashError as e:
                 return error_response(503 if "busy" in str(e) else 500, str(e))
-            return _json({"id_slot": slot, "n_erased": n})
+            return json_response({"id_slot": slot, "n_erased": n})
         if self.slot_save_path is None:
             return error_response(501, "slot save and restore need --slot-save-path")
         try:
@@ -390,7 +382,9 @@ class Server:
         tokens, size, took = (
             ("n_saved", "n_written", "save_ms") if action == "save" else ("n_restored", "n_read", "restore_ms")
         )
-        return _json({"id_slot": slot, "filename": name, tokens: n, size: path.stat().st_size, "timings": {took: ms}})
+        return json_response(
+            {"id_slot": slot, "filename": name, tokens: n, size: path.stat().st_size, "timings": {took: ms}}
+        )
 
 
 def _warn_if_chat_cannot_end(llm: Llama) -> None:
@@ -435,26 +429,6 @@ def _plain_file_name(name: object) -> bool:
     )
 
 
-async def read_body(request: Request, limit: int, timeout: float) -> bytes | Response:
-    """A request's whole body, or the error response when it is over ``limit`` bytes
-    (413) or does not arrive within ``timeout`` seconds (408); both close the connection."""
-    declared = request.headers.get("content-length", "0")
-    too_big = error_response(413, f"request body is over {limit} bytes", headers={"Connection": "close"})
-    if declared.isdigit() and int(declared) > limit:
-        return too_big
-    body = bytearray()
-    try:
-        with anyio.fail_after(timeout):
-            async for part in request.stream():
-                body += part
-                if len(body) > limit:
-                    return too_big
-    except TimeoutError:
-        msg = f"the request body did not arrive within {timeout:g} s"
-        return error_response(408, msg, headers={"Connection": "close"})
-    return bytes(body)
-
-
 class _Uvicorn(uvicorn.Server):
     """uvicorn's server, with a drain before its shutdown: running requests get the
     grace period to finish; then each is cancelled, and a stream ends with an error
@@ -480,11 +454,6 @@ class _Uvicorn(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def _json(obj: Any, status: int = 200) -> Response:
-    # json.dumps as it is: a logprob may be -Infinity, which Starlette's JSONResponse refuses
-    return Response(json.dumps(obj), status, media_type="application/json")
-
-
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     message = f"no route {request.method} {request.url.path}" if exc.status_code == 404 else exc.detail
@@ -503,270 +472,6 @@ class _CountRequests:
             path = scope["path"].rstrip("/")
             self.metrics.request(path if path in ROUTES else "other")
         await self.app(scope, receive, send)
-
-
-class _Generations:
-    """The ASGI app of a generation route: one ``_Exchange`` per request."""
-
-    def __init__(self, server: Server, kind: _Kind):
-        self.server = server
-        self.kind = kind
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await _Exchange(self.server, self.kind, scope, receive, send).run()
-
-
-class _ClientGone(Exception):
-    """The request's client disconnected; nothing more is sent."""
-
-
-class _Exchange:
-    """One generation request, from its body to its response's last byte. The
-    worker thread parses, generates and hands its result (or a stream's chunks)
-    over a channel; this side sends them, and sets ``gone`` when the client
-    leaves (or the server stops): the generation polls it after each step and stops."""
-
-    def __init__(self, server: Server, kind: _Kind, scope: Scope, receive: Receive, send: Send):
-        self.server = server
-        self.kind = kind
-        self.scope, self.receive, self.send = scope, receive, send
-        self.gone = threading.Event()
-        self.left = False  # the client disconnected before the end of the response
-        self.stopped = False  # the server is stopping: the generation was cancelled for it
-        self.running = False  # the generation made its first step (worker thread only)
-        self.done_marker = True  # the stream ends with "data: [DONE]" (OpenAI's; not llama-server's native)
-        self.event_names = False  # each event has an "event: TYPE" line (Anthropic's streams)
-        self.keep_timings = True  # the response shows llama-server's timings
-
-    async def run(self) -> None:
-        body = await self._body()
-        if body is None:
-            return
-        srv = self.server
-        # admitted only now: a client that sends its body slowly holds no place in the queue
-        if srv.draining or srv.in_flight >= srv.parallel + srv.queue_size:
-            srv.metrics.event("requests_rejected")
-            msg = (
-                "the server is shutting down"
-                if srv.draining
-                else f"the server is busy ({srv.in_flight} requests in flight); retry later"
-            )
-            await error_response(503, msg, headers={"Retry-After": "1"})(self.scope, self.receive, self.send)
-            return
-        srv.in_flight += 1
-        srv.metrics.admitted(1)
-        srv.exchanges.add(self)
-        try:
-            await self._exchange(body)
-        finally:
-            srv.exchanges.discard(self)
-            srv.in_flight -= 1
-            srv.metrics.admitted(-1)
-
-    def stop(self) -> None:
-        """End it for the server's shutdown: its generation stops at its next step."""
-        self.stopped = True
-        self.gone.set()
-
-    async def _exchange(self, body: bytes) -> None:
-        sender, items = anyio.create_memory_object_stream[_Item](0)
-        try:
-            async with anyio.create_task_group() as tg, items:
-                tg.start_soon(self._worker, body, sender)
-                try:
-                    await self._answer(items)
-                finally:
-                    self.gone.set()  # whatever ended the answer ends the generation (at its next step)
-        finally:
-            if self.left:
-                self.server.metrics.event("requests_cancelled")
-
-    async def _body(self) -> bytes | None:
-        """The request body, or None when it was refused (413, 408) or the client left."""
-        try:
-            body = await read_body(Request(self.scope, self.receive), MAX_BODY, self.server.timeout)
-        except ClientDisconnect:
-            return None
-        if isinstance(body, Response):
-            self.server.metrics.event("requests_failed")
-            await body(self.scope, self.receive, self.send)  # the rest of the body is never read
-            return None
-        return body
-
-    async def _answer(self, items: ObjectReceiveStream[_Item]) -> None:
-        try:
-            kind, payload = await self._until_gone(items.receive)
-        except _ClientGone:
-            return
-        if kind == "head":
-            response: Response = _EventStream(self, payload, items)
-        elif kind == "error":
-            status, err = self.error(payload)
-            response = _json(err, status)
-        else:
-            response = _json(payload)
-        await response(self.scope, self.receive, self.send)
-
-    async def _until_gone(self, fn: Callable[[], Awaitable[T]]) -> T:
-        """``fn()``, unless the client disconnects first (then _ClientGone)."""
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._watch, tg.cancel_scope)
-            result = await fn()
-            tg.cancel_scope.cancel()
-            return result
-        raise _ClientGone  # the watch cancelled fn
-
-    async def _watch(self, scope: anyio.CancelScope) -> None:
-        while (await self.receive())["type"] != "http.disconnect":
-            pass
-        self.client_left()
-        scope.cancel()
-
-    def client_left(self) -> None:
-        self.left = True
-        self.gone.set()
-
-    def error(self, exc: BaseException) -> tuple[int, dict[str, Any]]:
-        """(status, llama-server's error object) of an error before or during the generation."""
-        self.server.metrics.event("requests_failed")
-        if self.stopped and isinstance(exc, GenerationInterrupted):
-            return 503, error_body(503, "the server is shutting down")
-        if isinstance(exc, ContextLimitError) and exc.n_ctx:
-            body = error_body(400, str(exc), kind="exceed_context_size_error")
-            body["error"].update(n_prompt_tokens=exc.n_prompt_tokens, n_ctx=exc.n_ctx)
-            return 400, body
-        status, message, param = _failure(exc)
-        return status, error_body(status, message, param)
-
-    # -- the worker thread -----------------------------------------------------------
-
-    async def _worker(self, body: bytes, sender: ObjectSendStream[_Item]) -> None:
-        def emit(item: _Item) -> None:
-            try:
-                anyio.from_thread.run(sender.send, item)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                raise _ClientGone from None  # the answer ended: the response is done or the client left
-
-        async with sender:
-            await anyio.to_thread.run_sync(self._work, body, emit, limiter=self.server.threads)
-
-    def _work(self, body: bytes, emit: Callable[[_Item], None]) -> None:
-        """Parse, check, generate; hand over the result, a stream's chunks or the error."""
-        try:
-            try:
-                self._generate(body, emit)
-            except _ClientGone:
-                raise
-            except ValidationError as e:
-                emit(("error", describe(e)))
-            except Exception as e:
-                emit(("error", e))
-        except _ClientGone:
-            pass
-        finally:
-            if self.running:
-                self.server.metrics.processing(-1)
-
-    def _generate(self, body: bytes, emit: Callable[[_Item], None]) -> None:
-        srv = self.server
-        req = self.kind.model_validate_json(body)
-        req.fill(srv.defaults)
-        req.check(srv.llm.n_vocab, srv.parallel)
-        # before any tokenizing: a prompt far over the context costs no more than one that fits
-        srv.limit.check(req.prompt_bytes())
-        out = req.respond(srv.llm, srv.alias, self._cancelled)
-        self.done_marker = req.done_marker
-        self.event_names = getattr(req, "sse_event_names", False)
-        self.keep_timings = getattr(req, "keep_timings", True)  # Anthropic's replies have none
-        if not req.stream:
-            for one in out if isinstance(out, list) else [out]:
-                srv.metrics.generation(one["timings"] if self.keep_timings else one.pop("timings"))
-            emit(("result", out))
-            return
-        chunks = self._counted(out)
-        try:
-            # the response starts after the first step: what fails at the start (a prompt
-            # over n_ctx, a token id out of range) is an HTTP error, not an event
-            emit(("head", list(itertools.islice(chunks, req.lead))))
-            for chunk in chunks:
-                emit(("chunk", chunk))
-        finally:
-            chunks.close()  # a stream left early ends its generation now (and frees the model)
-
-    def _counted(self, chunks: Iterator[dict[str, Any]]) -> Generator[dict[str, Any], None, None]:
-        try:
-            for chunk in chunks:
-                # the last chunk's timings (the Responses API's: in its final response object)
-                timings = chunk.get("timings") or (chunk.get("response") or {}).get("timings")
-                if timings:
-                    self.server.metrics.generation(timings)
-                    if not self.keep_timings:
-                        chunk.pop("timings", None)
-                yield chunk
-        finally:
-            chunks.close()  # type: ignore[attr-defined]  # the completion functions return generators
-
-    def _cancelled(self) -> bool:
-        """The generation's ``cancel``, asked after each step of a stream and every 0.1 s
-        of a whole reply (and before its prompt is evaluated); the first ask marks it running."""
-        if not self.running:
-            self.running = True
-            self.server.metrics.processing(1)
-        return self.gone.is_set()
-
-
-def _failure(exc: BaseException) -> tuple[int, str, str | None]:
-    """(status, message, param) of an error before or during a generation."""
-    if isinstance(exc, Unsupported):
-        return 501, str(exc), exc.param
-    if isinstance(exc, BadRequest):
-        return 400, str(exc), exc.param
-    if isinstance(exc, (ValueError, TypeError)):  # the library's checks (ContextLimitError is one)
-        return 400, str(exc), None
-    if isinstance(exc, GenerationInterrupted):
-        return 500, f"the generation was interrupted: {exc}", None
-    if isinstance(exc, PyDFlashError):
-        return 500, str(exc), None
-    log.error("internal error", exc_info=exc)
-    return 500, "internal server error", None
-
-
-class _EventStream(StreamingResponse):
-    """Server-sent events: the head chunks, each chunk as the worker hands it over,
-    then ``[DONE]``. An error after the start is one ``{"error": ...}`` event that
-    ends the stream (the status line is already sent)."""
-
-    def __init__(self, exchange: _Exchange, head: list[dict[str, Any]], items: ObjectReceiveStream[_Item]):
-        self.exchange = exchange
-        self.finished = False
-        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        super().__init__(self._events(head, items), media_type="text/event-stream", headers=headers)
-
-    async def _events(self, head: list[dict[str, Any]], items: ObjectReceiveStream[_Item]) -> AsyncIterator[bytes]:
-        named = self.exchange.event_names
-        for chunk in head:
-            yield _event(chunk, named)
-        async for kind, payload in items:
-            if kind == "error":
-                self.finished = True
-                err = self.exchange.error(payload)[1]
-                yield _event({"type": "error", **err} if named else err, named)
-                return
-            yield _event(payload, named)
-        self.finished = True
-        if self.exchange.done_marker:
-            yield b"data: [DONE]\n\n"
-
-    async def listen_for_disconnect(self, receive: Receive) -> None:
-        await super().listen_for_disconnect(receive)
-        if not self.finished:
-            self.exchange.client_left()
-
-
-def _event(obj: Any, named: bool = False) -> bytes:
-    """One server-sent event; ``named``: with an ``event:`` line of its ``type`` (Anthropic's)."""
-    head = f"event: {obj.get('type', 'message')}\n".encode() if named and isinstance(obj, dict) else b""
-    return head + b"data: " + json.dumps(obj).encode() + b"\n\n"
 
 
 def serve(

@@ -11,12 +11,22 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
+import anyio
 import h11
+from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-__all__ = ["CanonicalHeaders", "FramingCheck", "HTTPProtocol", "error_response", "protocol"]
+__all__ = [
+    "CanonicalHeaders",
+    "FramingCheck",
+    "HTTPProtocol",
+    "error_response",
+    "json_response",
+    "protocol",
+    "read_body",
+]
 
 _PEER_POLL_S = 0.05
 # the kernel's send buffer per connection (Linux doubles it): small, so that a client
@@ -215,3 +225,28 @@ class CanonicalHeaders:
             await send(message)
 
         await self.app(scope, receive, sender)
+
+
+def json_response(obj: Any, status: int = 200) -> Response:
+    # json.dumps as it is: a logprob may be -Infinity, which Starlette's JSONResponse refuses
+    return Response(json.dumps(obj), status, media_type="application/json")
+
+
+async def read_body(request: Request, limit: int, timeout: float) -> bytes | Response:
+    """A request's whole body, or the error response when it is over ``limit`` bytes
+    (413) or does not arrive within ``timeout`` seconds (408); both close the connection."""
+    declared = request.headers.get("content-length", "0")
+    too_big = error_response(413, f"request body is over {limit} bytes", headers={"Connection": "close"})
+    if declared.isdigit() and int(declared) > limit:
+        return too_big
+    body = bytearray()
+    try:
+        with anyio.fail_after(timeout):
+            async for part in request.stream():
+                body += part
+                if len(body) > limit:
+                    return too_big
+    except TimeoutError:
+        msg = f"the request body did not arrive within {timeout:g} s"
+        return error_response(408, msg, headers={"Connection": "close"})
+    return bytes(body)

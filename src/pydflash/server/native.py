@@ -19,7 +19,7 @@ from ..openai.structured import constraint
 from ..results import TokenLogprob
 from .requests import MAX_STOP, MAX_STOP_CHARS, REFUSED_SAMPLERS, BadRequest, Stop, Unsupported
 
-__all__ = ["FIM_TEXTS", "InfillRequest", "NativeRequest", "fim_tokens", "tokenize_mixed"]
+__all__ = ["FIM_TEXTS", "InfillRequest", "NativeRequest", "fim_tokens", "piece", "tokenize_mixed"]
 
 _STOP_TYPE = {"eos": "eos", "stop": "word", "length": "limit", None: "none"}
 Mixed = list[Annotated[str | int, Field(union_mode="left_to_right")]]
@@ -42,7 +42,7 @@ def tokenize_mixed(llm: Llama, prompt: str | Sequence[str | int], add_special: b
     return out
 
 
-def _piece(llm: Llama, token: int) -> str | list[int]:
+def piece(llm: Llama, token: int) -> str | list[int]:
     """A token's text; its bytes where they are not valid UTF-8 (as llama-server)."""
     raw = bytes(llm.core_model.token_to_piece(token, True))
     try:

@@ -18,8 +18,8 @@ from starlette.routing import Route
 
 from ..errors import PyDFlashError
 from .anthropic import CountTokensRequest
-from .http import error_response
-from .native import _piece, tokenize_mixed
+from .http import error_response, json_response, read_body
+from .native import piece, tokenize_mixed
 from .requests import Unsupported, describe
 from .responses import ResponsesRequest
 
@@ -47,33 +47,10 @@ _UNSUPPORTED: tuple[tuple[tuple[str, ...], str, str], ...] = (
 
 
 def native_routes(srv: Server) -> list[Route]:
-    from .app import _json, read_body
-
     llm = srv.llm
 
     def endpoint(work: Callable[[dict[str, Any]], Any]) -> Callable[[Request], Awaitable[Response]]:
-        """A JSON endpoint: the body read (capped, timed), ``work`` run in a thread, its errors as 400s."""
-
-        async def handle(request: Request) -> Response:
-            raw = await read_body(request, MAX_SMALL_BODY, srv.timeout)
-            if isinstance(raw, Response):
-                return raw
-            try:
-                body = json.loads(raw or b"{}")
-            except ValueError as e:
-                return error_response(400, f"request body is not valid JSON: {e}")
-            if not isinstance(body, dict):
-                return error_response(400, "request body must be a JSON object")
-            try:
-                return _json(await anyio.to_thread.run_sync(work, body, limiter=srv.side_threads))
-            except ValidationError as e:
-                return error_response(400, str(describe(e)))
-            except Unsupported as e:
-                return error_response(501, str(e))
-            except (ValueError, TypeError, KeyError, PyDFlashError) as e:
-                return error_response(400, str(e) if not isinstance(e, KeyError) else f"{e} is required")
-
-        return handle
+        return _endpoint(srv, work)
 
     def tokenize(body: dict[str, Any]) -> dict[str, Any]:
         content = body.get("content")
@@ -83,7 +60,7 @@ def native_routes(srv: Server) -> list[Route]:
             llm, content, bool(body.get("add_special", False)), bool(body.get("parse_special", True))
         )
         if body.get("with_pieces", False):
-            return {"tokens": [{"id": t, "piece": _piece(llm, t)} for t in tokens]}
+            return {"tokens": [{"id": t, "piece": piece(llm, t)} for t in tokens]}
         return {"tokens": tokens}
 
     def detokenize(body: dict[str, Any]) -> dict[str, Any]:
@@ -131,11 +108,7 @@ def native_routes(srv: Server) -> list[Route]:
         return {"input_tokens": len(tokenize_mixed(llm, template(body), True, True))}
 
     async def props(request: Request) -> Response:
-        return _json(srv.props())
-
-    async def props_post(request: Request) -> Response:
-        msg = "This server does not support changing global properties. Start it with `--props`"
-        return error_response(501, msg)
+        return json_response(srv.props())
 
     routes = [
         Route("/tokenize", endpoint(tokenize), methods=["POST"]),
@@ -147,11 +120,41 @@ def native_routes(srv: Server) -> list[Route]:
         Route("/v1/responses/input_tokens", endpoint(response_tokens), methods=["POST"]),
         Route("/responses/input_tokens", endpoint(response_tokens), methods=["POST"]),
         Route("/props", props, methods=["GET"]),
-        Route("/props", props_post, methods=["POST"]),
+        Route("/props", _props_post, methods=["POST"]),
     ]
     for paths, method, feature in _UNSUPPORTED:
         routes += [Route(path, _refuse(feature), methods=[method]) for path in paths]
     return routes
+
+
+def _endpoint(srv: Server, work: Callable[[dict[str, Any]], Any]) -> Callable[[Request], Awaitable[Response]]:
+    """A JSON endpoint: the body read (capped, timed), ``work`` run in a thread, its errors as 400s."""
+
+    async def handle(request: Request) -> Response:
+        raw = await read_body(request, MAX_SMALL_BODY, srv.timeout)
+        if isinstance(raw, Response):
+            return raw
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError as e:
+            return error_response(400, f"request body is not valid JSON: {e}")
+        if not isinstance(body, dict):
+            return error_response(400, "request body must be a JSON object")
+        try:
+            return json_response(await anyio.to_thread.run_sync(work, body, limiter=srv.side_threads))
+        except ValidationError as e:
+            return error_response(400, str(describe(e)))
+        except Unsupported as e:
+            return error_response(501, str(e))
+        except (ValueError, TypeError, KeyError, PyDFlashError) as e:
+            return error_response(400, str(e) if not isinstance(e, KeyError) else f"{e} is required")
+
+    return handle
+
+
+async def _props_post(request: Request) -> Response:
+    msg = "This server does not support changing global properties. Start it with `--props`"
+    return error_response(501, msg)
 
 
 def _refuse(feature: str) -> Callable[[Request], Awaitable[Response]]:

@@ -39,7 +39,6 @@ _DROP_WITH_VALUE = {
     "--grp-attn-w",
     "--cache-ram",
     "--reasoning-format",
-    "--reasoning",
     "--pooling",
     "--media-path",
     "--sleep-idle-seconds",

@@ -118,11 +118,11 @@ def test_chat_stream_matches_non_stream(chat_llm):
     dm = chat_llm.pair.max_draft  # the stats are compared: fixed draft lengths
     full = chat_llm.create_chat_completion(MSGS, draft_max=dm, **GREEDY)
     chunks = list(chat_llm.create_chat_completion(MSGS, stream=True, draft_max=dm, **GREEDY))
-    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}  # as llama-server and OpenAI
     for c in chunks:
         assert c["object"] == "chat.completion.chunk" and c["id"] == chunks[0]["id"]
         assert set(c) <= set(ChatCompletionChunk.__annotations__)
-    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
     assert text == full["choices"][0]["message"]["content"]
     assert [c["choices"][0]["finish_reason"] for c in chunks].count("length") == 1
     last = chunks[-1]

@@ -122,7 +122,7 @@ def force(ids, *names) -> dict:
 
 def stream_parts(chunks) -> tuple[str, str, list, str]:
     deltas = [c["choices"][0]["delta"] for c in chunks]
-    return ("".join(d.get("reasoning_content", "") for d in deltas), "".join(d.get("content", "") for d in deltas),
+    return ("".join(d.get("reasoning_content", "") for d in deltas), "".join(d.get("content") or "" for d in deltas),
             [tc for d in deltas for tc in d.get("tool_calls", [])], chunks[-1]["choices"][0]["finish_reason"])
 
 

@@ -48,7 +48,7 @@ def server(pair):
 @contextlib.contextmanager
 def serve(*args: str) -> Iterator[str]:
     """`pydflash serve ARGS` on a free port of 127.0.0.1; yields its URL."""
-    proc = subprocess.Popen([sys.executable, "-m", "pydflash", "serve", "--host", "127.0.0.1", "--port", "0", *args],
+    proc = subprocess.Popen([sys.executable, "-m", "pydflash", "serve", "--host", "127.0.0.1", "--port", "0", "--metrics", *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = None
     deadline = time.monotonic() + 120
@@ -277,7 +277,7 @@ def test_disconnect_cancels_the_generation(server, client, stream):
     body = json.dumps({"prompt": "def f():", "max_tokens": 1000, "temperature": 0, "ignore_eos": True,
                        "stream": stream}).encode()
     with socket.create_connection((host, int(port)), timeout=30) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
         if stream:
             got = b""

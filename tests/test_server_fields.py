@@ -42,7 +42,7 @@ def files(tmp_path_factory):
 def server(files):
     t, d = files
     proc = subprocess.Popen([sys.executable, "-m", "pydflash", "serve", "-m", str(t), "-d", str(d),
-                             "--host", "127.0.0.1", "--port", "0", "--n-ctx", "1024"],
+                             "--host", "127.0.0.1", "--port", "0", "--n-ctx", "1024", "--metrics"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url, lines = None, []
     deadline = time.monotonic() + 120

@@ -78,7 +78,7 @@ def test_chat_response_format_whole_and_streamed(llm: Llama, rf: str):
     assert whole is not None and fits(whole)
     chunks = llm.create_chat_completion(MSGS, max_tokens=120, temperature=0, stream=True,
                                         response_format=RESPONSE_FORMATS[rf])
-    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == whole
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == whole
 
 
 @pytest.mark.parametrize(

@@ -31,7 +31,14 @@ class DraftCompatibilityError(PyDFlashError):
 
 
 class ContextLimitError(PyDFlashError, ValueError):
-    """The prompt (or the generation) does not fit in the context window."""
+    """The prompt (or the generation) does not fit in the context window.
+    ``n_prompt_tokens`` and ``n_ctx`` (one sequence's context) when known, as
+    llama-server's ``exceed_context_size_error`` gives them (else 0)."""
+
+    def __init__(self, message: str, *, n_prompt_tokens: int = 0, n_ctx: int = 0):
+        super().__init__(message)
+        self.n_prompt_tokens = n_prompt_tokens
+        self.n_ctx = n_ctx
 
 
 class DecodeError(PyDFlashError):

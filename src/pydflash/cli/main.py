@@ -22,6 +22,7 @@ from ..llama import Llama
 from . import bench as bench_command
 from . import demo as demo_command
 from .common import DRAFT_MAX_HELP, add_common, llama_options, stats_line
+from .serve import add_serve, cmd_serve
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -35,7 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_generate(sub)
     demo_command.add_parser(sub)
     bench_command.add_parser(sub)
-    _add_serve(sub)
+    add_serve(sub)
     _add_info(sub)
     _add_rpc_server(sub)
     return ap
@@ -158,72 +159,6 @@ def _structured(a: argparse.Namespace) -> dict[str, str]:
             with open(flag, encoding="utf-8") as f:
                 return {option: f.read()}
     return {}
-
-
-def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    s = sub.add_parser(
-        "serve",
-        help="OpenAI-compatible HTTP server with speculative /metrics",
-        description="Serve one target + DFlash drafter pair over HTTP, OpenAI-compatible: "
-        "POST /v1/completions and /v1/chat/completions (stream: server-sent events), "
-        "GET /v1/models, /health, /slots, and /metrics (Prometheus text with tokens drafted "
-        "and accepted, acceptance rate, accepted length per step, tokens/s, queue). "
-        "The model runs --parallel generations at once; up to --queue-size more "
-        "requests wait, further ones get 503. Without -m: the embedded pair. "
-        "Needs the server extra: pip install pydflash[server].",
-        epilog="example: pydflash serve -m target.gguf -d drafter.gguf --port 8080, then "
-        "openai.OpenAI(base_url='http://127.0.0.1:8080/v1', api_key='none')",
-    )
-    s.add_argument("-m", "--model", metavar="TARGET", help="target GGUF file (default: the embedded pair)")
-    s.add_argument("-d", "--draft", metavar="DRAFT", help="DFlash drafter GGUF file (omit: target alone)")
-    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    s.add_argument("--port", type=int, default=8080, help="port; 0 = any free port (default: %(default)s)")
-    s.add_argument("--alias", default=None, help="model id reported by /v1/models (default: the file name)")
-    s.add_argument(
-        "-np",
-        "--parallel",
-        type=int,
-        default=1,
-        metavar="N",
-        help="generations the model runs at once (default: %(default)s)",
-    )
-    s.add_argument(
-        "--queue-size",
-        type=int,
-        default=None,
-        metavar="N",
-        help="requests admitted beyond --parallel, waiting their turn; more get 503 "
-        "(default: 4 x parallel, at least 8)",
-    )
-    s.add_argument(
-        "--timeout",
-        type=float,
-        default=60.0,
-        metavar="SECONDS",
-        help="time a client has to send its request body (default: %(default)s)",
-    )
-    s.add_argument(
-        "--max-connections",
-        type=int,
-        default=256,
-        metavar="N",
-        help="past this many open connections (or running requests) new requests get 503 (default: %(default)s)",
-    )
-    s.add_argument(
-        "--slot-save-path",
-        default=None,
-        metavar="DIR",
-        help="where POST /slots/ID?action=save|restore keeps slot files (default: save and restore off)",
-    )
-    s.add_argument("--draft-max", type=int, default=None, help=DRAFT_MAX_HELP)
-    s.add_argument(
-        "--chat-template",
-        default=None,
-        metavar="TEMPLATE",
-        help="jinja source, a file holding it, or a llama.cpp built-in name "
-        "(default: the GGUF's own template, ChatML if it has none)",
-    )
-    add_common(s)
 
 
 def _add_info(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -424,45 +359,6 @@ def _cmd_info(a: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_serve(a: argparse.Namespace) -> int:
-    try:
-        from ..server.app import Server, serve
-    except ImportError as e:  # the server extra is not installed: the message says what to install
-        print(f"pydflash: error: {e}", file=sys.stderr)
-        return 2
-
-    model, draft = a.model, a.draft
-    if model is None:
-        from ..embedded import embedded_pair
-
-        model, default_draft = embedded_pair()
-        draft = draft or default_draft
-    template = a.chat_template
-    if template and Path(template).is_file():
-        template = Path(template).read_text(encoding="utf-8")
-
-    def ready(srv: Server) -> None:
-        print(f"pydflash: serving {srv.alias} on {srv.url} (OpenAI API at {srv.url}/v1)", file=sys.stderr, flush=True)
-
-    serve(
-        model,
-        draft,
-        host=a.host,
-        port=a.port,
-        alias=a.alias,
-        parallel=a.parallel,
-        queue_size=a.queue_size,
-        timeout=a.timeout,
-        max_connections=a.max_connections,
-        slot_save_path=a.slot_save_path,
-        ready=ready,
-        draft_max=a.draft_max,
-        chat_template=template,
-        **llama_options(a),
-    )
-    return 0
-
-
 def _cmd_rpc_server(a: argparse.Namespace) -> int:
     if not 0 < a.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {a.port}")
@@ -505,7 +401,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "generate": _cmd_generate,
             "demo": demo_command.run,
             "bench": bench_command.run,
-            "serve": _cmd_serve,
+            "serve": cmd_serve,
             "info": _cmd_info,
             "rpc-server": _cmd_rpc_server,
         }[a.command](a)

@@ -162,7 +162,9 @@ class Generation:
             where = f"a sequence's context holds {limit}" if pair.n_parallel > 1 else f"the context holds {limit}"
             raise ContextLimitError(
                 f"prompt has {len(self.prompt)} tokens but {where} (at most {limit - 1} prompt tokens leave room "
-                "to generate)"
+                "to generate)",
+                n_prompt_tokens=len(self.prompt),
+                n_ctx=limit,
             )
         if slot is not None and (
             isinstance(slot, bool) or not isinstance(slot, int) or not -1 <= slot < pair.n_parallel

@@ -525,7 +525,7 @@ def _chat_chunks(
         for step in it:
             if not started:  # after the first step: a prompt that fails fails before any chunk
                 started = True
-                yield chunk({"role": "assistant", "content": ""})
+                yield chunk({"role": "assistant", "content": None})
             if pending is not None and step.logprobs:
                 pending.extend(step.logprobs)
             if not step.text:
@@ -542,7 +542,7 @@ def _chat_chunks(
             if d:
                 yield chunk(d)
         if not started:
-            yield chunk({"role": "assistant", "content": ""})
+            yield chunk({"role": "assistant", "content": None})
         finish = _finish(gen.finish)
         if cp.needs_parse:
             reply = _parse_final(text, cp)

@@ -172,7 +172,7 @@ class ChatCompletionChunkDelta(TypedDict, total=False):
     """What a streamed chat chunk adds to the message."""
 
     role: Literal["assistant"]
-    content: str
+    content: str | None  # None in the first chunk, as llama-server and OpenAI send it
     reasoning_content: str
     tool_calls: list[dict[str, Any]]
 

@@ -1,5 +1,5 @@
 """`pydflash serve`: an HTTP server (Starlette on uvicorn) in front of one `Llama`."""
 
-from .app import Server, serve
+from .app import MAX_BODY, Server, serve
 
-__all__ = ["Server", "serve"]
+__all__ = ["MAX_BODY", "Server", "serve"]

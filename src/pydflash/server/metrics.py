@@ -1,5 +1,6 @@
 """Prometheus metrics of a pydflash server (``prometheus_client``, one registry
-per server), with the speculative counters llama-server's ``/metrics`` lacks:
+per server): llama-server's ``llamacpp:`` metrics under its names, and the
+speculative counters llama-server's ``/metrics`` lacks:
 tokens drafted and accepted, the acceptance rate, tokens per target pass, and a
 histogram of the accepted draft length of every step. Also the request queue:
 requests in flight, waiting (the queue depth) and generating, and prompt-cache
@@ -18,6 +19,27 @@ from ..results import Timings
 __all__ = ["Metrics"]
 
 PREFIX = "pydflash_"
+
+# llama-server's metrics: (name, type, help, how to read it from the sums); written as
+# llama-server writes them (a counter's TYPE line names it with _total), which
+# prometheus_client's naming rules do not allow
+_LLAMACPP = (
+    ("prompt_tokens_total", "counter", "Number of prompt tokens processed.", "prompt_n"),
+    ("prompt_tokens_cached_total", "counter", "Number of prompt tokens taken from the cache.", "cache_n"),
+    ("prompt_seconds_total", "counter", "Prompt process time", "prompt_s"),
+    ("tokens_predicted_total", "counter", "Number of generation tokens processed.", "predicted_n"),
+    ("tokens_predicted_seconds_total", "counter", "Predict process time", "predicted_s"),
+    ("n_decode_total", "counter", "Total number of llama_decode() calls", "n_decode"),
+    ("n_tokens_max", "counter", "Largest observed n_tokens.", "n_tokens_max"),
+    ("spec_decode_num_draft_tokens_total", "counter", "Number of speculative draft tokens.", "draft_n"),
+    ("spec_decode_num_accepted_tokens_total", "counter", "Number of accepted speculative tokens.", "draft_n_accepted"),
+    ("spec_decode_num_drafts_total", "counter", "Number of speculative drafts.", "n_drafts"),
+    ("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.", "prompt_tps"),
+    ("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.", "predicted_tps"),
+    ("requests_processing", "gauge", "Number of requests processing.", "processing"),
+    ("requests_deferred", "gauge", "Number of requests deferred.", "deferred"),
+    ("n_busy_slots_per_decode", "gauge", "Average number of busy slots per llama_decode() call", "busy_per_decode"),
+)
 
 # counters of finished generations: (name, help, the Timings field summed, its scale)
 _GENERATION_COUNTERS = (
@@ -55,6 +77,7 @@ class Metrics:
         self.registry = CollectorRegistry()
         self._lock = threading.Lock()
         self._sums: dict[str, float] = {field: 0.0 for _, _, field, _ in _GENERATION_COUNTERS}
+        self._sums.update(n_drafts=0.0, n_decode=0.0, n_tokens_max=0.0)
         self._in_flight = 0
         self._processing = 0
         reg = self.registry
@@ -131,6 +154,11 @@ class Metrics:
             for field, scale, counter in self._counters:
                 counter.inc(float(row[field]) * scale)
                 self._sums[field] += float(row[field])
+            n_prompt = float(row["prompt_n"]) + float(row["cache_n"])
+            self._sums["n_tokens_max"] = max(self._sums["n_tokens_max"], n_prompt + float(row["predicted_n"]))
+            self._sums["n_decode"] += float(row["n_steps"]) + (1.0 if row["prompt_n"] else 0.0)
+            sources = timings.get("draft_sources") or {}
+            self._sums["n_drafts"] += sum(float(t["n_drafts"]) for t in sources.values())
             for n in timings.get("accepted_lengths", []) or []:
                 self._accepted.observe(n)
             for source, t in (timings.get("draft_sources") or {}).items():
@@ -142,8 +170,30 @@ class Metrics:
     # -- exposition ------------------------------------------------------------
 
     def render(self) -> bytes:
-        """Every metric in Prometheus' text format (the body of ``GET /metrics``)."""
-        return generate_latest(self.registry)
+        """Every metric in Prometheus' text format (the body of ``GET /metrics``):
+        llama-server's ``llamacpp:`` names first, then pydflash's."""
+        return self._llamacpp().encode() + generate_latest(self.registry)
+
+    def _llamacpp(self) -> str:
+        with self._lock:
+            sums = dict(self._sums)
+            processing, in_flight = self._processing, self._in_flight
+        p_s, g_s = sums["prompt_ms"] / 1e3, sums["predicted_ms"] / 1e3
+        values = {
+            **sums,
+            "prompt_s": p_s,
+            "predicted_s": g_s,
+            "prompt_tps": sums["prompt_n"] / p_s if p_s else 0.0,
+            "predicted_tps": sums["predicted_n"] / g_s if g_s else 0.0,
+            "processing": float(processing),
+            "deferred": float(in_flight - processing),
+            "busy_per_decode": 1.0 if sums["n_decode"] else 0.0,
+        }
+        out = []
+        for name, kind, help_, key in _LLAMACPP:
+            value = float(values[key])
+            out.append(f"# HELP llamacpp:{name} {help_}\n# TYPE llamacpp:{name} {kind}\nllamacpp:{name} {value!r}\n")
+        return "".join(out)
 
     def _running(self) -> float:
         with self._lock:

@@ -7,15 +7,19 @@ what the library does not check is checked here."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from typing import Annotated, Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidatorFunctionWrapHandler, WrapValidator
 from pydantic_core import PydanticCustomError
 
+from .. import __version__
 from ..openai.completions import MAX_CHOICES
 
-__all__ = ["BadRequest", "ChatRequest", "CompletionRequest", "describe"]
+if TYPE_CHECKING:
+    from ..llama import Llama
+
+__all__ = ["BadRequest", "ChatRequest", "CompletionRequest", "Unsupported", "describe"]
 
 
 class BadRequest(ValueError):
@@ -24,6 +28,10 @@ class BadRequest(ValueError):
     def __init__(self, message: str, param: str | None = None):
         super().__init__(message)
         self.param = param
+
+
+class Unsupported(BadRequest):
+    """A feature pydflash does not have (HTTP 501, llama-server's ``not_supported_error``)."""
 
 
 def _must_be(expected: str) -> WrapValidator:
@@ -45,11 +53,18 @@ Prompt = Annotated[
     _must_be("a string, a list of token ids, or a list of one of these"),
 ]
 
+FINGERPRINT = f"b{__version__}-pydflash"
+
+# stop strings are searched after every step, on the thread that runs every
+# generation: a long list would slow all of them down
+MAX_STOP = 16
+MAX_STOP_CHARS = 256
+
 # llama-server samplers that do not give one distribution per position, which exact
 # speculative sampling needs (mirostat's and adaptive-p's state follow each sample, XTC
 # draws at random what to remove, DRY is not implemented): refused by name when on
 # (field, the value from which it is on): llama-server's "off" values are 0 (-1 for adaptive-p)
-_REFUSED_SAMPLERS: tuple[tuple[str, float], ...] = (
+REFUSED_SAMPLERS: tuple[tuple[str, float], ...] = (
     ("mirostat", 1),
     ("xtc_probability", 1e-30),
     ("dry_multiplier", 1e-30),
@@ -124,16 +139,49 @@ class _Request(BaseModel):
     dynatemp_range: float | None = None
     adaptive_target: float | None = None
 
+    done_marker: ClassVar[bool] = True  # OpenAI's streams end with "data: [DONE]"
+
     @property
     def lead(self) -> int:
         """The chunks a stream's response waits for before it starts: the first step's."""
         return 1
 
+    def respond(self, llm: Llama, model: str, cancel: Callable[[], bool]) -> Any:
+        """The response, or a stream's chunks."""
+        first, kw = self.arguments()  # type: ignore[attr-defined]  # each kind has its own
+        create: Callable[..., Any] = (
+            llm.create_completion if isinstance(self, CompletionRequest) else llm.create_chat_completion
+        )
+        # the prompt is tokenized (and a chat template applied) here, in the worker's thread
+        out = create(first, stream=bool(self.stream), model=model, cancel=cancel, **kw)
+        if not self.stream:
+            out["system_fingerprint"] = FINGERPRINT
+            return out
+        return _fingerprinted(out)
+
+    def prompt_bytes(self) -> int:
+        """UTF-8 bytes of the prompt's text (0: none to bound)."""
+        return 0
+
+    def fill(self, defaults: Mapping[str, Any]) -> None:
+        """The server's defaults (``-n``, ``--temp``, ...) for the fields the request leaves out."""
+        for key, value in defaults.items():
+            if getattr(self, key, None) is None and key not in self.model_fields_set:
+                setattr(self, key, value)
+        cap = defaults.get("max_tokens", -1)
+        if cap > 0 and (self.max_tokens is None or self.max_tokens < 0 or self.max_tokens > cap):
+            self.max_tokens = cap  # -n caps a request's max_tokens, as llama-server's does
+
     def check(self, n_vocab: int, parallel: int) -> None:
         """What the library does not check, before any work: BadRequest."""
         if self.n is not None and not 1 <= self.n <= MAX_CHOICES:
             raise BadRequest(f"'n' must be in [1, {MAX_CHOICES}]", "n")
-        for name, on in _REFUSED_SAMPLERS:
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        if len(stops) > MAX_STOP or any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise BadRequest(
+                f"'stop' may hold at most {MAX_STOP} strings of at most {MAX_STOP_CHARS} characters", "stop"
+            )
+        for name, on in REFUSED_SAMPLERS:
             v = getattr(self, name)
             if v is not None and v >= on:
                 raise BadRequest(
@@ -161,10 +209,16 @@ class CompletionRequest(_Request):
     echo: bool | None = None
     logprobs: int | None = None
     n_probs: int | None = None  # llama-server's name for logprobs
+    n_predict: int | None = None  # llama-server's name for max_tokens
 
     @property
     def lead(self) -> int:
         return 2 if self.echo else 1  # echo's prompt chunk comes before any decoding
+
+    def prompt_bytes(self) -> int:
+        p = self.prompt
+        texts = [p] if isinstance(p, str) else [x for x in p if isinstance(x, str)]
+        return sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
 
     def check(self, n_vocab: int, parallel: int) -> None:
         super().check(n_vocab, parallel)
@@ -181,6 +235,8 @@ class CompletionRequest(_Request):
         """(prompt, keyword arguments) of ``create_completion``."""
         prompt: Any = self.prompt[0] if self._batch() else self.prompt  # a batch of one
         kw = self.options()
+        if self.n_predict is not None and self.max_tokens is None:
+            kw["max_tokens"] = self.n_predict
         kw["echo"] = bool(self.echo)
         n = self.logprobs if self.logprobs is not None else self.n_probs
         if n is not None:
@@ -198,6 +254,9 @@ class ChatRequest(_Request):
 
     messages: list[dict[str, Any]]
     max_completion_tokens: int | None = None
+    n_predict: int | None = None  # llama-server's name
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
@@ -205,10 +264,25 @@ class ChatRequest(_Request):
     logprobs: bool | None = None
     top_logprobs: int | None = None
 
+    def prompt_bytes(self) -> int:
+        # the messages' text (the template adds to it): a lower bound on the prompt's
+        return sum(len(_text_of(m.get("content")).encode("utf-8", "surrogatepass")) for m in self.messages)
+
     def check(self, n_vocab: int, parallel: int) -> None:
         super().check(n_vocab, parallel)
         if not self.messages:
             raise BadRequest("'messages' must be a non-empty list", "messages")
+        for m in self.messages:
+            parts = m.get("content")
+            for part in parts if isinstance(parts, list) else []:
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind not in (None, "text"):
+                    raise Unsupported(f"multimodal input is not supported (a '{kind}' content part)", "messages")
+        if self.continue_final_message and self.add_generation_prompt is not False:
+            # llama-server's rule: add_generation_prompt is true unless the request says false
+            raise BadRequest(
+                "Cannot set both add_generation_prompt and continue_final_message to true.", "continue_final_message"
+            )
         if self.tool_choice is not None and self.tool_choice not in _TOOL_CHOICES:
             raise BadRequest(
                 f"tool_choice {json.dumps(self.tool_choice)} is not supported (supported: "
@@ -220,15 +294,30 @@ class ChatRequest(_Request):
     def arguments(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """(messages, keyword arguments) of ``create_chat_completion``."""
         kw = self.options()
-        if self.max_completion_tokens is not None:
-            kw["max_tokens"] = self.max_completion_tokens
+        for name in ("n_predict", "max_completion_tokens"):  # llama-server's aliases of max_tokens
+            if getattr(self, name) is not None:
+                kw["max_tokens"] = getattr(self, name)
         kw["tools"] = None if self.tool_choice == "none" else self.tools
         kw["chat_template_kwargs"] = self.chat_template_kwargs
+        if self.add_generation_prompt is not None:
+            kw["chat_template_kwargs"] = {
+                **(self.chat_template_kwargs or {}),
+                "add_generation_prompt": self.add_generation_prompt,
+            }
         if self.enable_thinking is not None:
             kw["enable_thinking"] = self.enable_thinking
         kw["logprobs"] = bool(self.logprobs)
         kw["top_logprobs"] = self.top_logprobs
         return self.messages, kw
+
+
+def _text_of(content: Any) -> str:
+    """The text of a message's ``content``: a string, or OpenAI's list of parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
 
 
 _TYPES = {
@@ -261,3 +350,13 @@ def describe(err: ValidationError) -> BadRequest:
         else:
             parts.append(f"'{where}' " + (f"must be {_TYPES[e['type']]}" if e["type"] in _TYPES else e["msg"]))
     return BadRequest("; ".join(parts), param)
+
+
+def _fingerprinted(chunks: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Each chunk with ``system_fingerprint`` (OpenAI's field; llama-server's "b<build>-<commit>")."""
+    try:
+        for chunk in chunks:
+            chunk["system_fingerprint"] = FINGERPRINT
+            yield chunk
+    finally:
+        chunks.close()  # type: ignore[attr-defined]  # a generator: leaving early ends the generation

@@ -1,0 +1,405 @@
+"""llama-server's native completion (``POST /completion``, ``/infill``) on the
+generation loop: its request fields (``n_predict``, ``n_probs``, ``return_tokens``,
+prompts as text, token ids or mixed lists), its response (``content``, ``tokens``,
+``stop_type``, ``timings``, ``generation_settings``, ``completion_probabilities``)
+and its stream (one object per step, no ``[DONE]``), with the same defaults."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from typing import Annotated, Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..config import SamplingConfig
+from ..engine.generation import Generation
+from ..llama import Llama
+from ..openai.structured import constraint
+from ..results import TokenLogprob
+from .requests import MAX_STOP, MAX_STOP_CHARS, REFUSED_SAMPLERS, BadRequest, Stop, Unsupported
+
+__all__ = ["FIM_TEXTS", "InfillRequest", "NativeRequest", "fim_tokens", "piece", "tokenize_mixed"]
+
+_STOP_TYPE = {"eos": "eos", "stop": "word", "length": "limit", None: "none"}
+Mixed = list[Annotated[str | int, Field(union_mode="left_to_right")]]
+
+
+def tokenize_mixed(llm: Llama, prompt: str | Sequence[str | int], add_special: bool, parse_special: bool) -> list[int]:
+    """llama-server's ``tokenize_mixed``: text, ids, or a list of both (the first
+    text part alone gets BOS)."""
+    model = llm.core_model
+    if isinstance(prompt, str):
+        return list(model.tokenize(prompt, add_special, parse_special))
+    out: list[int] = []
+    for i, part in enumerate(prompt):
+        if isinstance(part, str):
+            out += model.tokenize(part, add_special and i == 0, parse_special)
+        else:
+            if not 0 <= part < llm.n_vocab():
+                raise BadRequest(f"token id {part} is out of range [0, {llm.n_vocab()})", "prompt")
+            out.append(part)
+    return out
+
+
+def piece(llm: Llama, token: int) -> str | list[int]:
+    """A token's text; its bytes where they are not valid UTF-8 (as llama-server)."""
+    raw = bytes(llm.core_model.token_to_piece(token, True))
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(raw)
+
+
+def _probs(llm: Llama, lps: Sequence[TokenLogprob], post: bool) -> list[dict[str, Any]]:
+    """llama-server's ``completion_probabilities`` (``prob``/``top_probs`` with post_sampling_probs)."""
+
+    def one(token: int, logprob: float) -> dict[str, Any]:
+        raw = bytes(llm.core_model.token_to_piece(token, True))
+        entry: dict[str, Any] = {"id": token, "token": raw.decode("utf-8", "replace"), "bytes": list(raw)}
+        if post:
+            entry["prob"] = math.exp(logprob)
+        else:
+            entry["logprob"] = logprob
+        return entry
+
+    out = []
+    for lp in lps:
+        entry = one(lp.token, lp.logprob)
+        entry["top_probs" if post else "top_logprobs"] = [one(t, v) for t, v in lp.top]
+        out.append(entry)
+    return out
+
+
+class NativeRequest(BaseModel):
+    """``POST /completion``: llama-server's fields and defaults."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    prompt: str | Mixed | list[str | Mixed] = ""
+    n_predict: int | None = None
+    max_tokens: int | None = None  # llama-server reads it where n_predict is absent
+    stream: bool = False
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    typical_p: float = 1.0
+    top_n_sigma: float = -1.0
+    repeat_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repeat_last_n: int = 64
+    seed: int | None = None
+    stop: Stop = None
+    ignore_eos: bool = False
+    n_probs: int = 0
+    post_sampling_probs: bool = False
+    return_tokens: bool = False
+    cache_prompt: bool = True
+    id_slot: int = -1
+    logit_bias: list[list[Any]] | dict[str, Any] | None = None
+    grammar: str | None = None
+    json_schema: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+    speculative_n_max: int | None = Field(default=None, alias="speculative.n_max")
+    speculative_n_min: int | None = Field(default=None, alias="speculative.n_min")
+    speculative_p_min: float | None = Field(default=None, alias="speculative.p_min")
+    mirostat: float | None = None
+    xtc_probability: float | None = None
+    dry_multiplier: float | None = None
+    dynatemp_range: float | None = None
+    adaptive_target: float | None = None
+    lora: list[Any] | None = None
+    multimodal_data: list[Any] | None = None
+
+    lead: ClassVar[int] = 1  # chunks a stream waits for before its response starts
+    done_marker: ClassVar[bool] = False  # llama-server ends a native stream without "[DONE]"
+
+    def fill(self, defaults: dict[str, Any]) -> None:
+        """The server's defaults (-n, --temp, ...) for the fields the request leaves out."""
+        names = {"max_tokens": "n_predict"}
+        for key, value in defaults.items():
+            field = names.get(key, key)
+            if field in type(self).model_fields and field not in self.model_fields_set:
+                setattr(self, field, value)
+        cap = defaults.get("max_tokens", -1)
+        n = self.n_predict if self.n_predict is not None else self.max_tokens
+        if cap > 0 and (n is None or n < 0 or n > cap):  # -n caps a request's n_predict, as in llama-server
+            self.n_predict = cap
+
+    def prompt_bytes(self) -> int:
+        """UTF-8 bytes of the longest prompt's text (each prompt is bounded alone)."""
+        sizes = [0]
+        for p in self._prompts():
+            parts = [p] if isinstance(p, str) else [x for x in p if isinstance(x, str)]
+            sizes.append(sum(len(t.encode("utf-8", "surrogatepass")) for t in parts))
+        return max(sizes)
+
+    def check(self, n_vocab: int, parallel: int) -> None:
+        if self.lora:
+            raise Unsupported("LoRA adapters are not supported", "lora")
+        if self.multimodal_data:
+            raise Unsupported("multimodal input is not supported", "multimodal_data")
+        for name, on in REFUSED_SAMPLERS:
+            v = getattr(self, name)
+            if v is not None and v >= on:
+                raise BadRequest(f"the '{name}' sampler is not supported", name)
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        if len(stops) > MAX_STOP or any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise BadRequest(
+                f"'stop' may hold at most {MAX_STOP} strings of at most {MAX_STOP_CHARS} characters", "stop"
+            )
+        if not -1 <= self.id_slot < parallel:
+            raise BadRequest(f"'id_slot' must be -1 (any) or a slot in [0, {parallel})", "id_slot")
+        if self.stream and len(self._prompts()) != 1:
+            raise BadRequest("a stream takes one prompt", "prompt")
+
+    def _prompts(self) -> list[str | Mixed]:
+        """The prompts, as llama-server reads ``prompt``: a text, a list of ids and texts
+        (one prompt), or a list of texts or of such lists (one prompt each)."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if any(isinstance(x, int) for x in p) and not any(isinstance(x, list) for x in p):
+            return [p]  # type: ignore[list-item]  # ids, or ids and texts: one prompt
+        return list(p)  # type: ignore[arg-type]
+
+    def _bias(self, llm: Llama) -> dict[int, float] | None:
+        """llama-server's logit_bias: ``[[token or text, bias or false], ...]`` or ``{"token": bias}``."""
+        if not self.logit_bias:
+            return None
+        pairs = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
+        out: dict[int, float] = {}
+        for pair in pairs:
+            if len(pair) != 2:
+                raise BadRequest("logit_bias entries must be [token, bias]", "logit_bias")
+            key, bias = pair
+            value = -math.inf if bias is False else float(bias)
+            if isinstance(key, str) and not key.lstrip("-").isdigit():
+                ids = llm.core_model.tokenize(key, False, False)
+            else:
+                ids = [int(key)]
+            for t in ids:
+                if not 0 <= t < llm.n_vocab():
+                    raise BadRequest(f"logit_bias token {t} is out of range [0, {llm.n_vocab()})", "logit_bias")
+                out[t] = value
+        return out
+
+    def tokens(self, llm: Llama, prompt: str | Mixed) -> list[int]:
+        tokens = tokenize_mixed(llm, prompt, True, True)
+        if not tokens:
+            bos = llm.core_model.bos
+            if bos < 0:
+                raise BadRequest("the prompt is empty", "prompt")
+            tokens = [bos]
+        return tokens
+
+    def config(self, llm: Llama, n_prompt: int) -> SamplingConfig:
+        n = self.n_predict if self.n_predict is not None else self.max_tokens
+        room = max(1, llm.n_ctx_slot - n_prompt)
+        schema, gbnf = constraint(self.response_format, self.json_schema, self.grammar)
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return SamplingConfig.build(
+            max_tokens=room if n is None or n < 0 else min(n, room),
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            min_p=self.min_p,
+            typical_p=self.typical_p,
+            top_n_sigma=self.top_n_sigma,
+            repeat_penalty=self.repeat_penalty,
+            frequency_penalty=self.frequency_penalty,
+            presence_penalty=self.presence_penalty,
+            seed=None if self.seed is None or self.seed < 0 else self.seed,
+            stop=[s for s in stops if s],
+            logit_bias=self._bias(llm),
+            ignore_eos=self.ignore_eos,
+            cache_prompt=self.cache_prompt,
+            logprobs=self.n_probs > 0,
+            top_logprobs=self.n_probs,
+            post_sampling_probs=self.post_sampling_probs,
+            draft_max=self.speculative_n_max,
+            draft_min=self.speculative_n_min or 0,
+            draft_p_min=self.speculative_p_min or 0.0,
+            grammar=gbnf,
+            json_schema=schema,
+        )
+
+    def settings(self, llm: Llama, cfg: SamplingConfig) -> dict[str, Any]:
+        """llama-server's ``generation_settings`` (the fields pydflash has)."""
+        n = self.n_predict if self.n_predict is not None else self.max_tokens
+        return {
+            "n_predict": -1 if n is None else n,
+            "seed": -1 if self.seed is None else self.seed,
+            "temperature": cfg.temperature,
+            "dynatemp_range": 0.0,
+            "dynatemp_exponent": 1.0,
+            "xtc_probability": 0.0,
+            "xtc_threshold": 0.1,
+            "dry_multiplier": 0.0,
+            "dry_base": 1.75,
+            "dry_allowed_length": 2,
+            "dry_penalty_last_n": -1,
+            "mirostat_tau": 5.0,
+            "mirostat_eta": 0.1,
+            "adaptive_target": -1.0,
+            "adaptive_decay": 0.9,
+            "n_keep": 0,
+            "n_discard": 0,
+            "timings_per_token": False,
+            "lora": [],
+            "top_k": cfg.top_k,
+            "top_p": cfg.top_p,
+            "min_p": cfg.min_p,
+            "typical_p": cfg.typical_p,
+            "top_n_sigma": cfg.top_n_sigma,
+            "repeat_last_n": self.repeat_last_n,
+            "repeat_penalty": cfg.repeat_penalty,
+            "presence_penalty": cfg.presence_penalty,
+            "frequency_penalty": cfg.frequency_penalty,
+            "mirostat": 0,
+            "stop": list(cfg.stop),
+            "max_tokens": -1 if n is None else n,
+            "n_probs": self.n_probs,
+            "min_keep": 0,
+            "ignore_eos": cfg.ignore_eos,
+            "stream": self.stream,
+            "post_sampling_probs": self.post_sampling_probs,
+            "samplers": ["penalties", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "temperature"],
+            "speculative.n_max": cfg.draft_max if cfg.draft_max is not None else -1,
+            "speculative.n_min": cfg.draft_min,
+            "speculative.p_min": cfg.draft_p_min,
+        }
+
+    def respond(self, llm: Llama, model: str, cancel: Callable[[], bool]) -> Any:
+        """The response (a dict; a list of them for several prompts) or a stream's chunks."""
+        prompts = self._prompts()
+        if len(prompts) == 1:
+            return self.run(llm, model, cancel, self.tokens(llm, prompts[0]))
+        return [dict(self.run(llm, model, cancel, self.tokens(llm, p)), index=i) for i, p in enumerate(prompts)]
+
+    def run(self, llm: Llama, model: str, cancel: Callable[[], bool], tokens: list[int]) -> Any:
+        cfg = self.config(llm, len(tokens))
+        gen = Generation(llm, tokens, cfg, slot=None if self.id_slot < 0 else self.id_slot)
+        settings = self.settings(llm, cfg)
+        if (self.n_predict if self.n_predict is not None else self.max_tokens) == 0:
+            # llama-server's n_predict 0: nothing generated (the prompt is checked, not evaluated)
+            gen.finish = "length"
+            final = self._final(llm, gen, model, settings, "")
+            return iter([final]) if self.stream else final
+        if self.stream:
+            return self._chunks(llm, gen, cancel, model, settings)
+        steps = gen.wait(cancel)
+        text = "".join(s.text for s in steps)
+        out = self._final(llm, gen, model, settings, text)
+        if gen.logprobs is not None and self.n_probs > 0:
+            out["completion_probabilities"] = _probs(llm, gen.logprobs, self.post_sampling_probs)
+        return out
+
+    def _final(self, llm: Llama, gen: Generation, model: str, settings: dict[str, Any], text: str) -> dict[str, Any]:
+        n_prompt, n_gen = len(gen.prompt), len(gen.tokens)
+        return {
+            "index": 0,
+            "content": text,
+            "tokens": list(gen.tokens) if self.return_tokens and not self.stream else [],
+            "id_slot": gen.slot if gen.slot is not None else self.id_slot,
+            "stop": True,
+            "model": model,
+            "tokens_predicted": n_gen,
+            "tokens_evaluated": n_prompt,
+            "generation_settings": settings,
+            "prompt": llm.detokenize(gen.prompt, special=True).decode("utf-8", "replace"),
+            "has_new_line": "\n" in text,
+            "truncated": False,
+            "stop_type": _STOP_TYPE[gen.finish],
+            "stopping_word": "",
+            "tokens_cached": n_prompt + n_gen,
+            "timings": gen.timings(),
+        }
+
+    def _chunks(
+        self, llm: Llama, gen: Generation, cancel: Callable[[], bool], model: str, settings: dict[str, Any]
+    ) -> Iterator[dict[str, Any]]:
+        it = gen.run(cancel)
+        n = 0
+        try:
+            for step in it:
+                n += len(step.tokens)
+                if not (step.text or step.tokens):
+                    continue
+                chunk: dict[str, Any] = {
+                    "index": 0,
+                    "content": step.text,
+                    "tokens": list(step.tokens),
+                    "stop": False,
+                    "id_slot": gen.slot if gen.slot is not None else self.id_slot,
+                    "tokens_predicted": n,
+                    "tokens_evaluated": len(gen.prompt),
+                }
+                if step.logprobs and self.n_probs > 0:
+                    chunk["completion_probabilities"] = _probs(llm, step.logprobs, self.post_sampling_probs)
+                yield chunk
+            yield self._final(llm, gen, model, settings, "")
+        finally:
+            it.close()
+
+
+# the FIM markers llama.cpp's vocabulary loader recognises when the GGUF names none
+FIM_TEXTS = {
+    "pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<PRE>", "▁<PRE>", "<|fim▁begin|>"),
+    "suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<SUF>", "▁<SUF>", "<|fim▁hole|>"),
+    "mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<MID>", "▁<MID>", "<|fim▁end|>"),
+}
+
+
+def fim_tokens(llm: Llama) -> dict[str, int]:
+    """The model's FIM prefix/suffix/middle tokens (those it has)."""
+    meta = llm.metadata
+    model = llm.core_model
+    out: dict[str, int] = {}
+    for part, texts in FIM_TEXTS.items():
+        key = f"tokenizer.ggml.fim_{part}_token_id"
+        if key in meta and meta[key].lstrip("-").isdigit() and int(meta[key]) >= 0:
+            out[part] = int(meta[key])
+            continue
+        for text in texts:
+            ids = model.tokenize(text, False, True)
+            if len(ids) == 1 and bytes(model.token_to_piece(ids[0], True)).decode("utf-8", "replace") == text:
+                out[part] = ids[0]
+                break
+    return out
+
+
+class InfillRequest(NativeRequest):
+    """``POST /infill``: fill in the middle between ``input_prefix`` and ``input_suffix``
+    (``input_extra``: other files, before them), with the model's FIM tokens."""
+
+    input_prefix: str
+    input_suffix: str
+    input_extra: list[dict[str, str]] = []
+
+    def respond(self, llm: Llama, model: str, cancel: Callable[[], bool]) -> Any:
+        fim = fim_tokens(llm)
+        missing = [name for name in ("pre", "suf", "mid") if name not in fim]
+        if missing:
+            names = {"pre": "prefix", "suf": "suffix", "mid": "middle"}
+            raise Unsupported(
+                "Infill is not supported by this model: " + " ".join(f"{names[m]} token is missing." for m in missing)
+            )
+        tok = llm.core_model.tokenize
+        extra: list[int] = []
+        for chunk in self.input_extra:
+            extra += tok(f"{chunk.get('filename', '')}\n{chunk.get('text', '')}\n", False, False)
+        prompt = self.prompt if isinstance(self.prompt, str) else ""
+        tokens = (
+            ([llm.core_model.bos] if llm.core_model.add_bos and llm.core_model.bos >= 0 else [])
+            + extra
+            + [fim["pre"]]
+            + list(tok(self.input_prefix, False, False))
+            + [fim["suf"]]
+            + list(tok(self.input_suffix, False, False))
+            + [fim["mid"]]
+            + list(tok(prompt, False, False))
+        )
+        return self.run(llm, model, cancel, tokens)

@@ -4,7 +4,7 @@ a chat completion, a streamed completion, then the server's speculative metrics.
     pip install openai "pydflash[server]"
     python examples/server_openai.py                          # the embedded pair
     python examples/server_openai.py --url http://127.0.0.1:8080   # a server you started yourself:
-                                                              #   pydflash serve -m T.gguf -d D.gguf
+                                                              #   pydflash serve -m T.gguf -md D.gguf --metrics
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import openai
 
 
 def start_server() -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "pydflash", "serve", "--port", "0"],
+    proc = subprocess.Popen([sys.executable, "-m", "pydflash", "serve", "--port", "0", "--metrics"],
                             stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     for line in proc.stderr:

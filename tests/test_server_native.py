@@ -95,10 +95,10 @@ def test_native_probs_and_prompt_forms(server, embedded_dflash):
 
 def test_tokenize_detokenize(server, embedded_dflash):
     status, _, res = call(server, "/tokenize", {"content": "def f(x):"})
-    assert status == 200 and res["tokens"] == embedded_dflash.tokenize("def f(x):", add_special=False)
+    assert status == 200 and res["tokens"] == embedded_dflash.tokenize(b"def f(x):", add_bos=False, special=True)
     status, _, pieces = call(server, "/tokenize", {"content": "def f", "with_pieces": True})
     assert "".join(p["piece"] for p in pieces["tokens"]) == "def f"
-    assert [p["id"] for p in pieces["tokens"]] == embedded_dflash.tokenize("def f", add_special=False)
+    assert [p["id"] for p in pieces["tokens"]] == embedded_dflash.tokenize(b"def f", add_bos=False, special=True)
     status, _, text = call(server, "/detokenize", {"tokens": res["tokens"]})
     assert status == 200 and text["content"] == "def f(x):"
     ids = call(server, "/tokenize", {"content": "What is it ?"})[2]["tokens"]

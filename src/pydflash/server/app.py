@@ -420,7 +420,9 @@ def _warn_if_chat_cannot_end(llm: Llama) -> None:
 
 def _clamped(defaults: dict[str, Any], llm: Llama) -> dict[str, Any]:
     """Draft lengths over what the drafter's block allows are clamped, with a warning (as llama.cpp does)."""
-    top = llm.pair.max_draft if llm.has_draft else 0
+    top = llm.pair.max_draft  # a drafter's block, or the MTP heads'
+    if top <= 0:  # no model drafter (n-gram drafts alone): nothing to clamp against
+        return defaults
     for key in ("draft_max", "draft_min"):
         if defaults.get(key, 0) > top:
             log.warning("%s %d is over what the drafter allows (%d): using %d", key, defaults[key], top, top)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidatorFunctionWrapHandler, WrapValidator
 from pydantic_core import PydanticCustomError
 
-from .. import __version__
+from .._core import __version__
 from ..openai.completions import MAX_CHOICES
 
 if TYPE_CHECKING:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+import pydflash
 from pydflash import Llama
 from pydflash.server import Server
 
@@ -165,7 +166,8 @@ def test_slots_do_not_block_the_event_loop(roomy):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_sigterm_drains_and_ends_streams_well(sig, tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    # the pydflash this test imported (site-packages, or src/ with a built _core)
+    env = {**os.environ, "PYTHONPATH": str(Path(pydflash.__file__).resolve().parents[1])}
     proc = subprocess.Popen(
         [sys.executable, "-m", "pydflash", "serve", "--port", "0", "--n-ctx", "2048", "--shutdown-grace", "1"],
         stderr=subprocess.PIPE, env=env, text=True,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import pydflash
 from pydflash import Llama
 from pydflash.server import Server
 
@@ -189,8 +190,12 @@ def test_a_draft_length_over_the_block_is_clamped(embedded_dflash, caplog):
     assert "draft_max" in caplog.text
 
 
+# the folder of the pydflash this test imported (site-packages, or src/ with a built _core)
+PKG_PATH = str(Path(pydflash.__file__).resolve().parents[1])
+
+
 def serve_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env_path = str(Path(__file__).parents[1] / "src")
+    env_path = PKG_PATH
     return subprocess.run([sys.executable, "-m", "pydflash", "serve", "--port", "0", *args], capture_output=True,
                           text=True, timeout=120, env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"})
 
@@ -208,7 +213,7 @@ def test_flags_that_do_not_apply_are_refused_by_name(args, message):
 
 def test_serve_help_says_what_is_supported():
     out = subprocess.run([sys.executable, "-m", "pydflash", "serve", "--help"], capture_output=True, text=True,
-                         timeout=60, env={"PYTHONPATH": str(Path(__file__).parents[1] / "src")})
+                         timeout=60, env={"PYTHONPATH": PKG_PATH})
     for needle in ("/completion", "/tokenize", "/props", "--api-key", "--cors-origins", "--metrics",
                    "Not supported", "embeddings", "-md", "--spec-draft-n-max", "-c", "--temp"):
         assert needle in out.stdout, needle

@@ -13,6 +13,11 @@ else the embedded pair — drops the flags that tune what pydflash does not have
     LLAMA_SERVER_BIN_PATH=$PWD/../../../../../tools/llama_server_shim.py \\
         python -m pytest unit -m "not slow" -q
 
+With ``PYDFLASH_SHIM_EXEC`` set to a ``llama-server`` binary (built from the
+vendored tree: ``python tools/build_native.py --target llama-server``), the same
+mapping starts that binary instead, with every other flag unchanged: the
+baseline the goal compares with, on the same local model.
+
 Tests that need a hub model's own text (``match_regex`` on a story) fail against
 any other model, llama-server included: compare with llama-server on the same
 local pair, not with its published results."""
@@ -112,7 +117,24 @@ def translate(argv: list[str]) -> list[str]:
     return ["-m", model, *(["-md", draft] if draft else []), *out]
 
 
+def translate_native(argv: list[str]) -> list[str]:
+    """llama-server's own arguments for ``argv``: only the hub and model flags change."""
+    model, _ = local_pair()
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] in ("--hf-repo", "-hf", "-hfr", "--hf-file", "-hff", "--model-url", "-mu", "--model", "-m"):
+            i += 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return ["-m", model, *out]
+
+
 def main() -> int:
+    native = os.environ.get("PYDFLASH_SHIM_EXEC")
+    if native:
+        os.execv(native, [native, *translate_native(sys.argv[1:])])
     args = translate(sys.argv[1:])
     os.execv(sys.executable, [sys.executable, "-m", "pydflash", "serve", *args])
     return 0  # not reached

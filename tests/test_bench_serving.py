@@ -17,7 +17,7 @@ from pydflash import embedded_pair
 from pydflash.bench import servers, serving, serving_report
 from pydflash.bench.engines import EngineUnavailable, find_llama_server
 from pydflash.bench.serving_report import percentile
-from pydflash.bench.sse_client import record_from_events, stream_completion, token_counts
+from pydflash.bench.sse_client import Delivery, StreamRecord, record_from_events, stream_completion, token_counts
 from pydflash.cli import main as cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -131,26 +131,130 @@ def test_server_start_failures(settings, tmp_path):
         servers.ServerProcess(servers.PYDFLASH, bad, 1, tmp_path / "p.log")
 
 
-def test_ratios_table_and_outputs():
-    def row(engine, **kw):
-        base = dict(workload="concurrency", engine=engine, concurrency=2, requests=4, output_tok_s=100.0,
-                    output_tok_s_min=90.0, output_tok_s_max=110.0, ttft_ms_p50=20.0, ttft_ms_p99=40.0,
-                    itl_ms_p50=5.0, itl_ms_p99=9.0, request_tok_s_p50=80.0, tokens_per_delivery=3.0,
-                    acceptance_rate=0.5)
-        return base | kw
+def _sweep_row(engine, **kw):
+    base = dict(
+        workload="concurrency",
+        engine=engine,
+        concurrency=2,
+        requests=4,
+        output_tok_s=100.0,
+        output_tok_s_min=90.0,
+        output_tok_s_max=110.0,
+        ttft_ms_p50=20.0,
+        ttft_ms_p99=40.0,
+        itl_ms_p50=5.0,
+        itl_ms_p99=9.0,
+        request_tok_s_p50=80.0,
+        tokens_per_delivery=3.0,
+        acceptance_rate=0.5,
+    )
+    return base | kw
 
-    turn = dict(workload="multi-turn", turn=2, prompt_tokens=300, cache_n=280, prompt_n=20, ttft_ms=10.0,
-                ttft_ms_min=9.0, ttft_ms_max=12.0)
-    rows = [row("pydflash-serve", output_tok_s=120.0, itl_ms_p50=4.0), row("llama-server"),
-            turn | {"engine": "pydflash-serve", "ttft_ms": 8.0}, turn | {"engine": "llama-server"}]
-    entries = serving_report.ratios(rows, {"c2": [4, 4]})
+
+def test_ratios_table_and_outputs():
+    turn = dict(
+        workload="multi-turn",
+        turn=2,
+        prompt_tokens=300,
+        cache_n=280,
+        prompt_n=20,
+        ttft_ms=10.0,
+        ttft_ms_min=9.0,
+        ttft_ms_max=12.0,
+    )
+    rows = [
+        _sweep_row("pydflash-serve", output_tok_s=120.0, itl_ms_p50=4.0),
+        _sweep_row("llama-server"),
+        turn | {"engine": "pydflash-serve", "ttft_ms": 8.0},
+        turn | {"engine": "llama-server"},
+    ]
+    entries = serving_report.ratios(rows, {"llama-server": {"c2": [4, 4]}})
     assert entries[0]["output_tok_s"] == pytest.approx(1.2) and entries[0]["itl_ms_p50"] == pytest.approx(0.8)
-    assert entries[0]["same_outputs"] == [4, 4]
+    assert entries[0]["same_outputs"] == [4, 4] and "plain" not in entries[0]
+    assert entries[0]["vs_best"] == {"engine": "llama-server", "output_tok_s": pytest.approx(1.2)}
     assert entries[1]["ttft_ms"] == pytest.approx(0.8) and entries[1]["cache_n"] == [280, 280]
     lines = serving_report.ratio_lines(entries)
     assert "output tok/s 1.200" in lines[0] and "identical outputs 4/4" in lines[0]
+    assert "the better llama-server (llama-server) output tok/s 1.200 (goal met)" in lines[1]
     text = serving_report.table(rows)
     assert text.count("ratio p/l") == 2 and "1.200" in text and "0.800" in text
+
+
+def test_ratio_to_the_better_llama_server_at_each_level():
+    # at c=1 speculation pays (llama-server 100 > plain 80); at c=8 it does not (plain 200 > 150)
+    rows = [
+        _sweep_row("pydflash-serve", concurrency=1, output_tok_s=110.0),
+        _sweep_row("llama-server", concurrency=1, output_tok_s=100.0),
+        _sweep_row("llama-server-plain", concurrency=1, output_tok_s=80.0, acceptance_rate=None),
+        _sweep_row("pydflash-serve", concurrency=8, output_tok_s=180.0, ttft_ms_p99=60.0),
+        _sweep_row("llama-server", concurrency=8, output_tok_s=150.0),
+        _sweep_row("llama-server-plain", concurrency=8, output_tok_s=200.0, ttft_ms_p99=30.0, acceptance_rate=None),
+    ]
+    same = {"llama-server": {"c1": [4, 4]}, "llama-server-plain": {"c1": [3, 4], "c8": [4, 4]}}
+    c1, c8 = serving_report.ratios(rows, same)
+    assert c1["vs_best"] == {"engine": "llama-server", "output_tok_s": pytest.approx(1.1)}
+    assert c8["vs_best"] == {"engine": "llama-server-plain", "output_tok_s": pytest.approx(0.9)}
+    assert c8["output_tok_s"] == pytest.approx(1.2)  # against llama-server with DFlash
+    assert c8["plain"]["output_tok_s"] == pytest.approx(0.9) and c8["plain"]["ttft_ms_p99"] == pytest.approx(2.0)
+    assert c1["plain"]["same_outputs"] == [3, 4] and c8["same_outputs"] is None
+    lines = serving_report.ratio_lines([c1, c8])
+    assert "concurrency 8: pydflash / llama-server-plain output tok/s 0.900" in "\n".join(lines)
+    assert lines[-1].endswith("(llama-server-plain) output tok/s 0.900 (below)")
+    # without llama-server with DFlash, plain alone is the better one
+    only_plain = serving_report.ratios([r for r in rows if r["engine"] != "llama-server"], {})
+    assert [e["vs_best"]["engine"] for e in only_plain] == ["llama-server-plain"] * 2
+    assert "output_tok_s" not in only_plain[0] and len(serving_report.ratio_lines(only_plain)) == 4
+    text = serving_report.table(rows)
+    assert text.count("ratio p/plain") == 2 and text.count("ratio p/l ") == 2
+
+
+def _records(ttfts, gap_ms, n_tokens=4, t_sent=0.0):
+    """Streams whose first token comes at ttft and then one token every gap_ms."""
+    out = []
+    for ttft in ttfts:
+        deliveries = [Delivery(ttft + k * gap_ms / 1e3, 1, "x") for k in range(n_tokens)]
+        out.append(StreamRecord(t_sent, t_sent + deliveries[-1].t_s, deliveries, {"prompt_tokens": 8}, {}, "server"))
+    return out
+
+
+def test_sweep_rows_aggregate_and_percentiles():
+    # two repeats: 2 streams x 4 tokens over 1 s, then over 2 s: 8 and 4 tok/s, median 6
+    runs = [
+        {"engine": "llama-server-plain", "concurrency": 2, "repeat": 0, "wall_s": 1.0,
+         "records": _records([0.1, 0.2], 10.0)},
+        {"engine": "llama-server-plain", "concurrency": 2, "repeat": 1, "wall_s": 2.0,
+         "records": _records([0.3, 0.4], 30.0)},
+    ]  # fmt: skip
+    (row,) = serving_report.sweep_rows(runs, 8, 4)
+    assert row["output_tok_s"] == pytest.approx(6.0) and (row["output_tok_s_min"], row["output_tok_s_max"]) == (4, 8)
+    assert row["ttft_ms_p50"] == pytest.approx(250.0)
+    assert row["ttft_ms_p99"] == pytest.approx(percentile([100.0, 200.0, 300.0, 400.0], 99))
+    assert row["itl_ms_p50"] == pytest.approx(20.0)  # 6 gaps of 10 ms, 6 of 30 ms
+    assert row["itl_ms_p99"] == pytest.approx(30.0)
+    per_request = sorted(4 / (t + 3 * g) for t, g in ((0.1, 0.01), (0.2, 0.01), (0.3, 0.03), (0.4, 0.03)))
+    assert row["request_tok_s_p50"] == pytest.approx((per_request[1] + per_request[2]) / 2)
+    assert row["acceptance_rate"] is None and row["all_osl_tokens"] and row["tokens_per_delivery"] == 1
+
+
+def test_llama_server_commands(settings, tmp_path):
+    exe = tmp_path / "llama-server"
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    s = settings | {"llama_server": str(exe)}
+    spec = servers.COMMANDS["llama-server"](s, 8080, 4)
+    plain = servers.COMMANDS["llama-server-plain"](s, 8080, 4)
+    assert plain[:3] == [str(exe), "-m", s["target"]]
+    assert not any(a.startswith(("--spec", "-md", "-ngld")) for a in plain) and s["draft"] not in plain
+    assert spec[spec.index("-md") + 1] == s["draft"] and spec[spec.index("--spec-type") + 1] == "draft-dflash"
+
+    def opts(cmd):
+        return {a: cmd[i + 1] for i, a in enumerate(cmd) if a in ("-np", "-c", "-b", "-ub", "-t", "-fa", "-ngl")}
+
+    assert (
+        opts(plain)
+        == opts(spec)
+        == {"-np": "4", "-c": str(4 * 512), "-b": "512", "-ub": "512", "-t": "2", "-fa": "auto", "-ngl": "0"}
+    )
 
 
 def test_cli_serving_writes_json(tmp_path, capsys):
@@ -176,13 +280,16 @@ def test_cli_serving_writes_json(tmp_path, capsys):
     logs = sorted(p.name for p in Path(meta["log_dir"]).iterdir())
     assert Path(meta["log_dir"]) == tmp_path / "serving-logs"
     assert logs == ["c1-pydflash-serve.log", "c2-pydflash-serve.log", "multi-turn-pydflash-serve.log"]
+    assert j.with_suffix(".png").read_bytes().startswith(b"\x89PNG")  # the chart beside the JSON
 
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--concurrency", "1"], "only with --serving"),
     (["--serving", "--csv", "x.csv"], "not with --serving"),
     (["--serving", "--isl", "16,32"], "give one value with --serving"),
-    (["--serving", "--engines", "llama-server"], "serving engines"),
+    (["--serving", "--engines", "llama-server,vllm"], "serving engines"),
+    (["--join", "4"], "only with --serving"),
+    (["--serving", "--join", "-1"], "join streams must be >= 0"),
     (["--serving", "--concurrency", "0"], "must be >= 1"),
     (["--serving", "--concurrency", "", "--turns", "0"], "nothing to measure"),
 ])  # fmt: skip
@@ -200,12 +307,17 @@ def test_side_by_side_with_llama_server(tmp_path, capsys):
     assert "ratio p/l" in capsys.readouterr().out
     data = json.loads(j.read_text())
     rows = data["rows"]
-    assert {r["engine"] for r in rows} == {"pydflash-serve", "llama-server"}
+    assert {r["engine"] for r in rows} == {"pydflash-serve", "llama-server", "llama-server-plain"}
     for r in rows:
-        if r["engine"] == "llama-server" and r["workload"] == "concurrency":
+        if r["engine"] != "pydflash-serve" and r["workload"] == "concurrency":
             assert r["token_counts"] == {"server": r["requests"]} and r["all_osl_tokens"]
+        if r["engine"] == "llama-server-plain":
+            assert r["acceptance_rate"] is None  # no drafter: nothing drafted
     ratios = data["meta"]["ratios"]
     assert [(e["workload"], e.get("concurrency", e.get("turn"))) for e in ratios] == [
         ("concurrency", 1), ("concurrency", 2), ("multi-turn", 1), ("multi-turn", 2)]
+    for e in ratios[:2]:
+        assert e["vs_best"]["engine"] in ("llama-server", "llama-server-plain") and e["plain"]["output_tok_s"] > 0
+    assert j.with_suffix(".png").stat().st_size > 0
     llama_turn2 = next(r for r in rows if r["engine"] == "llama-server" and r.get("turn") == 2)
     assert llama_turn2["cache_n"] > 0

@@ -1,6 +1,6 @@
 """The HTTP servers the serving bench compares, each started as a child
 process on 127.0.0.1: ``pydflash serve`` and llama.cpp's ``llama-server``
-(built from the vendored tree). Each runs in its own process group, so that
+(built from the vendored tree), with DFlash and without speculation. Each runs in its own process group, so that
 stopping it stops everything it started, with its output in a log file."""
 
 from __future__ import annotations
@@ -25,8 +25,10 @@ from typing import IO, Any
 from .engines import EngineUnavailable
 
 PYDFLASH = "pydflash-serve"
-LLAMA_SERVER = "llama-server"
-ENGINES = (PYDFLASH, LLAMA_SERVER)
+LLAMA_SERVER = "llama-server"  # with DFlash
+LLAMA_SERVER_PLAIN = "llama-server-plain"  # the same binary without a drafter: no speculation
+LLAMA_ENGINES = (LLAMA_SERVER, LLAMA_SERVER_PLAIN)
+ENGINES = (PYDFLASH, *LLAMA_ENGINES)
 
 READY_TIMEOUT_S = 600.0  # loading a large model from a cold disk
 STOP_TIMEOUT_S = 30.0
@@ -81,52 +83,37 @@ def pydflash_command(settings: dict[str, Any], port: int, slots: int) -> list[st
 
 def llama_server_command(settings: dict[str, Any], port: int, slots: int) -> list[str]:
     """llama-server with DFlash, its draft options as llama-speculative-simple
-    gets them in the single-request bench; -c is split over the -np slots.
-    Batch sizes are pydflash's (512)."""
+    gets them in the single-request bench; -c is split over the -np slots."""
+    draft = [
+        "-md", settings["draft"], "--spec-type", "draft-dflash", "--spec-draft-n-max", str(settings["draft_max"]),
+        "--spec-draft-n-min", "0", "--spec-draft-p-min", "0", "-ngld", "0",
+    ]  # fmt: skip
+    cmd = llama_server_plain_command(settings, port, slots)
+    return [*cmd[:3], *draft, *cmd[3:]]
+
+
+def llama_server_plain_command(settings: dict[str, Any], port: int, slots: int) -> list[str]:
+    """llama-server without speculation (no drafter, no --spec-* options) and
+    otherwise as llama_server_command's. Batch sizes are pydflash's (512), so
+    that llama-server's prefill comes in chunks of the same size as pydflash's."""
     exe = settings["llama_server"]
     if exe is None or not os.access(exe, os.X_OK):
         raise EngineUnavailable(
             "llama-server not found (build it: python tools/build_native.py, or pass --llama-server PATH)"
         )
     return [
-        exe,
-        "-m",
-        settings["target"],
-        "-md",
-        settings["draft"],
-        "--spec-type",
-        "draft-dflash",
-        "--spec-draft-n-max",
-        str(settings["draft_max"]),
-        "--spec-draft-n-min",
-        "0",
-        "--spec-draft-p-min",
-        "0",
-        "-np",
-        str(slots),
-        "-c",
-        str(settings["n_ctx_per_slot"] * slots),
-        "-b",
-        "512",
-        "-ub",
-        "512",
-        "-t",
-        str(settings["threads"]),
-        "-ngl",
-        "0",
-        "-ngld",
-        "0",
-        "-fa",
-        settings["flash_attn"],
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--no-webui",
-    ]
+        exe, "-m", settings["target"],
+        "-np", str(slots), "-c", str(settings["n_ctx_per_slot"] * slots), "-b", "512", "-ub", "512",
+        "-t", str(settings["threads"]), "-ngl", "0", "-fa", settings["flash_attn"],
+        "--host", "127.0.0.1", "--port", str(port), "--no-webui",
+    ]  # fmt: skip
 
 
-COMMANDS = {PYDFLASH: pydflash_command, LLAMA_SERVER: llama_server_command}
+COMMANDS = {
+    PYDFLASH: pydflash_command,
+    LLAMA_SERVER: llama_server_command,
+    LLAMA_SERVER_PLAIN: llama_server_plain_command,
+}
 
 
 @contextlib.contextmanager

@@ -1,15 +1,16 @@
 """The serving bench's figures: percentiles, one row per (engine, concurrency)
-and per (engine, turn), the ratios pydflash / llama-server, and tables."""
+and per (engine, turn), the ratios of pydflash to each llama-server engine
+(with DFlash, and without speculation) and to the better of the two, and tables."""
 
 from __future__ import annotations
 
 import math
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .servers import LLAMA_SERVER, PYDFLASH
+from .servers import ENGINES, LLAMA_ENGINES, LLAMA_SERVER, LLAMA_SERVER_PLAIN, PYDFLASH
 from .sse_client import StreamRecord
 
 Row = dict[str, Any]  # JSON values
@@ -46,7 +47,7 @@ def sweep_rows(runs: Sequence[dict[str, Any]], isl: int, osl: int) -> list[Row]:
     for run in runs:
         groups[(run["engine"], run["concurrency"])].append(run)
     rows = []
-    for (engine, n), group in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0] != PYDFLASH)):
+    for (engine, n), group in sorted(groups.items(), key=lambda kv: (kv[0][1], ENGINES.index(kv[0][0]))):
         records: list[StreamRecord] = [r for run in group for r in run["records"]]
         out_tok_s = [sum(r.n_tokens for r in run["records"]) / run["wall_s"] for run in group]
         ttft = [r.ttft_s for r in records]
@@ -88,7 +89,7 @@ def turn_rows(conversations: Sequence[dict[str, Any]], osl: int) -> list[Row]:
         for k, rec in enumerate(conv["records"]):
             groups[(conv["engine"], k + 1)].append(rec)
     rows = []
-    for (engine, turn), recs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0] != PYDFLASH)):
+    for (engine, turn), recs in sorted(groups.items(), key=lambda kv: (kv[0][1], ENGINES.index(kv[0][0]))):
         ttft = [r.ttft_s * 1e3 for r in recs]
         rows.append(
             {
@@ -109,8 +110,10 @@ def turn_rows(conversations: Sequence[dict[str, Any]], osl: int) -> list[Row]:
     return rows
 
 
-def same_outputs(runs: Sequence[dict[str, Any]], conversations: Sequence[dict[str, Any]]) -> dict[str, list[int]]:
-    """Greedy outputs of the two engines on the same prompt, compared:
+def same_outputs(
+    runs: Sequence[dict[str, Any]], conversations: Sequence[dict[str, Any]], other: str = LLAMA_SERVER
+) -> dict[str, list[int]]:
+    """Greedy outputs of pydflash and ``other`` on the same prompt, compared:
     {"c<N>" or "turn<k>": [identical, compared]} (first repeat of each)."""
     texts: dict[tuple[str, int, str], str] = {}
     for run in runs:
@@ -123,10 +126,10 @@ def same_outputs(runs: Sequence[dict[str, Any]], conversations: Sequence[dict[st
                 texts[(f"turn{k + 1}", 0, conv["engine"])] = r.text
     out: dict[str, list[int]] = {}
     for (key, i, engine), text in texts.items():
-        other = texts.get((key, i, LLAMA_SERVER))
-        if engine == PYDFLASH and other is not None:
+        theirs = texts.get((key, i, other))
+        if engine == PYDFLASH and theirs is not None:
             counts = out.setdefault(key, [0, 0])
-            counts[0] += text == other
+            counts[0] += text == theirs
             counts[1] += 1
     return out
 
@@ -138,22 +141,33 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def ratios(rows: Sequence[Row], same: dict[str, list[int]]) -> list[Row]:
-    """pydflash / llama-server, metric by metric, where both were measured
-    (> 1 is better for tok/s, worse for latencies)."""
+def ratios(rows: Sequence[Row], same: Mapping[str, Mapping[str, list[int]]]) -> list[Row]:
+    """pydflash / each llama-server engine measured, metric by metric (> 1 is
+    better for tok/s, worse for latencies): at the top level against
+    llama-server with DFlash, under "plain" against llama-server without
+    speculation; and for the sweep "vs_best": output tok/s against the better
+    of the two at that level (the goal: >= 1). ``same``: same_outputs() by engine."""
     by = {(r["workload"], r.get("concurrency", r.get("turn")), r["engine"]): r for r in rows}
     out = []
     for (workload, key, engine), p in by.items():
-        other = by.get((workload, key, LLAMA_SERVER))
-        if engine != PYDFLASH or other is None:
+        others = {e: by[(workload, key, e)] for e in LLAMA_ENGINES if (workload, key, e) in by}
+        if engine != PYDFLASH or not others:
             continue
+        tag = f"c{key}" if workload == "concurrency" else f"turn{key}"
+        entry: Row = {"workload": workload, "concurrency" if workload == "concurrency" else "turn": key}
+        for e, other in others.items():
+            if workload == "concurrency":
+                part: Row = {m: _ratio(p[m], other[m]) for m in _SWEEP_RATIOS}
+            else:
+                part = {"ttft_ms": _ratio(p["ttft_ms"], other["ttft_ms"]), "cache_n": [p["cache_n"], other["cache_n"]]}
+            part["same_outputs"] = same.get(e, {}).get(tag)
+            if e == LLAMA_SERVER:
+                entry |= part
+            else:
+                entry["plain"] = part
         if workload == "concurrency":
-            entry: Row = {"workload": workload, "concurrency": key}
-            entry |= {m: _ratio(p[m], other[m]) for m in _SWEEP_RATIOS}
-            entry["same_outputs"] = same.get(f"c{key}")
-        else:
-            entry = {"workload": workload, "turn": key, "ttft_ms": _ratio(p["ttft_ms"], other["ttft_ms"])}
-            entry |= {"cache_n": [p["cache_n"], other["cache_n"]], "same_outputs": same.get(f"turn{key}")}
+            best = max(others, key=lambda e: others[e]["output_tok_s"])
+            entry["vs_best"] = {"engine": best, "output_tok_s": _ratio(p["output_tok_s"], others[best]["output_tok_s"])}
         out.append(entry)
     return out
 
@@ -162,40 +176,56 @@ def _f(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
+def _parts(entry: Row) -> list[tuple[str, Row]]:
+    """(llama engine, its ratios) of a ratios() entry."""
+    out = [(LLAMA_SERVER, entry)] if "same_outputs" in entry else []
+    return out + ([(LLAMA_SERVER_PLAIN, entry["plain"])] if "plain" in entry else [])
+
+
 def ratio_lines(entries: Sequence[Row]) -> list[str]:
     """The ratios as sentences."""
     lines = []
     for e in entries:
-        same = e.get("same_outputs")
-        tail = f"; identical outputs {same[0]}/{same[1]}" if same else ""
-        if e["workload"] == "concurrency":
-            lines.append(
-                f"concurrency {e['concurrency']}: pydflash / llama-server output tok/s {_f(e['output_tok_s'], '.3f')}, "
-                f"TTFT p50 {_f(e['ttft_ms_p50'], '.3f')}, ITL p50 {_f(e['itl_ms_p50'], '.3f')}, "
-                f"ITL p99 {_f(e['itl_ms_p99'], '.3f')}{tail}"
+        for other, r in _parts(e):
+            same = r.get("same_outputs")
+            tail = f"; identical outputs {same[0]}/{same[1]}" if same else ""
+            if e["workload"] == "concurrency":
+                lines.append(
+                    f"concurrency {e['concurrency']}: pydflash / {other} output tok/s {_f(r['output_tok_s'], '.3f')}, "
+                    f"TTFT p50 {_f(r['ttft_ms_p50'], '.3f')}, ITL p50 {_f(r['itl_ms_p50'], '.3f')}, "
+                    f"ITL p99 {_f(r['itl_ms_p99'], '.3f')}{tail}"
+                )
+            else:
+                lines.append(
+                    f"multi-turn, turn {e['turn']}: pydflash / {other} TTFT {_f(r['ttft_ms'], '.3f')} "
+                    f"(cached prompt tokens {r['cache_n'][0]:.0f} vs {r['cache_n'][1]:.0f}){tail}"
+                )
+        if "vs_best" in e:
+            best = e["vs_best"]
+            verdict = (
+                "" if best["output_tok_s"] is None else (" (goal met)" if best["output_tok_s"] >= 1 else " (below)")
             )
-        else:
             lines.append(
-                f"multi-turn, turn {e['turn']}: pydflash / llama-server TTFT {_f(e['ttft_ms'], '.3f')} "
-                f"(cached prompt tokens {e['cache_n'][0]:.0f} vs {e['cache_n'][1]:.0f}){tail}"
+                f"concurrency {e['concurrency']}: pydflash / the better llama-server ({best['engine']}) output tok/s "
+                f"{_f(best['output_tok_s'], '.3f')}{verdict}"
             )
     return lines
 
 
 def table(rows: Sequence[Row]) -> str:
     """The rows as text: the sweep, then the conversation's turns; under each
-    pair of engines, pydflash / llama-server."""
+    llama-server engine's row, pydflash / that engine."""
     lines = []
     sweep = [r for r in rows if r["workload"] == "concurrency"]
     if sweep:
         lines.append(
-            f"{'engine':15} {'conc':>4} {'reqs':>4} {'out tok/s':>9} {'(min-max)':>15} {'ttft p50':>8} {'p99 ms':>8} "
+            f"{'engine':18} {'conc':>4} {'reqs':>4} {'out tok/s':>9} {'(min-max)':>15} {'ttft p50':>8} {'p99 ms':>8} "
             f"{'itl p50':>7} {'p99 ms':>7} {'req t/s':>7} {'tok/dlv':>7} {'accept':>6}"
         )
         for r in sweep:
             spread = f"({r['output_tok_s_min']:.1f}-{r['output_tok_s_max']:.1f})"
             lines.append(
-                f"{r['engine']:15} {r['concurrency']:4d} {r['requests']:4d} {r['output_tok_s']:9.1f} {spread:>15} "
+                f"{r['engine']:18} {r['concurrency']:4d} {r['requests']:4d} {r['output_tok_s']:9.1f} {spread:>15} "
                 f"{_f(r['ttft_ms_p50'], '8.1f'):>8} {_f(r['ttft_ms_p99'], '8.1f'):>8} "
                 f"{_f(r['itl_ms_p50'], '7.2f'):>7} {_f(r['itl_ms_p99'], '7.2f'):>7} "
                 f"{_f(r['request_tok_s_p50'], '7.1f'):>7} {r['tokens_per_delivery']:7.2f} "
@@ -205,32 +235,37 @@ def table(rows: Sequence[Row]) -> str:
             if p is not None:
                 q = {m: _f(_ratio(p[m], r[m]), ".3f") for m in _SWEEP_RATIOS}
                 lines.append(
-                    f"{'  ratio p/l':15} {'':4} {'':4} {q['output_tok_s']:>9} {'':15} {q['ttft_ms_p50']:>8} "
-                    f"{q['ttft_ms_p99']:>8} {q['itl_ms_p50']:>7} {q['itl_ms_p99']:>7} {q['request_tok_s_p50']:>7}"
+                    f"{_RATIO_LABEL[r['engine']]:18} {'':4} {'':4} {q['output_tok_s']:>9} {'':15} "
+                    f"{q['ttft_ms_p50']:>8} {q['ttft_ms_p99']:>8} {q['itl_ms_p50']:>7} {q['itl_ms_p99']:>7} "
+                    f"{q['request_tok_s_p50']:>7}"
                 )
     turns = [r for r in rows if r["workload"] == "multi-turn"]
     if turns:
         if lines:
             lines.append("")
         lines.append(
-            f"{'engine':15} {'turn':>4} {'prompt':>7} {'cache_n':>7} {'prompt_n':>8} {'ttft ms':>8} {'(min-max)':>15}"
+            f"{'engine':18} {'turn':>4} {'prompt':>7} {'cache_n':>7} {'prompt_n':>8} {'ttft ms':>8} {'(min-max)':>15}"
         )
         for r in turns:
             spread = f"({r['ttft_ms_min']:.1f}-{r['ttft_ms_max']:.1f})"
             lines.append(
-                f"{r['engine']:15} {r['turn']:4d} {r['prompt_tokens']:7.0f} {r['cache_n']:7.0f} {r['prompt_n']:8.0f} "
+                f"{r['engine']:18} {r['turn']:4d} {r['prompt_tokens']:7.0f} {r['cache_n']:7.0f} {r['prompt_n']:8.0f} "
                 f"{r['ttft_ms']:8.1f} {spread:>15}"
             )
             p = _pydflash_row(turns, r, "turn")
             if p is not None:
                 lines.append(
-                    f"{'  ratio p/l':15} {'':4} {'':7} {'':7} {'':8} {_f(_ratio(p['ttft_ms'], r['ttft_ms']), '8.3f')}"
+                    f"{_RATIO_LABEL[r['engine']]:18} {'':4} {'':7} {'':7} {'':8} "
+                    f"{_f(_ratio(p['ttft_ms'], r['ttft_ms']), '8.3f')}"
                 )
     return "\n".join(lines)
 
 
+_RATIO_LABEL = {LLAMA_SERVER: "  ratio p/l", LLAMA_SERVER_PLAIN: "  ratio p/plain"}
+
+
 def _pydflash_row(rows: Sequence[Row], r: Row, key: str) -> Row | None:
-    """pydflash's row of the same level or turn, when ``r`` is llama-server's."""
-    if r["engine"] != LLAMA_SERVER:
+    """pydflash's row of the same level or turn, when ``r`` is a llama-server engine's."""
+    if r["engine"] not in LLAMA_ENGINES:
         return None
     return next((p for p in rows if p["engine"] == PYDFLASH and p[key] == r[key]), None)

@@ -11,7 +11,7 @@ import http.client
 import json
 import time
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 Chunk = dict[str, Any]  # one event's JSON object
@@ -85,8 +85,11 @@ class StreamRecord:
         return (self.n_tokens - self.deliveries[0].n_tokens) / span if span > 0 else 0.0
 
 
-def stream_completion(base_url: str, body: Mapping[str, Any], timeout: float = TIMEOUT_S) -> StreamRecord:
-    """POST ``body`` (``stream`` is set) to ``base_url``/v1/completions and read its events."""
+def stream_completion(
+    base_url: str, body: Mapping[str, Any], timeout: float = TIMEOUT_S, on_event: Callable[[int], None] | None = None
+) -> StreamRecord:
+    """POST ``body`` (``stream`` is set) to ``base_url``/v1/completions and read
+    its events; ``on_event(n)`` is called after the n-th event's arrival is stamped."""
     u = urllib.parse.urlsplit(base_url)
     conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port, timeout=timeout)
     payload = json.dumps({**body, "stream": True}).encode()
@@ -105,6 +108,8 @@ def stream_completion(base_url: str, body: Mapping[str, Any], timeout: float = T
                 if data == b"[DONE]":
                     break
                 raw.append((time.perf_counter(), data))
+                if on_event is not None:
+                    on_event(len(raw))
         t_done = time.perf_counter()
     finally:
         conn.close()

@@ -42,7 +42,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         ),
         epilog="examples:\n  pydflash bench --quick --json bench.json\n"
         "  pydflash bench --isl 512,4096,12288,36864 -m target.gguf -d drafter.gguf --json out.json\n"
-        "  pydflash bench --serving --concurrency 1,2,4,8 --turns 2 --json serving.json",
+        "  pydflash bench --serving --concurrency 1,2,4,8,16 --turns 0 --json serving.json\n"
+        "  pydflash bench --serving --concurrency '' --turns 0 --join 4 --json join.json",
     )
     b.add_argument(
         "--quick",
@@ -180,13 +181,20 @@ def _add_serving(b: argparse.ArgumentParser) -> None:
     s = b.add_argument_group(
         "serving workloads (--serving)",
         textwrap.fill(
-            "pydflash serve and llama-server (-np slots, DFlash) on 127.0.0.1, driven by one streaming HTTP "
-            "client (/v1/completions), engines alternating run by run, greedy, EOS ignored. A concurrency sweep: "
-            "N streams of requests at once (prompts of --isl tokens, default 128, cold; --osl tokens each, default "
-            "128): output tok/s, time to first token and inter-token latency p50/p99, tok/s per request. A "
-            "conversation: turn 1 of --history tokens, each later turn resends it all plus --turn-tokens new ones: "
-            "time to first token and prompt tokens from the cache. -m/-d/--pad-ffn, --isl, --osl, --draft-max (one "
-            "value each), --repeats, --warmup, --threads, -fa, --engines, --json and --quick apply.",
+            "pydflash serve, llama-server with DFlash and llama-server without speculation (llama-server-plain; "
+            "-np slots, -b/-ub 512 each) on 127.0.0.1, driven by one streaming HTTP client (/v1/completions), "
+            "engines alternating run by run, greedy, EOS ignored. A concurrency sweep: N streams of requests at "
+            "once (prompts of --isl tokens, default 128, cold; --osl tokens each, default 128): aggregate output "
+            "tok/s (all streams' tokens over the wall time), time to first token and inter-token latency p50/p99, "
+            "tok/s per request, and pydflash's aggregate tok/s over the better llama-server's. A conversation: turn "
+            "1 of --history tokens, each later turn resends it all plus --turn-tokens new ones: time to first token "
+            "and prompt tokens from the cache. A long prompt joins (--join): N streams decode (--isl-token prompts, "
+            "--join-osl tokens), then a --join-prompt-token request joins: the running streams' ITL and delivery "
+            "gaps while it prefills, and its time to first token. An ITL value is a delivery's gap over its tokens "
+            "(a speculative step's tokens share its time); a gap is the pause between deliveries. With --json "
+            "out.json, out.png charts tok/s against concurrency (needs matplotlib). -m/-d/--pad-ffn, --isl, --osl, "
+            "--draft-max (one value each), --repeats, --warmup, --threads, -fa, --engines, --json and --quick "
+            "apply.",
             100,
         ),
     )
@@ -195,8 +203,18 @@ def _add_serving(b: argparse.ArgumentParser) -> None:
         "--concurrency",
         type=_ints,
         metavar="N,N,...",
-        help="concurrent streams, comma-separated (default: 1,2,4,8; '': no sweep)",
+        help="concurrent streams, comma-separated (default: 1,2,4,8,16; '': no sweep)",
     )
+    s.add_argument(
+        "--join",
+        type=int,
+        nargs="?",
+        const=4,
+        metavar="N",
+        help="also run the long-prompt-joins workload with N running streams (default N: 4)",
+    )
+    s.add_argument("--join-prompt", type=int, metavar="N", help="prompt tokens of the joining request (default: 2000)")
+    s.add_argument("--join-osl", type=int, metavar="N", help="tokens of each running stream of --join (default: 512)")
     s.add_argument("--requests", type=int, metavar="N", help="requests per stream per run (default: 2)")
     s.add_argument("--turns", type=int, metavar="N", help="turns of the conversation (default: 2; 0: no conversation)")
     s.add_argument(
@@ -211,7 +229,10 @@ def _add_serving(b: argparse.ArgumentParser) -> None:
     )
 
 
-SERVING_ONLY = ("concurrency", "requests", "turns", "history", "turn_tokens", "llama_server", "log_dir")
+SERVING_ONLY = (
+    "concurrency", "requests", "turns", "history", "turn_tokens", "llama_server", "log_dir", "join", "join_prompt",
+    "join_osl",
+)  # fmt: skip
 NOT_SERVING = ("native", "ctx_draft_max", "csv", "charts", "workload", "draft_window")
 
 
@@ -307,7 +328,7 @@ def run(a: argparse.Namespace) -> int:
 
 
 def _run_serving(a: argparse.Namespace) -> int:
-    from ..bench import report, serving, serving_report
+    from ..bench import join, report, serving, serving_report
 
     given = [f"--{k.replace('_', '-')}" for k in NOT_SERVING if getattr(a, k) is not None]
     if a.no_bandwidth:
@@ -326,13 +347,18 @@ def _run_serving(a: argparse.Namespace) -> int:
         target=a.model, draft=a.draft, pad_ffn=a.pad_ffn, concurrency=a.concurrency, requests=a.requests,
         turns=a.turns, history=a.history, turn_tokens=a.turn_tokens, repeats=a.repeats, warmup=a.warmup,
         engines=a.engines, llama_server=a.llama_server, threads=a.threads, flash_attn=a.flash_attn,
-        log_dir=None if log_dir is None else str(log_dir),
+        log_dir=None if log_dir is None else str(log_dir), join_streams=a.join, join_prompt=a.join_prompt,
+        join_osl=a.join_osl,
     )  # fmt: skip
     changes |= {k: v for k, v in given_values.items() if v is not None}
     cfg = serving.ServingConfig.quick(**changes) if a.quick else serving.ServingConfig(**changes)
     res = serving.run(cfg)
     print()
     print(serving_report.table(res["rows"]))
+    joins = join.join_table(res["rows"])
+    if joins:
+        print()
+        print(joins)
     print()
     for line in res["ratio_lines"]:
         print(line)
@@ -343,4 +369,16 @@ def _run_serving(a: argparse.Namespace) -> int:
         meta = res["meta"] | {"command_line": _command_line(a), "ratios": res["ratios"]}
         report.write_json(a.json, meta, res["rows"])
         print(f"wrote {a.json}")
+        _serving_chart(a.json.with_suffix(".png"), meta, res["rows"])
     return 0
+
+
+def _serving_chart(path: Path, meta: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    from ..bench import serving_chart
+
+    if not any(r["workload"] == "concurrency" for r in rows):
+        return
+    if importlib.util.find_spec("matplotlib") is None:
+        print("chart skipped: matplotlib is not installed (pip install matplotlib, or pydflash[bench])")
+        return
+    print(f"wrote {serving_chart.write_chart(path, [(str(meta['models']['target']), rows)])}")

@@ -192,6 +192,8 @@ def test_ratio_to_the_better_llama_server_at_each_level():
     ]
     same = {"llama-server": {"c1": [4, 4]}, "llama-server-plain": {"c1": [3, 4], "c8": [4, 4]}}
     c1, c8 = serving_report.ratios(rows, same)
+    join_rows = [{"workload": "join", "engine": e} for e in ("pydflash-serve", "llama-server")]
+    assert serving_report.ratios(rows + join_rows, same) == [c1, c8]  # the join workload has its own ratios
     assert c1["vs_best"] == {"engine": "llama-server", "output_tok_s": pytest.approx(1.1)}
     assert c8["vs_best"] == {"engine": "llama-server-plain", "output_tok_s": pytest.approx(0.9)}
     assert c8["output_tok_s"] == pytest.approx(1.2)  # against llama-server with DFlash

@@ -112,7 +112,7 @@ TINY = ["--pad-ffn", "0", "--repeats", "1", "--warmup", "0", "--isl", "24", "--t
 def test_cli_join_runs_pydflash(tmp_path, capsys):
     j = tmp_path / "join.json"
     rc = cli(["bench", "--serving", "--engines", "pydflash-serve", "--concurrency", "", "--turns", "0", "--join", "2",
-              "--join-prompt", "300", "--join-osl", "96", *TINY, "--json", str(j)])  # fmt: skip
+              "--join-prompt", "300", "--join-osl", "256", *TINY, "--json", str(j)])  # fmt: skip
     assert rc == 0
     out = capsys.readouterr().out
     assert "joiner ttft" in out and "in window" in out
@@ -121,6 +121,8 @@ def test_cli_join_runs_pydflash(tmp_path, capsys):
     assert row["workload"] == "join" and row["engine"] == "pydflash-serve" and row["streams"] == 2
     assert row["join_prompt_tokens"] == 300 and row["joiner_ttft_ms"] > 0
     assert row["gaps"] > 0 and row["itl_ms_p50"] > 0 and row["gap_ms_max"] >= row["gap_ms_p99"]
+    # the joiner was sent while both streams decoded, and they outlasted its prefill
+    assert row["streams_outlasted_window"] and row["window_gaps"] > 0
     assert row["window_ms"] == pytest.approx(row["joiner_ttft_ms"] + 200.0)
     assert data["meta"]["command_config"]["join_streams"] == 2 and data["meta"]["ratios"] == []
     assert not j.with_suffix(".png").exists()  # no sweep: nothing to chart

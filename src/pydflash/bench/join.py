@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import statistics
 import threading
-import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -26,48 +25,50 @@ from .serving_report import Row, percentile
 from .sse_client import StreamRecord, stream_completion
 
 JOINER_OSL = 16  # the joiner's output: its time to first token is the figure
-SETTLE_S = 0.5  # after every stream's first event, before the joiner is sent
+SETTLE_EVENTS = 4  # events every stream has had (past its prefill, decoding) before the joiner is sent
 
 Body = Callable[[str, int], dict[str, Any]]  # (prompt, max_tokens) -> request
 
 
 def run_join(
-    url: str, prompts: Sequence[str], join_prompt: str, osl: int, body: Body, settle_s: float = SETTLE_S
+    url: str, prompts: Sequence[str], join_prompt: str, osl: int, body: Body, settle_events: int = SETTLE_EVENTS
 ) -> dict[str, Any]:
     """One stream per prompt (``osl`` tokens each), started together; the
-    joiner (``join_prompt``) is sent ``settle_s`` after every stream has its
-    first event. Returns {"streams": records, "joiner": record}."""
+    joiner (``join_prompt``) is sent once every stream has had ``settle_events``
+    events (or ended). Returns {"streams": records, "joiner": record}."""
     streams = len(prompts)
     started = threading.Barrier(streams + 1)
-    first = [threading.Event() for _ in range(streams)]
+    settled = [threading.Event() for _ in range(streams)]
     out: list[StreamRecord | None] = [None] * streams
     errors: list[BaseException] = []
 
     def stream(i: int) -> None:
+        def on_event(n: int) -> None:
+            if n >= settle_events:
+                settled[i].set()
+
         try:
             started.wait()
-            out[i] = stream_completion(url, body(prompts[i], osl), on_event=lambda n: first[i].set())
+            out[i] = stream_completion(url, body(prompts[i], osl), on_event=on_event)
         except BaseException as e:  # re-raised in the caller's thread
             errors.append(e)
         finally:
-            first[i].set()  # the joiner must not wait on a stream that failed
+            settled[i].set()  # the joiner must not wait on a stream that ended or failed
 
     threads = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(streams)]
     for t in threads:
         t.start()
     started.wait()
-    for ev in first:
+    for ev in settled:
         ev.wait()
     joiner: StreamRecord | None = None
     if not errors:
-        time.sleep(settle_s)
         joiner = stream_completion(url, body(join_prompt, JOINER_OSL))
     for t in threads:
         t.join()
     if errors:
         raise errors[0]
-    assert joiner is not None and all(r is not None for r in out)
-    return {"streams": out, "joiner": joiner}
+    return {"streams": [r for r in out if r is not None], "joiner": joiner}
 
 
 def gaps(record: StreamRecord, start: float | None = None, end: float | None = None) -> list[tuple[float, int]]:

@@ -147,7 +147,11 @@ def ratios(rows: Sequence[Row], same: Mapping[str, Mapping[str, list[int]]]) -> 
     llama-server with DFlash, under "plain" against llama-server without
     speculation; and for the sweep "vs_best": output tok/s against the better
     of the two at that level (the goal: >= 1). ``same``: same_outputs() by engine."""
-    by = {(r["workload"], r.get("concurrency", r.get("turn")), r["engine"]): r for r in rows}
+    by = {
+        (r["workload"], r.get("concurrency", r.get("turn")), r["engine"]): r
+        for r in rows
+        if r["workload"] in ("concurrency", "multi-turn")
+    }
     out = []
     for (workload, key, engine), p in by.items():
         others = {e: by[(workload, key, e)] for e in LLAMA_ENGINES if (workload, key, e) in by}

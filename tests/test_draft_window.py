@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 
 import pydflash
-from conftest import HYBRID_DRAFTERS, HYBRID_TARGETS
 from pydflash import Llama, _core, cli, testing
 from pydflash.bench import workload
 from pydflash.config import ModelConfig
+from support.models import HYBRID_DRAFTERS, HYBRID_TARGETS
 
 TARGET = testing.TargetSpec()
 B8 = testing.DrafterSpec()  # block 8

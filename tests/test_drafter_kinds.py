@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from native_loop import speculative_simple
 from pydflash import DraftCompatibilityError, Llama, testing
 from pydflash.bench.engines import parse_native_output
+from support.native_loop import speculative_simple
 
 V = testing.DrafterVariant
 KINDS = {
@@ -372,7 +372,7 @@ def test_a_confidence_cut_cuts_where_llama_cpp_cuts(p_min):
     # on the shipped pair, whose drafter is sure of some tokens and not of others, both
     # loops cut the same drafts at the same positions
     import pydflash
-    from native_loop import matches_native, native_steps
+    from support.native_loop import matches_native, native_steps
 
     target, drafter = pydflash.embedded_pair()
     prompt = "def fibonacci(n):\n    "

@@ -75,7 +75,7 @@ def test_counts_equal_llama_cpp_native(models, stack):
     # the written file too). The head starts over with the cache, so one pair serves every
     # prompt; n-gram tables carry over between generations (as in llama-server), so the
     # stack gets a fresh pair per prompt, as each native run is
-    from native_loop import matches_native, native_steps
+    from support.native_loop import matches_native, native_steps
 
     target = models / "qwen35.gguf"
     ngram = NgramConfig(mod_n_match=4, mod_n_min=1, mod_n_max=3)

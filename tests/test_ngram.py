@@ -205,7 +205,7 @@ def test_steps_equal_llama_cpps_own_loop(stack, with_drafter):
     # the same files, prompt and settings: every step drafts and accepts what
     # llama.cpp's loop does (which source drafted shows in the draft lengths:
     # n-gram drafts run to 64 tokens, DFlash blocks to 7)
-    from native_loop import matches_native, native_steps
+    from support.native_loop import matches_native, native_steps
 
     target, drafter = pydflash.embedded_pair()
     draft = drafter if with_drafter else None

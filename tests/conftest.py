@@ -6,15 +6,10 @@ from pathlib import Path
 import pytest
 
 from pydflash import Llama, testing
-
-# Two drafter shapes over one target: block 8 / 1 layer / 2 target layers, and
-# block 16 / 2 layers / 3 target layers with other head counts.
-TARGET = testing.TargetSpec()
-DRAFTERS = {
-    "b8": testing.DrafterSpec(),
-    "b16": testing.DrafterSpec(n_layer=2, n_head=2, n_head_kv=1, head_dim=32, n_ff=96,
-                               target_layers=(0, 2, 3), block_size=16, seed=7),
-}
+from support.http import serve
+from support.models import DRAFTERS, HYBRID_DRAFTERS, HYBRID_TARGETS, SPREAD, SPREAD_DRAFTER, TARGET
+from support.phrases import SPEC as PHRASE_SPEC
+from support.phrases import TOOL_TEMPLATE, write_phrase_target
 
 
 @pytest.fixture(scope="session")
@@ -51,22 +46,6 @@ def dflash_b8(model_dir: Path, target_path: Path):
         yield llm
 
 
-# Hybrid targets (tests/test_hybrid*.py): qwen35 (the Qwen3.5/3.6 layout) and
-# qwen35moe targets with multi-section-RoPE drafters, and a qwen3next target
-# (checkpoint rollback).
-HYBRID_TARGETS = {
-    "qwen35": testing.HybridSpec(),
-    "qwen35moe": testing.HybridSpec(architecture="qwen35moe", seed=9),
-    "qwen3next": testing.HybridSpec(architecture="qwen3next", seed=5),
-}
-SECTIONS = HYBRID_TARGETS["qwen35"].rope_sections
-HYBRID_DRAFTERS = {
-    "b8": testing.DrafterSpec(target_layers=(1, 3), rope_sections=SECTIONS),
-    "b16": testing.DrafterSpec(n_layer=2, n_head=2, n_head_kv=1, head_dim=32, n_ff=96, target_layers=(0, 2, 3),
-                               block_size=16, seed=7, rope_sections=(6, 5, 5, 0)),
-}
-
-
 @pytest.fixture(scope="session")
 def hybrid_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("hybrid")
@@ -101,6 +80,57 @@ def embedded_target():
     target, _ = pydflash.embedded_pair()
     with Llama(target, n_ctx=1024) as llm:
         yield llm
+
+
+@pytest.fixture(scope="module")
+def spread_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The spread pair (support.models.SPREAD): target and drafter files."""
+    d = tmp_path_factory.mktemp("spread")
+    return testing.write_target(d / "t.gguf", SPREAD), testing.write_drafter(d / "d.gguf", SPREAD, SPREAD_DRAFTER)
+
+
+@pytest.fixture(scope="module")
+def spread_pair(spread_files: tuple[Path, Path]):
+    """The spread pair with its drafter, and its target alone."""
+    t, dr = spread_files
+    with Llama(t, draft=dr, n_ctx=256) as llm, Llama(t, n_ctx=256) as base:
+        yield llm, base
+
+
+@pytest.fixture(scope="module")
+def spread_server(spread_files: tuple[Path, Path]):
+    """`pydflash serve` on the spread pair (a subprocess); its URL."""
+    t, d = spread_files
+    with serve("-m", str(t), "-d", str(d), "--n-ctx", "1024") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def phrase_files(tmp_path_factory: pytest.TempPathFactory):
+    """The phrase model (support.phrases): target, drafter, and each phrase's token id."""
+    d = tmp_path_factory.mktemp("tools")
+    ids = write_phrase_target(d / "t.gguf", TOOL_TEMPLATE)
+    testing.write_drafter(d / "d.gguf", PHRASE_SPEC)
+    return d / "t.gguf", d / "d.gguf", ids
+
+
+@pytest.fixture(scope="module")
+def block_models(tmp_path_factory: pytest.TempPathFactory):
+    """support.blocks' pairs: their paths, and the Llamas blocks.open_llm opened (closed after)."""
+    from support import blocks  # here, not at the top: it needs scipy, which only these tests do
+
+    d = tmp_path_factory.mktemp("block")
+    paths = {}
+    for name, (tspec, dspec) in blocks.DRAFTERS.items():
+        arch = "hybrid" if isinstance(tspec, testing.HybridSpec) else "qwen3"
+        t = d / f"{arch}-{tspec.seed}-{tspec.head_scale}-target.gguf"
+        if not t.exists():
+            (testing.write_hybrid_target if arch == "hybrid" else testing.write_target)(t, tspec)
+        paths[name] = (t, testing.write_drafter(d / f"{name}.gguf", tspec, dspec))
+    opened: dict = {}
+    yield paths, opened
+    for llm in opened.values():
+        llm.close()
 
 
 # Session-scoped Llama objects whose pair the step-API tests drive directly.

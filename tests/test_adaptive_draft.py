@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from pydflash import Llama
-from test_lossless import N_TOKENS, TEXT_PROMPTS
+from support.lossless import N_TOKENS, TEXT_PROMPTS
 
 TIE_BOUND = 1.0  # see test_parallel.py: batching moves a tiny model's logits by up to ~0.35
 

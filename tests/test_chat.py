@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from conftest import TARGET
 from pydflash import ChatTemplateError, Llama, testing
 from pydflash.openai.chat import ChatReply, ChatTemplate, builtin_templates
 from pydflash.openai.types import ChatCompletion, ChatCompletionChunk, Completion, Timings
+from support.models import TARGET
 
 MSGS = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def f():"}]
 GREEDY = dict(temperature=0.0, max_tokens=20, ignore_eos=True)

@@ -7,7 +7,6 @@ Checked in create_chat_completion, its stream, and over HTTP."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 import subprocess
@@ -15,104 +14,19 @@ import sys
 import threading
 import time
 
-import numpy as np
 import pytest
 
-from conftest import TARGET
-from pydflash import GrammarError, Llama, testing
+from pydflash import GrammarError, Llama
+from support.phrases import FORCED_TEMPLATE
 
-SPEC = dataclasses.replace(TARGET, n_vocab=512)  # room for unused tokens to turn into phrases
-CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-THINK = "<think>\nThe user wants the weather.\n</think>\n\n"
-PHRASES = {"think+call": THINK + CALL, "think+answer": THINK + "It is sunny.", "call": CALL,
-           # reasoning words and the end of reasoning, for multi-step generations
-           "w1": " alpha", "w2": " beta", "end": "\n</think>\n\nDone.",
-           # a call to a function the request did not offer
-           "badcall": '<tool_call>\n{"name": "launch_rockets", "arguments": {}}\n</tool_call>'}
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Current weather of a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
 MSGS = [{"role": "user", "content": "Weather in Paris?"}]
 
-TOOL_TEMPLATE = (
-    "{%- if tools -%}"
-    "{{- '<|im_start|>system\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>' -}}"
-    "{%- for tool in tools -%}{{- '\n' + (tool | tojson) -}}{%- endfor -%}"
-    "{{- '\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
-    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}"
-    "\n</tool_call><|im_end|>\n' -}}"
-    "{%- endif -%}"
-    "{%- for message in messages -%}"
-    "{%- if message.role == 'tool' -%}"
-    "{{- '<|im_start|>user\n<tool_response>\n' + message.content + '\n</tool_response><|im_end|>\n' -}}"
-    "{%- else -%}"
-    "{{- '<|im_start|>' + message.role + '\n' -}}"
-    "{%- if message.role == 'assistant' and message.reasoning_content -%}"
-    "{{- '<think>\n' + message.reasoning_content + '\n</think>\n\n' -}}"
-    "{%- endif -%}"
-    "{%- if message.content -%}{{- message.content -}}{%- endif -%}"
-    "{%- if message.role == 'assistant' and message.tool_calls -%}"
-    "{%- for tc in message.tool_calls -%}"
-    "{%- set f = tc.function if tc.function else tc -%}"
-    "{{- '<tool_call>\n{\"name\": \"' + f.name + '\", \"arguments\": ' -}}"
-    "{%- if f.arguments is string -%}{{- f.arguments -}}{%- else -%}{{- f.arguments | tojson -}}{%- endif -%}"
-    "{{- '}\n</tool_call>' -}}"
-    "{%- endfor -%}"
-    "{%- endif -%}"
-    "{{- '<|im_end|>\n' -}}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}"
-    "{{- '<|im_start|>assistant\n' -}}"
-    "{%- if enable_thinking is defined and enable_thinking is false -%}"
-    "{{- '<think>\n\n</think>\n\n' -}}"
-    "{%- endif -%}"
-    "{%- endif -%}"
-)
-
-# the same, with reasoning forced open (as Qwen3 thinking-only templates do)
-FORCED_TEMPLATE = TOOL_TEMPLATE.replace("{{- '<|im_start|>assistant\n' -}}",
-                                        "{{- '<|im_start|>assistant\n<think>\n' -}}")
-assert FORCED_TEMPLATE != TOOL_TEMPLATE
-
-
-def write_phrase_target(path, template: str) -> dict[str, int]:
-    """A tiny qwen3 target whose last unused tokens are PHRASES (user-defined
-    tokens detokenize to their text); returns each phrase's token id."""
-    s = dataclasses.replace(SPEC, chat_template=template)
-    tok = testing.tokenizer(s.n_vocab)
-    tokens, types = list(tok.tokens), list(tok.types)
-    ids = {}
-    for i, (name, text) in enumerate(PHRASES.items()):
-        k = len(tokens) - 1 - i
-        assert tokens[k].startswith("<|unused_"), tokens[k]
-        tokens[k], types[k] = text, 4
-        ids[name] = k
-    tok = dataclasses.replace(tok, tokens=tokens, types=types)
-    rng = np.random.default_rng(s.seed)
-    hp = testing.Hparams(s.n_ctx, s.n_embd, s.n_layer, s.n_head, s.n_head_kv, s.head_dim, s.n_ff)
-    tensors = {"token_embd.weight": testing.models._rng_tensor(rng, (s.n_vocab, s.n_embd), 1.0)}
-    for i in range(s.n_layer):
-        tensors.update(testing.models._attention_layer(rng, i, s.n_embd, s.n_head, s.n_head_kv, s.head_dim, s.n_ff))
-    tensors["output_norm.weight"] = testing.models._norm(rng, s.n_embd)
-    tensors["output.weight"] = testing.models._head(rng, s, tok)
-    testing.write_qwen3_gguf(path, hp, tok, tensors, name="pydflash tiny phrase target",
-                             extra_kv={"tokenizer.chat_template": template})
-    return ids
-
-
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tools")
-    ids = write_phrase_target(d / "t.gguf", TOOL_TEMPLATE)
-    testing.write_drafter(d / "d.gguf", SPEC)
-    return d / "t.gguf", d / "d.gguf", ids
-
-
-@pytest.fixture(scope="module")
-def llm(files):
-    with Llama(files[0], draft=files[1], n_ctx=2048) as m:
+def llm(phrase_files):
+    with Llama(phrase_files[0], draft=phrase_files[1], n_ctx=2048) as m:
         yield m
 
 
@@ -126,12 +40,12 @@ def stream_parts(chunks) -> tuple[str, str, list, str]:
             [tc for d in deltas for tc in d.get("tool_calls", [])], chunks[-1]["choices"][0]["finish_reason"])
 
 
-def test_the_lazy_tool_call_grammar_refuses_a_call_outside_the_tools(llm, files):
+def test_the_lazy_tool_call_grammar_refuses_a_call_outside_the_tools(llm, phrase_files):
     """With tools the template's tool-call grammar applies once a call starts (lazy, as
     in llama-server): a call to a function that was not offered cannot be emitted (here
     one token carries the whole call, so the grammar stops it with GrammarError; with a
     real tokenizer the mask steers the call instead). The model stays usable."""
-    ids = files[2]
+    ids = phrase_files[2]
     cp = llm.apply_chat_template(MSGS, tools=TOOLS)
     assert cp.grammar and cp.grammar_lazy and (cp.grammar_trigger_patterns or cp.grammar_trigger_tokens)
     assert "get_weather" in cp.grammar
@@ -145,8 +59,8 @@ def test_the_lazy_tool_call_grammar_refuses_a_call_outside_the_tools(llm, files)
 
 
 @pytest.mark.parametrize("phrase", ["call", "think+call"])
-def test_tool_call_whole_and_streamed(llm, files, phrase):
-    ids = files[2]
+def test_tool_call_whole_and_streamed(llm, phrase_files, phrase):
+    ids = phrase_files[2]
     res = llm.create_chat_completion(MSGS, tools=TOOLS, max_tokens=1, **force(ids, phrase))
     choice = res["choices"][0]
     assert choice["finish_reason"] == "tool_calls"
@@ -164,20 +78,20 @@ def test_tool_call_whole_and_streamed(llm, files, phrase):
     assert [(c["index"], c["function"]) for c in calls] == [(0, call["function"])]
 
 
-def test_without_tools_the_call_is_plain_content(llm, files):
+def test_without_tools_the_call_is_plain_content(llm, phrase_files):
     # the same text with no tools= offered: the template has no tool section
-    res = llm.create_chat_completion(MSGS, max_tokens=1, **force(files[2], "think+answer"))
+    res = llm.create_chat_completion(MSGS, max_tokens=1, **force(phrase_files[2], "think+answer"))
     msg = res["choices"][0]["message"]
     assert "tool_calls" not in msg and res["choices"][0]["finish_reason"] == "length"
     assert (msg["reasoning_content"].strip(), msg["content"]) == ("The user wants the weather.", "It is sunny.")
 
 
-def test_reasoning_content_whole_and_streamed_agree_over_many_steps(files):
+def test_reasoning_content_whole_and_streamed_agree_over_many_steps(phrase_files):
     # reasoning forced open by the template; two biased words and, a little
     # lower, the end of reasoning: a presence penalty makes the greedy model
     # write " alpha beta", then end the reasoning, then answer. The expected
     # split is computed from the raw text of generate(), not by the chat parser
-    t, d, ids = files
+    t, d, ids = phrase_files
     with Llama(t, draft=d, n_ctx=2048, chat_template=FORCED_TEMPLATE) as m:
         prompt = m.apply_chat_template(MSGS).prompt
         assert prompt.endswith("<|im_start|>assistant\n<think>\n")
@@ -201,9 +115,9 @@ def test_reasoning_content_whole_and_streamed_agree_over_many_steps(files):
         assert sum(1 for c in chunks if c["choices"][0]["delta"].get("content")) > 1
 
 
-def test_tool_call_over_http(files):
+def test_tool_call_over_http(phrase_files):
     openai = pytest.importorskip("openai")
-    t, d, ids = files
+    t, d, ids = phrase_files
     proc = subprocess.Popen([sys.executable, "-m", "pydflash", "serve", "-m", str(t), "-d", str(d),
                              "--host", "127.0.0.1", "--port", "0", "--n-ctx", "2048"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -10,15 +10,9 @@ from pathlib import Path
 import pytest
 
 from pydflash import Llama, embedded_pair
+from support.cli import run
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "pydflash", *args], capture_output=True, text=True, timeout=300)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
-    return proc
 
 
 @pytest.mark.parametrize("sub", ["generate", "demo", "info"])
@@ -82,7 +76,7 @@ def test_info_compatible(target_path, model_dir):
 
 def test_info_incompatible_json(target_path, tmp_path):
     from pydflash import testing
-    from conftest import TARGET
+    from support.models import TARGET
 
     bad = testing.write_drafter(tmp_path / "bad.gguf", TARGET, testing.DrafterSpec(target_layers=(7,)))
     proc = run("info", "-m", str(target_path), "-d", str(bad), "--json", check=False)

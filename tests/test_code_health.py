@@ -27,6 +27,11 @@
   blanked first). The pybind11 ``register_*`` functions are exempt by name:
   they are declarative tables (one ``.def`` per bound member).
 
+- No test file imports another test file or conftest.py (a module, in its
+  code or in a script it runs in a subprocess): what several files share lives in
+  tests/support/ (helpers, constants) or tests/conftest.py (fixtures, which pytest
+  finds without an import).
+
 Each check is a function of plain data so that tests below can show it fails
 on a synthetic violation.
 """
@@ -345,6 +350,45 @@ def test_root_import_check_finds_a_synthetic_one():
 
 def test_no_module_imports_names_from_the_package_root():
     assert root_imports(package_sources()) == []
+
+
+TESTS = ROOT / "tests"
+# a script a test runs in a subprocess is a string: its import lines
+_SCRIPT_IMPORT = re.compile(r"^\s*(?:from\s+(\w+)[\w.]*\s+import|import\s+(\w+))", re.MULTILINE)
+
+
+def imports_of_test_files(text: str, test_modules: Iterable[str]) -> list[str]:
+    """``line: module`` of each import of a test file or of conftest (by its top-level
+    name) in ``text``, in its code or in a string constant (a subprocess's script)."""
+    banned = {*test_modules, "conftest"}
+    out = []
+    for node in ast.walk(ast.parse(text)):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names = [a or b for a, b in _SCRIPT_IMPORT.findall(node.value)]
+        out += [f"{node.lineno}: {n}" for n in names if n.split(".")[0] in banned]
+    return out
+
+
+def test_test_import_check_finds_synthetic_ones():
+    text = ("import os\nimport test_a as ta\nfrom test_b import x\nfrom support.pairs import PAIRS\n"
+            "def f():\n    from conftest import TARGET\n"
+            'SCRIPT = """\nimport sys\nfrom test_a import y\n"""\n'
+            "from .test_a import z  # relative: a package's own module, not a test file\n")
+    assert imports_of_test_files(text, ["test_a", "test_b"]) == [
+        "2: test_a", "3: test_b", "6: conftest", "7: test_a"], imports_of_test_files(text, ["test_a", "test_b"])
+
+
+def test_no_test_file_imports_another_test_file():
+    test_modules = [p.stem for p in TESTS.glob("test_*.py")]
+    files = [p for p in sorted(TESTS.rglob("*.py")) if p != Path(__file__)]  # this file's synthetic ones are data
+    bad = [f"{p.relative_to(ROOT)}:{hit}" for p in files
+           for hit in imports_of_test_files(p.read_text(encoding="utf-8"), test_modules)]
+    assert bad == [], "move what several test files share to tests/support/ or tests/conftest.py: " + ", ".join(bad)
 
 
 def test_no_python_function_over_80_lines():

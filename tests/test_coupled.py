@@ -27,9 +27,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import test_block_sampling as tb
 from pydflash import Llama, _core, testing
-from test_sampling import transform
+from pydflash.testing.mtp import write_mtp_target
+from support import blocks, mtp
+from support.coupled import assert_same_or_near_tie
+from support.ngram import SMALL
+from support.sampling import transform
 
 scipy_stats = pytest.importorskip("scipy.stats")
 
@@ -44,9 +47,6 @@ T1 = 1  # n_threads: tiny models, a shared machine
 SAMPLING = dict(temperature=0.8, top_k=40)
 SEEDS = (3, 1234, 2**40 + 7)
 N_TOKENS = 32
-# in units of log p + g: a tiny model's logits move by up to ~0.35 between batchings
-# (test_parallel.py); at T = 0.8 that is 0.44
-TIE_BOUND = 0.5
 
 
 def test_philox_reproduces_the_published_known_answers():
@@ -74,7 +74,7 @@ def coupled_replay(base: Llama, prompt: list[int], n: int, seed: int, kw: dict) 
     and at each position the gap between the two best of log p + g."""
     ctx, out, gaps = list(prompt), [], []
     for _ in range(n):
-        p = transform(base.pair.score(ctx)[-1], ctx[-tb.WINDOW :], **kw)  # the penalties' window
+        p = transform(base.pair.score(ctx)[-1], ctx[-blocks.WINDOW :], **kw)  # the penalties' window
         support = np.flatnonzero(p > 0)
         keys = np.log(p[support]) + np.array(_core.coupled_gumbel(seed, len(ctx), support.tolist()))
         order = np.argsort(-keys)
@@ -84,31 +84,10 @@ def coupled_replay(base: Llama, prompt: list[int], n: int, seed: int, kw: dict) 
     return out, gaps
 
 
-def perturbed_gap(base: Llama, prefix: list[int], a: int, b: int, seed: int, kw: dict) -> float:
-    """|(log p + g)(a) - (log p + g)(b)| at the position after ``prefix`` (full-prefix row)."""
-    p = transform(base.pair.score(prefix)[-1], prefix[-tb.WINDOW :], **kw)  # the penalties' window
-    g = _core.coupled_gumbel(seed, len(prefix), [a, b])
-    with np.errstate(divide="ignore"):
-        return abs(float(np.log(p[a]) + g[0] - np.log(p[b]) - g[1]))
-
-
-def assert_same_or_near_tie(base: Llama, prompt: list[int], got: list[int], want: list[int], seed: int,
-                            kw: dict, bound: float = TIE_BOUND) -> bool:
-    """got == want, or they first differ where the two tokens' log p + g are within
-    ``bound`` (then True: a near-tie)."""
-    if got == want:
-        return False
-    j = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
-    assert j is not None, f"one is a prefix of the other: {got} / {want}"
-    gap = perturbed_gap(base, prompt + want[:j], got[j], want[j], seed, kw)
-    assert gap < bound, f"seed {seed}: differs at token {j} ({got[j]} vs {want[j]}), log p + g {gap:.3g} apart"
-    return True
-
-
 # ---------------------------------------------------------- DFlash on tiny models
 
 # test_block_sampling's target with a flatter head: at T = 0.8 its next-token entropy
-# is ~1.2 nats, and its drafter (tb.DRAFTERS["qwen3-b8"]) proposes nearly its p
+# is ~1.2 nats, and its drafter (blocks.DRAFTERS["qwen3-b8"]) proposes nearly its p
 TARGET = testing.TargetSpec(head_scale=0.5, hot_tokens=24, seed=5, embd_common=6.0)
 PROMPTS = [[17, 42, 99, 250, 5], [7], [300, 12, 99, 250, 17, 45], [65, 66, 67, 68, 69, 70]]
 
@@ -117,7 +96,7 @@ PROMPTS = [[17, 42, 99, 250, 5], [7], [300, 12, 99, 250, 17, 45], [65, 66, 67, 6
 def pair_paths(tmp_path_factory):
     d = tmp_path_factory.mktemp("coupled")
     t = testing.write_target(d / "target.gguf", TARGET)
-    return t, testing.write_drafter(d / "drafter.gguf", TARGET, tb.DRAFTERS["qwen3-b8"][1])
+    return t, testing.write_drafter(d / "drafter.gguf", TARGET, blocks.DRAFTERS["qwen3-b8"][1])
 
 
 @pytest.fixture(scope="module")
@@ -240,22 +219,20 @@ def test_a_seeded_request_is_coupled_by_default(pair_paths, alone):
 def test_the_first_four_positions_follow_the_target_distribution(block_models):
     # test_block_sampling's check (exact conditionals, chi-square, Bonferroni) on
     # 600 seeds of 4 tokens, drafted as one block of 3 and verified coupled
-    llm = tb.open_llm(block_models, "qwen3-b8")
-    seqs, reach = tb.sample_blocks(llm, tb.N, 3, {**tb.PLAIN, "draft_max": 3}, "coupled")
-    pvals = tb.target_pvalues(tb.open_llm(block_models, "qwen3-b8", draft=False), seqs, tb.PLAIN)
+    llm = blocks.open_llm(block_models, "qwen3-b8")
+    seqs, reach = blocks.sample_blocks(llm, blocks.N, 3, {**blocks.PLAIN, "draft_max": 3}, "coupled")
+    pvals = blocks.target_pvalues(blocks.open_llm(block_models, "qwen3-b8", draft=False), seqs, blocks.PLAIN)
     print(f"\ncoupled: reach {np.round(reach, 3).tolist()}; min p-value {min(pvals):.3g}")
-    assert tb.passes(pvals), np.round(pvals, 6).tolist()
+    assert blocks.passes(pvals), np.round(pvals, 6).tolist()
     assert reach[3] > 0.05 and reach[1] < 0.99, reach  # whole drafts kept, and rejections
 
 
 def test_a_biased_coupled_sampler_is_detected(block_models):
     # the same check's power here: coupled at temperature 1.15 fails it against 1.0
-    llm = tb.open_llm(block_models, "qwen3-b8")
-    seqs, _ = tb.sample_blocks(llm, tb.N, 3, dict(temperature=1.15), "coupled")
-    assert not tb.passes(tb.target_pvalues(tb.open_llm(block_models, "qwen3-b8", draft=False), seqs, tb.PLAIN))
-
-
-block_models = tb.block_models  # the fixture, shared with test_block_sampling's models
+    llm = blocks.open_llm(block_models, "qwen3-b8")
+    seqs, _ = blocks.sample_blocks(llm, blocks.N, 3, dict(temperature=1.15), "coupled")
+    base = blocks.open_llm(block_models, "qwen3-b8", draft=False)
+    assert not blocks.passes(blocks.target_pvalues(base, seqs, blocks.PLAIN))
 
 
 # ------------------------------------------------ the other drafters: one-hot drafts
@@ -273,16 +250,12 @@ def test_dflash2_and_dspark_give_the_target_alone_tokens(tmp_path, kind):
 
 def test_ngram_drafts_give_the_target_alone_tokens(pair_paths):
     # this target's samples repeat themselves: the n-gram drafter finds drafts, DFlash the rest
-    from test_ngram import SMALL
-
     opts = {"draft": pair_paths[1], "speculative": ["ngram-mod", "draft-dflash"], "ngram": SMALL}
     check_kind(pair_paths[0], opts, prompts=PROMPTS, draft_maxes=(3,), sources={"ngram-mod", "draft-dflash"})
 
 
 def test_mtp_drafts_give_the_target_alone_tokens(tmp_path):
-    import test_mtp
-
-    path = test_mtp.write_mtp_target(tmp_path / "mtp.gguf", test_mtp.SPEC, test_mtp.HEAD)
+    path = write_mtp_target(tmp_path / "mtp.gguf", mtp.SPEC, mtp.HEAD)
     check_kind(path, {"speculative": ["draft-mtp"]}, draft_maxes=(1, 3), sources={"draft-mtp"})
 
 

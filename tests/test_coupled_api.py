@@ -1,21 +1,21 @@
 """verify="coupled" reaches every entry point (issue #52): stream, submit, the
 completions, and the server's ``"verify"`` request field; each gives the target
-alone's text for the seed. test_server_fields.py's spread pair and server."""
+alone's text for the seed. The spread pair and its server (tests/conftest.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from pydflash import Llama
-from test_server_fields import files, post, server  # noqa: F401 (fixtures)
+from support.http import post
 
 OPTS = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=7, max_tokens=24, ignore_eos=True)
 PROMPT = "x = 1"
 
 
 @pytest.fixture(scope="module")
-def pair(files):  # noqa: F811
-    t, d = files
+def pair(spread_files):
+    t, d = spread_files
     with Llama(t, n_ctx=512, n_threads=1) as alone, Llama(t, draft=d, n_ctx=512, draft_max=4, n_threads=1) as llm:
         yield alone, llm
 
@@ -41,12 +41,12 @@ def test_completions_take_verify(pair):
         llm.create_completion(PROMPT, verify="exact", **OPTS)
 
 
-def test_the_server_takes_verify(server, pair):  # noqa: F811
+def test_the_server_takes_verify(spread_server, pair):
     alone, _ = pair
     want = alone.create_completion(PROMPT, verify="coupled", **OPTS)["choices"][0]["text"]
-    status, body = post(server, {"prompt": PROMPT, "verify": "coupled", **OPTS})
+    status, body = post(spread_server, {"prompt": PROMPT, "verify": "coupled", **OPTS})
     assert status == 200 and body["choices"][0]["text"] == want
-    status, body = post(server, {"prompt": PROMPT, "verify": "exact", **OPTS})
+    status, body = post(spread_server, {"prompt": PROMPT, "verify": "exact", **OPTS})
     assert status == 400 and "verify" in json_text(body)
 
 

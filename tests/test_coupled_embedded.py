@@ -5,7 +5,7 @@ on and off, and under n_parallel=4 with other requests in the batch.
 
 Apart from near-ties (README: a verification pass rounds logits differently from a
 one-token decode): a divergence is accepted only where the two tokens' log p + g
-lie within TIE_BOUND on the target's full-prefix row (test_coupled.py).
+lie within TIE_BOUND on the target's full-prefix row (support/coupled.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 import pydflash
 from pydflash import Llama
-from test_coupled import assert_same_or_near_tie
+from support.coupled import assert_same_or_near_tie
 
 SAMPLING = dict(temperature=0.8, top_k=40)
 SEEDS = (11, 2024, 987654321)
@@ -125,8 +125,8 @@ def test_a_json_schema_is_followed_and_coupled(embedded_dflash, embedded_target)
     # (masking renormalises: two allowed tokens keep their log p difference)
     import json
 
-    from test_grammar import PROMPTS as JSON_PROMPTS
-    from test_grammar import SCHEMA
+    from support.json_schema import PROMPTS as JSON_PROMPTS
+    from support.json_schema import SCHEMA
 
     kw = dict(temperature=0.9, max_tokens=120, json_schema=SCHEMA, verify="coupled")
     ties = 0

@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 
 import pydflash
-from conftest import HYBRID_DRAFTERS, HYBRID_TARGETS
 from pydflash import Llama, _core, cli, testing
 from pydflash.bench import workload
 from pydflash.config import ModelConfig
+from support.models import HYBRID_DRAFTERS, HYBRID_TARGETS
 
 TARGET = testing.TargetSpec()
 B8 = testing.DrafterSpec()  # block 8
@@ -431,7 +431,7 @@ def test_a_sliding_window_drafter_drafts_as_llama_cpps_own_loop(tmp_path):
     # (common's swa_full is off): on the embedded pair (clear margins) with its
     # drafter given a 64-position window, every step drafts and accepts what
     # llama.cpp's does, over a prompt several windows long
-    from native_loop import matches_native, native_steps
+    from support.native_loop import matches_native, native_steps
 
     target, drafter = pydflash.embedded_pair()
     swa = with_sliding_window(drafter, tmp_path / "swa.gguf", SWA)

@@ -29,7 +29,7 @@ import pytest
 
 from pydflash import DraftCompatibilityError, Llama, testing
 from pydflash.bench.engines import parse_native_output
-from native_loop import speculative_simple
+from support.native_loop import speculative_simple
 
 V = testing.DrafterVariant
 KINDS = {
@@ -261,18 +261,18 @@ SAMPLING = {
 def test_sampled_blocks_keep_the_target_distribution(tmp_path_factory, setting):
     # test_block_sampling's check (see its docstring): the first k + 1 tokens of N
     # generations against the exact distributions of the target alone
-    import test_block_sampling as tb
+    from support import blocks
 
     tspec, variant, verify, pos, floor = SAMPLING[setting]
-    tspec = tb.QWEN3 if tspec == "block" else tspec
+    tspec = blocks.QWEN3 if tspec == "block" else tspec
     d = tmp_path_factory.mktemp(f"sampling-{setting}")
     t, dp = testing.write_pair(d, tspec, testing.DrafterSpec(seed=9, attn_out_scale=2.0, variant=variant))
     with Llama(t, draft=dp, n_ctx=256, n_threads=1) as llm, Llama(t, n_ctx=256, n_threads=1) as base:
         k = llm.pair.max_draft
-        seqs, reach = tb.sample_blocks(llm, tb.N, k, tb.PLAIN, verify)
-        pvals = tb.target_pvalues(base, seqs, tb.PLAIN)
+        seqs, reach = blocks.sample_blocks(llm, blocks.N, k, blocks.PLAIN, verify)
+        pvals = blocks.target_pvalues(base, seqs, blocks.PLAIN)
     print(f"\n{setting}: reach {np.round(reach, 3).tolist()}; min p-value {min(pvals):.3g}")
-    assert tb.passes(pvals), np.round(pvals, 6).tolist()
+    assert blocks.passes(pvals), np.round(pvals, 6).tolist()
     assert reach[pos] >= floor and reach[1] < 0.99, reach  # deep positions reached, rejections too
 
 
@@ -372,7 +372,7 @@ def test_a_confidence_cut_cuts_where_llama_cpp_cuts(p_min):
     # on the shipped pair, whose drafter is sure of some tokens and not of others, both
     # loops cut the same drafts at the same positions
     import pydflash
-    from native_loop import matches_native, native_steps
+    from support.native_loop import matches_native, native_steps
 
     target, drafter = pydflash.embedded_pair()
     prompt = "def fibonacci(n):\n    "

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import HYBRID_DRAFTERS, HYBRID_TARGETS, TARGET
 from pydflash import DecodeError, Llama, RollbackError, testing
+from support.models import HYBRID_DRAFTERS, HYBRID_TARGETS, TARGET
 
 PROMPT = [17, 42, 99, 250, 5, 33, 120]
 N = 12

@@ -3,25 +3,13 @@ processes; the CLI's device flags reach ModelConfig."""
 
 from __future__ import annotations
 
-import dataclasses
 import subprocess
 import sys
 
 import pytest
 
 import pydflash
-from pydflash import Llama, cli, testing
-from conftest import TARGET
-
-SPREAD = dataclasses.replace(TARGET, head_scale=0.2, hot_tokens=10, seed=5)  # sampling at T=1 is not greedy
-
-
-@pytest.fixture(scope="module")
-def spread_files(tmp_path_factory):
-    d = tmp_path_factory.mktemp("features")
-    return (testing.write_target(d / "t.gguf", SPREAD),
-            testing.write_drafter(d / "d.gguf", SPREAD, testing.DrafterSpec(seed=9, attn_out_scale=1.0)))
-
+from pydflash import Llama, cli
 
 SAMPLE = """
 import sys

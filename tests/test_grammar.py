@@ -21,24 +21,12 @@ import pytest
 
 import pydflash
 from pydflash import Grammar, GrammarError, Llama
-from test_sampling import ALPHA, N, PROMPT, exact_joint, fit_pvalue, spread_pair, transform  # noqa: F401
+from support.json_schema import PROMPTS, SCHEMA
+from support.sampling import ALPHA, PROMPT, N, exact_joint, fit_pvalue, transform
 
 # the tiny test vocabulary: bytes, then merges; [a-e]+ allows 'a'..'e' and 'de'
 LETTERS = "root ::= [a-e]+"
 PY_DEF = 'root ::= "def " [a-z_]{1,20} "(" [a-z, ]{0,24} "):"'
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 12},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3},
-    },
-    "required": ["name", "age"],
-    "additionalProperties": False,
-}
-PROMPTS = ["person = ", "# a user record\nuser = ", "def load(path):\n    return ", "config = json.loads('"]
-
-
 @pytest.fixture
 def embedded(embedded_dflash: Llama, embedded_target: Llama) -> tuple[Llama, Llama]:
     return embedded_dflash, embedded_target

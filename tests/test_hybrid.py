@@ -12,26 +12,11 @@ import re
 
 import pytest
 
-from conftest import HYBRID_DRAFTERS, HYBRID_TARGETS
 from pydflash import DraftCompatibilityError, Llama, testing
 from pydflash.cli import main as cli_main
-from test_lossless import N_TOKENS, PROMPTS, TEXT_PROMPTS, check_stats
-
-# name: (target, drafter, rollback, expected rollback kind)
-PAIRS = {
-    "qwen35-b8": ("qwen35", "b8", "auto", "recurrent-planes"),
-    "qwen35-b16": ("qwen35", "b16", "auto", "recurrent-planes"),
-    "qwen35-b8-checkpoint": ("qwen35", "b8", "checkpoint", "checkpoint"),
-    "qwen35moe-b8": ("qwen35moe", "b8", "auto", "recurrent-planes"),
-    "qwen3next-b8": ("qwen3next", "b8", "auto", "checkpoint"),
-}
-THREADS = 1  # tiny models: a second thread only adds synchronisation
-
-
-def open_pair(models, name: str, **kw) -> Llama:
-    arch, drafter, rollback, _ = PAIRS[name]
-    return Llama(models / f"{arch}-target.gguf", draft=models / f"{arch}-drafter-{drafter}.gguf", n_ctx=1024,
-                 n_threads=THREADS, rollback=rollback, **kw)
+from support.lossless import N_TOKENS, PROMPTS, TEXT_PROMPTS, check_stats
+from support.models import HYBRID_DRAFTERS, HYBRID_TARGETS
+from support.pairs import PAIRS, THREADS, open_pair
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from pydflash import Llama
-from test_hybrid import PAIRS, THREADS, open_pair
+from support.pairs import PAIRS, THREADS, open_pair
 
 PROMPT = "def main(argv=None):"
 

@@ -12,7 +12,7 @@ import pytest
 
 import pydflash
 from pydflash import DraftCompatibilityError, Llama, ModelLoadError, PyDFlashError, testing
-from conftest import TARGET
+from support.models import TARGET
 
 D = testing.DrafterSpec()
 

@@ -12,9 +12,9 @@ import urllib.request
 
 import pytest
 
-from conftest import TARGET
 from pydflash import Llama, testing
 from pydflash.server import Server
+from support.models import TARGET
 
 openai = pytest.importorskip("openai")
 

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from pydflash import testing
-from conftest import TARGET
+from support.models import TARGET
 
 DATA = Path(__file__).parent / "data"
 CASES = sorted((DATA / "bad_gguf").glob("*.gguf"))

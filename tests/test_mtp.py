@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 
 from pydflash import DraftCompatibilityError, Grammar, Llama, ModelLoadError, NgramConfig, _core, testing
-from pydflash.testing.mtp import MtpSpec, write_mtp_target
+from pydflash.testing.mtp import write_mtp_target
+from support.mtp import HEAD, SPEC
 
-SPEC = testing.HybridSpec(embd_common=3.0)
-HEAD = MtpSpec(copy=4.0, block_scale=0.1)
 PROMPTS = ["def main(argv=None):\n    parser", "The target model verifies every", "import os, sys; print("]
 N = 48
 T1 = 1  # n_threads: these models are tiny, and a second thread only waits on a busy machine
@@ -76,7 +75,7 @@ def test_counts_equal_llama_cpp_native(models, stack):
     # the written file too). The head starts over with the cache, so one pair serves every
     # prompt; n-gram tables carry over between generations (as in llama-server), so the
     # stack gets a fresh pair per prompt, as each native run is
-    from native_loop import matches_native, native_steps
+    from support.native_loop import matches_native, native_steps
 
     target = models / "qwen35.gguf"
     ngram = NgramConfig(mod_n_match=4, mod_n_min=1, mod_n_max=3)
@@ -159,14 +158,14 @@ def test_sampled_generations_keep_the_target_distribution(tmp_path, verify):
     # against the target alone's exact distributions (the one-hot q is exact)
     import numpy as np
 
-    import test_block_sampling as tb
+    from support import blocks
 
-    path = write_mtp_target(tmp_path / "peaked.gguf", tb.QWEN35, HEAD)
+    path = write_mtp_target(tmp_path / "peaked.gguf", blocks.QWEN35, HEAD)
     kw = {"n_ctx": 256, "n_threads": T1}
     with Llama(path, speculative=["draft-mtp"], draft_max=3, **kw) as llm, Llama(path, **kw) as base:
-        seqs, reach = tb.sample_blocks(llm, tb.N, 3, tb.PLAIN, verify)
-        pvals = tb.target_pvalues(base, seqs, tb.PLAIN)
-    assert tb.passes(pvals), np.round(pvals, 6).tolist()
+        seqs, reach = blocks.sample_blocks(llm, blocks.N, 3, blocks.PLAIN, verify)
+        pvals = blocks.target_pvalues(base, seqs, blocks.PLAIN)
+    assert blocks.passes(pvals), np.round(pvals, 6).tolist()
     assert reach[3] > 0.05 and reach[1] < 0.99, reach  # whole drafts kept, and rejections
 
 
@@ -218,7 +217,7 @@ def test_bad_values_say_what_to_do(models, model_dir):
 
 
 def test_the_cli_drafts_with_the_head_and_info_counts_its_layers(models):
-    from test_cli import run
+    from support.cli import run
 
     path = str(models / "qwen35.gguf")
     proc = run("generate", "-m", path, "-p", PROMPTS[0], "-n", "24", "--spec-type", "draft-mtp", "--draft-max", "3",
@@ -231,7 +230,7 @@ def test_the_cli_drafts_with_the_head_and_info_counts_its_layers(models):
 def test_the_server_reports_mtp_drafts_as_their_own_source(models):
     import urllib.request
 
-    from test_server import metrics, serve
+    from support.http import metrics, serve
 
     with serve("-m", str(models / "qwen35.gguf"), "--n-ctx", "512", "--spec-type", "draft-mtp", "--draft-max", "3",
                "--threads", "1") as url:  # fmt: skip

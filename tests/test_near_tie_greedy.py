@@ -31,8 +31,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import DRAFTERS
 from pydflash import Llama, testing
+from support.models import DRAFTERS
 
 PROMPTS = [[7], [1, 2, 3, 4, 5], [300, 12, 99, 250, 17, 45], list(range(40, 120)), [381, 380, 379], [200] * 30,
            [65, 66, 67, 68, 69, 70], [270, 11, 270, 11]]

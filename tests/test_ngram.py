@@ -14,14 +14,12 @@ import pytest
 
 import pydflash
 from pydflash import Llama, NgramConfig, testing
-from conftest import HYBRID_DRAFTERS, HYBRID_TARGETS, TARGET
+from support.models import HYBRID_DRAFTERS, HYBRID_TARGETS, TARGET
+from support.ngram import SMALL
 
 # code the embedded pair's target partly re-emits from its context
 _SRC = Path(json.decoder.__file__).read_text(encoding="utf-8")
 COPY_PROMPT = _SRC[:1500] + "\n\n" + _SRC[:600]  # pair v2 re-emits the repeated start from here on
-# small lookups so that the tiny random models' loops are found quickly
-SMALL = NgramConfig(mod_n_match=4, mod_n_min=1, mod_n_max=24, simple_size_n=3, simple_size_m=16,
-                    map_k_size_n=3, map_k_size_m=16)
 NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 
 
@@ -207,7 +205,7 @@ def test_steps_equal_llama_cpps_own_loop(stack, with_drafter):
     # the same files, prompt and settings: every step drafts and accepts what
     # llama.cpp's loop does (which source drafted shows in the draft lengths:
     # n-gram drafts run to 64 tokens, DFlash blocks to 7)
-    from native_loop import matches_native, native_steps
+    from support.native_loop import matches_native, native_steps
 
     target, drafter = pydflash.embedded_pair()
     draft = drafter if with_drafter else None
@@ -223,7 +221,7 @@ def test_steps_equal_llama_cpps_own_loop(stack, with_drafter):
 def test_the_server_takes_spec_type_and_reports_each_source(embedded_target, copy_reference):
     import urllib.request
 
-    from test_server import metrics, serve
+    from support.http import metrics, serve
 
     target, drafter = pydflash.embedded_pair()
     with serve("-m", str(target), "-d", str(drafter), "--n-ctx", "1024", "--spec-type", "ngram-mod,draft-dflash",

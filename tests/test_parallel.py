@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import HYBRID_TARGETS
 from pydflash import ContextLimitError, GenerationInterrupted, Llama, PyDFlashError, embedded_pair
-from test_hybrid import PAIRS, THREADS
+from support.models import HYBRID_TARGETS
+from support.pairs import PAIRS, THREADS
 
 N_CTX_SLOT = 256  # every slot's context, whatever n_parallel
 TIE_BOUND = 1.0  # logits apart: at most 1% of their size here, ~3x the largest batching difference seen

@@ -15,7 +15,7 @@ import random
 import pytest
 
 from pydflash import Llama
-from test_hybrid import PAIRS, open_pair
+from support.pairs import PAIRS, open_pair
 
 N_CASES = 12
 N_OUT = 24

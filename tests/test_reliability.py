@@ -15,20 +15,7 @@ from pathlib import Path
 import pytest
 
 from pydflash import GenerationInterrupted, Llama
-
-TIMER = 0.05        # seconds until the interrupt
-MIN_PREFILL = 1.0   # seconds the prefill to interrupt must last at least (20x the timer)
-PROBE = 2048        # prompt tokens of the rate measurement
-
-
-def long_prompt(n: int) -> list[int]:
-    return [(i * 7919) % 380 for i in range(n)]
-
-
-def tokens_for(seconds: float, rate: float) -> int:
-    """Prompt tokens whose prefill lasts ``seconds`` at ``rate`` tokens/s (a
-    lower bound: attention makes longer prompts slower per token)."""
-    return int(min(max(rate * seconds, 4096), 2**18))
+from support.long_prefill import MIN_PREFILL, PROBE, TIMER, long_prompt, tokens_for
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +87,7 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 t = threading.Thread(target=lambda: __import__("pydflash"))
 t.start(); t.join()
 from pydflash import Llama
-from test_reliability import MIN_PREFILL, PROBE, TIMER, long_prompt, tokens_for
+from support.long_prefill import MIN_PREFILL, PROBE, TIMER, long_prompt, tokens_for
 with Llama(sys.argv[1], n_ctx=PROBE + 64, n_batch=2048) as llm:  # this process's prefill rate
     llm.pair.prefill(long_prompt(PROBE))
     t0 = time.perf_counter(); llm.pair.prefill(long_prompt(PROBE)); rate = PROBE / (time.perf_counter() - t0)

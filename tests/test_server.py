@@ -4,26 +4,20 @@ concurrent clients, /metrics consistent with the responses, disconnects."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import http.client
 import json
-import re
 import socket
 import subprocess
 import sys
-import threading
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from pydflash import Llama, testing
-
-from conftest import TARGET
+from support.http import get, metrics, serve
+from support.models import TARGET
 
 openai = pytest.importorskip("openai")
 
@@ -45,44 +39,6 @@ def server(pair):
         yield url
 
 
-@contextlib.contextmanager
-def serve(*args: str) -> Iterator[str]:
-    """`pydflash serve ARGS` on a free port of 127.0.0.1; yields its URL."""
-    proc = subprocess.Popen([sys.executable, "-m", "pydflash", "serve", "--host", "127.0.0.1", "--port", "0", "--metrics", *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = None
-    deadline = time.monotonic() + 120
-    lines = []
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        lines.append(line)
-        m = re.search(r"on (http://127\.0\.0\.1:\d+)", line)
-        if m:
-            url = m.group(1)
-            break
-    if url is None:
-        proc.kill()
-        out = proc.stderr.read()
-        proc.stderr.close()
-        raise AssertionError("server did not start:\n" + "".join(lines) + out)
-    drain = threading.Thread(target=proc.stderr.read, daemon=True)  # never let the pipe fill up
-    drain.start()
-    try:
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=30)
-            drain.join(timeout=30)
-        proc.stderr.close()
-
-
 @pytest.fixture(scope="module")
 def client(server):
     with openai.OpenAI(base_url=server + "/v1", api_key="none", max_retries=0, timeout=120) as c:
@@ -93,25 +49,6 @@ def client(server):
 def local(pair):
     with Llama(pair[0], n_ctx=1024) as llm:  # the target alone: what greedy DFlash must reproduce
         yield llm
-
-
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=30) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-
-
-def metrics(server: str) -> dict[str, float]:
-    status, text = get(server + "/metrics")
-    assert status == 200
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-    return out
 
 
 def test_health_and_models(server, client):

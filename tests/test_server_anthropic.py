@@ -10,8 +10,6 @@ import pytest
 from pydflash import Llama
 from pydflash.server import Server
 
-from test_chat_tools import files  # noqa: F401  # the phrase model's files (a fixture)
-
 anthropic = pytest.importorskip("anthropic")
 
 TOOLS = [{"name": "get_weather", "description": "Current weather of a city",
@@ -21,8 +19,8 @@ GREEDY = {"temperature": 0}  # (this SDK's create() has no temperature argument:
 
 
 @pytest.fixture(scope="module")
-def server(files):  # noqa: F811
-    t, d, ids = files
+def server(phrase_files):
+    t, d, ids = phrase_files
     with Llama(t, draft=d, n_ctx=2048) as llm, Server(llm, port=0, api_keys=["sk-test"]) as srv:
         yield srv, ids
 

@@ -7,11 +7,7 @@ differs from greedy and each field changes the output."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import re
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -19,10 +15,9 @@ import urllib.request
 
 import pytest
 
-from pydflash import Llama, testing
-from conftest import TARGET
+from pydflash import Llama
+from support.http import post
 
-SPEC = dataclasses.replace(TARGET, head_scale=0.2, hot_tokens=10, seed=5)
 PROMPT = "x = 1"
 # temperature 1 and every other filter off: each test turns one on
 # verify="rejection": a seeded request's default (coupled) may keep seed 7's tokens under a field
@@ -31,54 +26,9 @@ BASE = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0, 
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    d = tmp_path_factory.mktemp("fields")
-    t = testing.write_target(d / "t.gguf", SPEC)
-    dr = testing.write_drafter(d / "d.gguf", SPEC, testing.DrafterSpec(seed=9, attn_out_scale=1.0))
-    return t, dr
-
-
-@pytest.fixture(scope="module")
-def server(files):
-    t, d = files
-    proc = subprocess.Popen([sys.executable, "-m", "pydflash", "serve", "-m", str(t), "-d", str(d),
-                             "--host", "127.0.0.1", "--port", "0", "--n-ctx", "1024", "--metrics"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url, lines = None, []
-    deadline = time.monotonic() + 120
-    while url is None and time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        lines.append(line)
-        m = re.search(r"on (http://127\.0\.0\.1:\d+)", line)
-        url = m.group(1) if m else None
-    if url is None:
-        proc.kill()
-        raise AssertionError("server did not start:\n" + "".join(lines) + proc.stderr.read())
-    drain = threading.Thread(target=proc.stderr.read, daemon=True)
-    drain.start()
-    yield url
-    proc.terminate()
-    proc.wait(timeout=30)
-    drain.join(timeout=30)
-    proc.stderr.close()
-
-
-@pytest.fixture(scope="module")
-def local(files):
-    with Llama(files[0], draft=files[1], n_ctx=1024) as llm:  # the same pair in-process
+def local(spread_files):
+    with Llama(spread_files[0], draft=spread_files[1], n_ctx=1024) as llm:  # the same pair in-process
         yield llm
-
-
-def post(server: str, body: dict, path: str = "/v1/completions") -> tuple[int, dict]:
-    req = urllib.request.Request(server + path, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 def complete(server: str, **fields) -> dict:
@@ -97,26 +47,26 @@ def metrics(server: str) -> dict[str, float]:
 @pytest.mark.parametrize("field", [dict(top_k=3), dict(min_p=0.2), dict(repeat_penalty=1.5), dict(typical_p=0.5),
                                    dict(top_n_sigma=2.0)],
                          ids=lambda f: next(iter(f)))
-def test_sampling_fields_reach_the_generation(server, local, field):
-    got = complete(server, **dict(BASE, **field))["choices"][0]["text"]
+def test_sampling_fields_reach_the_generation(spread_server, local, field):
+    got = complete(spread_server, **dict(BASE, **field))["choices"][0]["text"]
     assert got == local.generate(PROMPT, **dict(BASE, **field)).text  # the same pair, seed and field in-process
     assert got != local.generate(PROMPT, **BASE).text  # and the field changed the output
 
 
-def test_top_k_1_at_temperature_1_is_greedy(server, local):
+def test_top_k_1_at_temperature_1_is_greedy(spread_server, local):
     greedy = local.generate(PROMPT, max_tokens=24, ignore_eos=True).text
-    assert complete(server, **BASE)["choices"][0]["text"] != greedy
+    assert complete(spread_server, **BASE)["choices"][0]["text"] != greedy
     for seed in (1, 2):
-        assert complete(server, **dict(BASE, top_k=1, seed=seed))["choices"][0]["text"] == greedy
+        assert complete(spread_server, **dict(BASE, top_k=1, seed=seed))["choices"][0]["text"] == greedy
 
 
-def test_draft_max_reaches_the_generation(server):
-    t0 = complete(server, **dict(BASE, temperature=0, draft_max=0))["timings"]
+def test_draft_max_reaches_the_generation(spread_server):
+    t0 = complete(spread_server, **dict(BASE, temperature=0, draft_max=0))["timings"]
     assert t0["draft_n"] == 0 and t0["draft_n_accepted"] == 0
     assert t0["n_steps"] == t0["predicted_n"] == 24  # one target pass per token
-    t2 = complete(server, **dict(BASE, temperature=0, draft_max=2))["timings"]
+    t2 = complete(spread_server, **dict(BASE, temperature=0, draft_max=2))["timings"]
     assert 0 < t2["draft_n"] <= 2 * t2["n_steps"] and max(t2["accepted_lengths"]) <= 2
-    t7 = complete(server, **dict(BASE, temperature=0, draft_max=7))["timings"]
+    t7 = complete(spread_server, **dict(BASE, temperature=0, draft_max=7))["timings"]
     assert t7["draft_n"] > 2 * t7["n_steps"]  # 7 drafts past 2 per step
 
 
@@ -130,11 +80,11 @@ def test_draft_max_reaches_the_generation(server):
     (dict(mirostat=2), "'mirostat' sampler is not supported"), (dict(xtc_probability=0.5), "'xtc_probability'"),
     (dict(dry_multiplier=0.8), "'dry_multiplier'"), (dict(dynatemp_range=0.5), "'dynatemp_range'"),
 ], ids=lambda x: json.dumps(x) if isinstance(x, dict) else None)
-def test_bad_field_values_are_400(server, field, match):
-    status, res = post(server, dict(prompt=PROMPT, max_tokens=2, **field))
+def test_bad_field_values_are_400(spread_server, field, match):
+    status, res = post(spread_server, dict(prompt=PROMPT, max_tokens=2, **field))
     assert status == 400, res
     assert match in res["error"]["message"]
-    status, res = post(server, dict(messages=[{"role": "user", "content": "hi"}], max_tokens=2, **field),
+    status, res = post(spread_server, dict(messages=[{"role": "user", "content": "hi"}], max_tokens=2, **field),
                        "/v1/chat/completions")
     assert status == 400 and match in res["error"]["message"], res
 
@@ -149,21 +99,21 @@ def _poll(server: str, what: str, until, timeout: float = 60) -> dict[str, float
     raise AssertionError(f"{what}: {metrics(server)}")
 
 
-def test_concurrent_requests_are_served_one_after_the_other(server, local):
+def test_concurrent_requests_are_served_one_after_the_other(spread_server, local):
     # A runs long; B arrives while A runs and waits (deferred) until A is done
-    before = metrics(server)
+    before = metrics(spread_server)
     done: dict[str, tuple[float, dict]] = {}
 
     def run(name: str, body: dict) -> None:
-        res = complete(server, **body)
+        res = complete(spread_server, **body)
         done[name] = (time.monotonic(), res)
 
     a = threading.Thread(target=run, args=("a", dict(BASE, temperature=0, max_tokens=250)))
     a.start()
-    _poll(server, "A never ran", lambda m: m["pydflash_requests_processing"] == 1)
+    _poll(spread_server, "A never ran", lambda m: m["pydflash_requests_processing"] == 1)
     b = threading.Thread(target=run, args=("b", dict(BASE, temperature=0, max_tokens=8)))
     b.start()
-    seen = _poll(server, "B was not queued behind A",
+    seen = _poll(spread_server, "B was not queued behind A",
                  lambda m: m["pydflash_requests_deferred"] == 1 or "a" in done)
     assert "a" not in done, "A ended before B was seen waiting: make A longer"
     assert seen["pydflash_requests_processing"] == 1  # A still runs, alone
@@ -175,6 +125,6 @@ def test_concurrent_requests_are_served_one_after_the_other(server, local):
     assert tb >= ta - 0.002
     assert ra["usage"]["completion_tokens"] == 250 and rb["usage"]["completion_tokens"] == 8
     assert rb["choices"][0]["text"] == local.generate(PROMPT, max_tokens=8, ignore_eos=True).text
-    after = metrics(server)
+    after = metrics(spread_server)
     assert after["pydflash_requests_processing"] == 0 and after["pydflash_requests_deferred"] == 0
     assert after["pydflash_tokens_predicted_total"] - before["pydflash_tokens_predicted_total"] == 258

@@ -14,8 +14,7 @@ import pytest
 
 from pydflash import Llama
 from pydflash.server import Server
-
-from test_server_defects import events
+from support.raw_http import events
 
 PROMPTS = ["def f(x):", "class A:\n    def", "import os\n", "for i in range(", "# sum of a list\ndef"]
 

@@ -22,8 +22,7 @@ import pytest
 import pydflash
 from pydflash import Llama
 from pydflash.server import Server
-
-from test_server_defects import Conn, body, completion, events, idle, metrics, poll
+from support.raw_http import Conn, body, completion, events, idle, metrics, poll
 
 
 def get(srv: Server, path: str, headers: dict[str, str] | None = None, timeout: float = 30) -> tuple[int, dict]:

@@ -19,8 +19,7 @@ import pytest
 import pydflash
 from pydflash import Llama
 from pydflash.server import Server
-
-from test_server_defects import events
+from support.raw_http import events
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
 
@@ -244,8 +243,8 @@ def test_several_listen_addresses_share_one_port(embedded_dflash):
 def test_reasoning_off_is_a_server_default(tmp_path):
     import dataclasses
 
-    from conftest import TARGET
     from pydflash import testing
+    from support.models import TARGET
 
     t = testing.write_target(tmp_path / "t.gguf", dataclasses.replace(TARGET, chat_template=testing.THINKING_TEMPLATE))
     msgs = {"messages": [{"role": "user", "content": "hi"}]}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pydflash import Llama, PyDFlashError, embedded_pair
-from test_hybrid import PAIRS, THREADS
+from support.pairs import PAIRS, THREADS
 
 TURN1 = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5] * 4
 NEW = [8, 9, 7, 9]

@@ -18,13 +18,14 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 _STEP = re.compile(r"accepted (\d+)/(\d+) draft tokens")
 
 
 def speculative_simple() -> Path:
     """The binary, or a skip (a failure under PYDFLASH_REQUIRE_NATIVE=1)."""
-    exe = Path(os.environ.get("PYDFLASH_NATIVE_BIN_DIR", ROOT / "build" / "native" / "bin")) / "llama-speculative-simple"
+    bin_dir = Path(os.environ.get("PYDFLASH_NATIVE_BIN_DIR", ROOT / "build" / "native" / "bin"))
+    exe = bin_dir / "llama-speculative-simple"
     if not os.access(exe, os.X_OK):
         why = f"{exe} is not built (python tools/build_native.py --target llama-speculative-simple)"
         if os.environ.get("PYDFLASH_REQUIRE_NATIVE") == "1":
@@ -33,17 +34,28 @@ def speculative_simple() -> Path:
     return exe
 
 
-def native_steps(target: Path | str, prompt: str, n_predict: int, spec_types: str, *, draft: Path | str | None = None,
-                 draft_max: int = 7, n_ctx: int = 2048, extra: tuple[str, ...] = ()) -> list[tuple[int, int]]:
+def native_steps(
+    target: Path | str,
+    prompt: str,
+    n_predict: int,
+    spec_types: str,
+    *,
+    draft: Path | str | None = None,
+    draft_max: int = 7,
+    n_ctx: int = 2048,
+    extra: tuple[str, ...] = (),
+) -> list[tuple[int, int]]:
     """(accepted, drafted) of every step of llama.cpp's loop, greedy."""
     exe = speculative_simple()
     with tempfile.TemporaryDirectory() as d:
         f = Path(d) / "prompt.txt"
         f.write_text(prompt, encoding="utf-8")
+        # fmt: off
         cmd = [str(exe), "-m", str(target), "--spec-type", spec_types, "--spec-draft-n-max", str(draft_max),
                "--spec-draft-n-min", "0", "--spec-draft-p-min", "0", "-f", str(f), "-n", str(n_predict),
                "-c", str(n_ctx), "-b", str(n_ctx), "-ub", "512", "-t", "2", "--temp", "0", "--top-k", "1",
                "--seed", "0", "--ignore-eos", "--no-escape", "-ngl", "0", "-v", *extra]
+        # fmt: on
         if draft is not None:
             cmd += ["-md", str(draft), "-ngld", "0"]
         # no reruns: tools/build_native.py links in a flush of its log at exit
@@ -63,5 +75,5 @@ def matches_native(ours: list[tuple[int, int]], native: list[tuple[int, int]]) -
     it may run one step further."""
     assert len(native) >= len(ours)
     assert ours == native[: len(ours)], next(
-        (i, o, n) for i, (o, n) in enumerate(zip(ours, native)) if o != n
+        (i, o, n) for i, (o, n) in enumerate(zip(ours, native, strict=False)) if o != n
     )

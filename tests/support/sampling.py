@@ -1,0 +1,133 @@
+"""llama.cpp's default sampler chain re-implemented in numpy, the exact distribution of
+a target's first two tokens through it, and the chi-square check of sampled tokens
+against it (tests/test_sampling.py's docstring explains the check and its error rate)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pydflash import Llama
+
+scipy_stats = pytest.importorskip("scipy.stats")
+
+ALPHA = 1e-4
+N = 2000
+PROMPT = [17, 42, 99, 250, 5]
+
+
+def transform(
+    logits: np.ndarray,
+    recent: list[int],
+    *,
+    temperature=1.0,
+    top_k=0,
+    top_p=1.0,
+    min_p=0.0,
+    typical_p=1.0,
+    top_n_sigma=-1.0,
+    repeat_penalty=1.0,
+    frequency_penalty=0.0,
+    presence_penalty=0.0,
+    logit_bias=None,
+    old_order=False,
+    old_bias_order=False,
+) -> np.ndarray:
+    """Reference of llama.cpp's default chain: logit bias, penalties, top-n-sigma,
+    top-k, typical-p, top-p, min-p on the untempered distribution, temperature last.
+    ``old_order``: pydflash's chain before it matched llama.cpp (temperature before
+    top-p and min-p); ``old_bias_order``: the bias after the penalties."""
+    x = logits.astype(np.float64).copy()
+    bias = dict(logit_bias or {})
+    if not old_bias_order:
+        for t, b in bias.items():
+            x[t] += b
+    for t in set(recent):
+        c = recent.count(t)
+        x[t] = x[t] / repeat_penalty if x[t] > 0 else x[t] * repeat_penalty
+        x[t] -= c * frequency_penalty + presence_penalty
+    if old_bias_order:
+        for t, b in bias.items():
+            x[t] += b
+    finite = np.isfinite(x)
+    if top_n_sigma > 0 and finite.sum() > 1:
+        v = x[finite]
+        x[x < v.max() - top_n_sigma * v.std()] = -np.inf
+    order = np.lexsort((np.arange(len(x)), -x))  # by logit, ties to the lower id
+    order = order[np.isfinite(x[order])]
+    if top_k:
+        order = order[:top_k]
+    if typical_p < 1.0:
+        pt = np.exp(x[order] - x[order[0]])
+        pt /= pt.sum()
+        entropy = -(pt * np.log(pt)).sum()
+        by_surprise = np.argsort(np.abs(-np.log(pt) - entropy), kind="stable")
+        cum = np.cumsum(pt[by_surprise])
+        n = int(np.argmax(cum > typical_p)) + 1 if (cum > typical_p).any() else len(order)
+        order = order[np.sort(by_surprise[:n])]  # the survivors, back in logit order
+    p = np.exp((x[order] - x[order[0]]) / (temperature if old_order else 1.0))
+    p /= p.sum()
+    keep = len(order)
+    if top_p < 1.0:
+        keep = int(np.searchsorted(np.cumsum(p), top_p) + 1)
+    if min_p > 0:
+        keep = min(keep, int(np.sum(p[:keep] >= min_p * p[0])))
+    q = np.exp((x[order[:keep]] - x[order[0]]) / temperature)
+    out = np.zeros(len(x))
+    out[order[:keep]] = q / q.sum()
+    return out
+
+
+def exact_joint(base: Llama, prompt: list[int], window: int, allowed=None, **kw) -> dict[tuple[int, int], float]:
+    """P(t1, t2) of the target alone; ``allowed``: (tokens a grammar allows first,
+    then second) as boolean masks, the rest set to -inf before the chain."""
+
+    def row(ctx: list[int], i: int) -> np.ndarray:
+        r = base.pair.score(ctx)[-1].astype(np.float64)
+        return r if allowed is None else np.where(allowed[i], r, -np.inf)
+
+    p1 = transform(row(prompt, 0), prompt[-window:], **kw)
+    joint = {}
+    for t1 in np.flatnonzero(p1 > 1e-9):
+        ctx = [*prompt, int(t1)]
+        p2 = transform(row(ctx, 1), ctx[-window:], **kw)
+        for t2 in np.flatnonzero(p2 > 1e-9):
+            joint[(int(t1), int(t2))] = p1[t1] * p2[t2]
+    return joint
+
+
+def chi_square_pvalue(counts: dict, probs: dict, n: int) -> float:
+    """Goodness of fit; categories with expected count < 5 are pooled."""
+    obs, exp = [], []
+    pool_o = pool_e = 0.0
+    for k, p in probs.items():
+        e = p * n
+        if e < 5:
+            pool_o += counts.get(k, 0)
+            pool_e += e
+        else:
+            obs.append(counts.get(k, 0))
+            exp.append(e)
+    unexpected = sum(c for k, c in counts.items() if k not in probs)
+    assert unexpected == 0, f"{unexpected} samples outside the target's support"
+    if pool_e > 0:
+        obs.append(pool_o)
+        exp.append(pool_e)
+    # a setting whose cells all pool into one tells nothing: a test design error, not a pass
+    assert len(obs) >= 2, "every category has an expected count < 5: choose a more concentrated setting"
+    exp_arr = np.array(exp) * (n / sum(exp))
+    return float(scipy_stats.chisquare(obs, exp_arr).pvalue)
+
+
+def fit_pvalue(counts: dict, exact: dict, n: int) -> float:
+    """The smallest p-value of the joint and the two marginal checks."""
+    pvals = [chi_square_pvalue(counts, exact, n)]
+    for axis in (0, 1):
+        mc: dict[int, int] = {}
+        me: dict[int, float] = {}
+        for k, c in counts.items():
+            mc[k[axis]] = mc.get(k[axis], 0) + c
+        for k, p in exact.items():
+            me[k[axis]] = me.get(k[axis], 0.0) + p
+        pvals.append(chi_square_pvalue(mc, me, n))
+    return min(pvals)

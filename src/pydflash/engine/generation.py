@@ -157,7 +157,7 @@ class Generation:
         self.config = config
         self.prompt: list[int] = host.prompt_tokens(prompt)
         pair = host.pair
-        limit = pair.n_ctx
+        self.n_ctx = limit = pair.n_ctx  # one sequence's context
         if len(self.prompt) > limit - 1:
             where = f"a sequence's context holds {limit}" if pair.n_parallel > 1 else f"the context holds {limit}"
             raise ContextLimitError(
@@ -309,9 +309,16 @@ class Generation:
         self.t_decode = now
 
     @property
+    def max_tokens(self) -> int:
+        """Its token budget: ``max_tokens``, or (None) what the context has left after
+        the prompt (llama-cpp-python's ``max_tokens=None``, llama-server's ``n_predict`` -1)."""
+        n = self.config.max_tokens
+        return self.n_ctx - len(self.prompt) if n is None else n
+
+    @property
     def tokens_left(self) -> int:
-        """Tokens it may still generate: the one rule for ``max_tokens``."""
-        return self.config.max_tokens - len(self.tokens)
+        """Tokens it may still generate: the one rule for the token budget."""
+        return self.max_tokens - len(self.tokens)
 
     def next_draft_max(self, n_past: int, n_ctx: int, default_draft_max: int) -> int | None:
         """This step's draft_max, or None when the generation ends here ("length")."""

@@ -44,11 +44,6 @@ class CompletionHost(GenerationHost, Protocol):
         ...
 
     @property
-    def n_ctx_slot(self) -> int:
-        """Tokens one sequence may hold: chat's default ``max_tokens`` runs to it."""
-        ...
-
-    @property
     def chat_template(self) -> ChatTemplate:
         """The template that turns messages into a prompt."""
         ...
@@ -101,11 +96,10 @@ def _logit_bias(bias: Mapping[Any, float] | None) -> dict[int, float] | None:
     return out
 
 
-def _fill(max_tokens: int | None, n_ctx: int, n_prompt: int) -> int:
-    """``max_tokens`` None or <= 0: what the context has left after the prompt."""
-    if max_tokens is None or max_tokens <= 0:
-        return max(1, n_ctx - n_prompt)
-    return max_tokens
+def _budget(max_tokens: int | None) -> int | None:
+    """llama-cpp-python's ``max_tokens``: None or <= 0 runs until the context is full
+    (SamplingConfig's None; the generation computes what is left)."""
+    return None if max_tokens is None or max_tokens <= 0 else max_tokens
 
 
 def _unsupported(**kw: Any) -> None:
@@ -166,7 +160,7 @@ def create_completion(
     schema, gbnf = constraint(response_format, json_schema, grammar)
     tokens = llm.prompt_tokens(prompt)
     cfg = SamplingConfig.build(
-        max_tokens=_fill(max_tokens, llm.n_ctx_slot, len(tokens)),
+        max_tokens=_budget(max_tokens),
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,
@@ -364,7 +358,7 @@ def create_chat_completion(
     cp = _chat_prompt(llm, messages, tools, enable_thinking, chat_template_kwargs, schema, gbnf)
     tokens = llm.prompt_tokens(cp.prompt)
     cfg = SamplingConfig.build(
-        max_tokens=_fill(max_tokens, llm.n_ctx_slot, len(tokens)),
+        max_tokens=_budget(max_tokens),
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,

@@ -10,14 +10,14 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from ..config import SamplingConfig
 from ..engine.generation import Generation
 from ..llama import Llama
 from ..openai.structured import constraint
 from ..results import TokenLogprob
-from .requests import MAX_STOP, MAX_STOP_CHARS, REFUSED_SAMPLERS, BadRequest, Stop, Unsupported
+from .requests import MAX_STOP, MAX_STOP_CHARS, REFUSED_SAMPLERS, BadRequest, Stop, Unsupported, budget, n_predict
 
 __all__ = ["FIM_TEXTS", "InfillRequest", "NativeRequest", "fim_tokens", "piece", "tokenize_mixed"]
 
@@ -78,7 +78,9 @@ class NativeRequest(BaseModel):
 
     prompt: str | Mixed | list[str | Mixed] = ""
     n_predict: int | None = None
-    max_tokens: int | None = None  # llama-server reads it where n_predict is absent
+    # llama-server's aliases of n_predict, read in this order where it is absent (budget)
+    max_completion_tokens: int | None = None
+    max_tokens: int | None = None
     stream: bool = False
     temperature: float = 0.8
     top_k: int = 40
@@ -115,18 +117,15 @@ class NativeRequest(BaseModel):
 
     lead: ClassVar[int] = 1  # chunks a stream waits for before its response starts
     done_marker: ClassVar[bool] = False  # llama-server ends a native stream without "[DONE]"
+    _n_default: int = PrivateAttr(-1)  # the server's -n (-1: none)
 
     def fill(self, defaults: dict[str, Any]) -> None:
         """The server's defaults (-n, --temp, ...) for the fields the request leaves out."""
-        names = {"max_tokens": "n_predict"}
         for key, value in defaults.items():
-            field = names.get(key, key)
-            if field in type(self).model_fields and field not in self.model_fields_set:
-                setattr(self, field, value)
-        cap = defaults.get("max_tokens", -1)
-        n = self.n_predict if self.n_predict is not None else self.max_tokens
-        if cap > 0 and (n is None or n < 0 or n > cap):  # -n caps a request's n_predict, as in llama-server
-            self.n_predict = cap
+            if key == "max_tokens":
+                self._n_default = value  # what n_predict -1 or absent means (budget)
+            elif key in type(self).model_fields and key not in self.model_fields_set:
+                setattr(self, key, value)
 
     def prompt_bytes(self) -> int:
         """UTF-8 bytes of the longest prompt's text (each prompt is bounded alone)."""
@@ -150,6 +149,7 @@ class NativeRequest(BaseModel):
             raise BadRequest(
                 f"'stop' may hold at most {MAX_STOP} strings of at most {MAX_STOP_CHARS} characters", "stop"
             )
+        budget(n_predict(self), self._n_default)
         if not -1 <= self.id_slot < parallel:
             raise BadRequest(f"'id_slot' must be -1 (any) or a slot in [0, {parallel})", "id_slot")
         if self.stream and len(self._prompts()) != 1:
@@ -195,13 +195,16 @@ class NativeRequest(BaseModel):
             tokens = [bos]
         return tokens
 
-    def config(self, llm: Llama, n_prompt: int) -> SamplingConfig:
-        n = self.n_predict if self.n_predict is not None else self.max_tokens
-        room = max(1, llm.n_ctx_slot - n_prompt)
+    def reported_n_predict(self) -> int:
+        """The request's n_predict as llama-server reports it (absent: -n's)."""
+        given = n_predict(self)
+        return self._n_default if given is None else given[1]
+
+    def config(self, llm: Llama) -> SamplingConfig:
         schema, gbnf = constraint(self.response_format, self.json_schema, self.grammar)
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return SamplingConfig.build(
-            max_tokens=room if n is None or n < 0 else min(n, room),
+            max_tokens=budget(n_predict(self), self._n_default),
             temperature=self.temperature,
             top_k=self.top_k,
             top_p=self.top_p,
@@ -228,9 +231,9 @@ class NativeRequest(BaseModel):
 
     def settings(self, llm: Llama, cfg: SamplingConfig) -> dict[str, Any]:
         """llama-server's ``generation_settings`` (the fields pydflash has)."""
-        n = self.n_predict if self.n_predict is not None else self.max_tokens
+        n = self.reported_n_predict()
         return {
-            "n_predict": -1 if n is None else n,
+            "n_predict": n,
             "seed": -1 if self.seed is None else self.seed,
             "temperature": cfg.temperature,
             "dynatemp_range": 0.0,
@@ -260,7 +263,7 @@ class NativeRequest(BaseModel):
             "frequency_penalty": cfg.frequency_penalty,
             "mirostat": 0,
             "stop": list(cfg.stop),
-            "max_tokens": -1 if n is None else n,
+            "max_tokens": n,
             "n_probs": self.n_probs,
             "min_keep": 0,
             "ignore_eos": cfg.ignore_eos,
@@ -280,14 +283,9 @@ class NativeRequest(BaseModel):
         return [dict(self.run(llm, model, cancel, self.tokens(llm, p)), index=i) for i, p in enumerate(prompts)]
 
     def run(self, llm: Llama, model: str, cancel: Callable[[], bool], tokens: list[int]) -> Any:
-        cfg = self.config(llm, len(tokens))
+        cfg = self.config(llm)
         gen = Generation(llm, tokens, cfg, slot=None if self.id_slot < 0 else self.id_slot)
         settings = self.settings(llm, cfg)
-        if (self.n_predict if self.n_predict is not None else self.max_tokens) == 0:
-            # llama-server's n_predict 0: nothing generated (the prompt is checked, not evaluated)
-            gen.finish = "length"
-            final = self._final(llm, gen, model, settings, "")
-            return iter([final]) if self.stream else final
         if self.stream:
             return self._chunks(llm, gen, cancel, model, settings)
         steps = gen.wait(cancel)
@@ -299,6 +297,7 @@ class NativeRequest(BaseModel):
 
     def _final(self, llm: Llama, gen: Generation, model: str, settings: dict[str, Any], text: str) -> dict[str, Any]:
         n_prompt, n_gen = len(gen.prompt), len(gen.tokens)
+        n = gen.config.max_tokens
         return {
             "index": 0,
             "content": text,
@@ -311,7 +310,8 @@ class NativeRequest(BaseModel):
             "generation_settings": settings,
             "prompt": llm.detokenize(gen.prompt, special=True).decode("utf-8", "replace"),
             "has_new_line": "\n" in text,
-            "truncated": False,
+            # llama-server's: stopped because the context is full
+            "truncated": gen.finish == "length" and (n is None or len(gen.tokens) < n),
             "stop_type": _STOP_TYPE[gen.finish],
             "stopping_word": "",
             "tokens_cached": n_prompt + n_gen,

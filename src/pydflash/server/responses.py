@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from .requests import BadRequest, ChatRequest, Unsupported
 
@@ -53,6 +53,7 @@ class ResponsesRequest(BaseModel):
     logit_bias: dict[str, float] | None = None
 
     lead: ClassVar[int] = 1
+    _n_default: int = PrivateAttr(-1)
     done_marker: ClassVar[bool] = False
     sse_event_names: ClassVar[bool] = True
 
@@ -60,6 +61,7 @@ class ResponsesRequest(BaseModel):
         for key in ("temperature", "top_p"):
             if getattr(self, key) is None and key in defaults:
                 setattr(self, key, defaults[key])
+        self._n_default = defaults.get("max_tokens", -1)  # -n: what max_tokens -1 means
 
     def prompt_bytes(self) -> int:
         return len(json.dumps(self.input)) + len(self.instructions or "")
@@ -128,6 +130,7 @@ class ResponsesRequest(BaseModel):
             "logit_bias": self.logit_bias,
         }
         req = ChatRequest.model_validate({k: v for k, v in fields.items() if v is not None})
+        req.fill({"max_tokens": self._n_default})
         return req
 
     def respond(self, llm: Llama, model: str, cancel: Callable[[], bool]) -> Any:

@@ -27,6 +27,7 @@ from ..results import (
     FinishReason,
     GenerationResult,
     GenerationStats,
+    PromptProgress,
     StreamStep,
     Timings,
     TokenLogprob,
@@ -152,7 +153,15 @@ class Generation:
     results), ``prefill_s``/``decode_s``, ``n_cached``, ``finish`` and
     ``result()``, ``usage()``, ``timings()``."""
 
-    def __init__(self, host: GenerationHost, prompt: Prompt, config: SamplingConfig, *, slot: int | None = None):
+    def __init__(
+        self,
+        host: GenerationHost,
+        prompt: Prompt,
+        config: SamplingConfig,
+        *,
+        slot: int | None = None,
+        progress: bool = False,
+    ):
         self.host = host
         self.config = config
         self.prompt: list[int] = host.prompt_tokens(prompt)
@@ -200,6 +209,10 @@ class Generation:
             and not sampled_with_seed
         )
         self.channel = _Channel()
+        # llama-server's return_progress: an empty step with its prompt_progress when the
+        # prompt starts and after each chunk of it is evaluated
+        self.progress = progress
+        self._processed = -1  # the last progress event's (a chunk that gave it none sends none)
         self.cancelled = False  # the consumer left: the engine drops it
         self.cancel_check: Callable[[], bool] | None = None
         self.submitted = False
@@ -301,12 +314,26 @@ class Generation:
         """Admitted to a slot; ``n_cached`` prompt tokens came from its cache."""
         self.n_cached = n_cached
         self.t_start = time.perf_counter()
+        self._progress(n_cached)
+
+    def prefill_progress(self, n_left: int) -> None:
+        """A chunk of its prompt is evaluated; ``n_left`` tokens wait (the last one is
+        evaluated with the first step)."""
+        self._progress(len(self.prompt) - 1 - n_left)
 
     def prefilled(self) -> None:
         """Its prompt is evaluated (in chunks, between other sequences' steps)."""
         now = time.perf_counter()
         self.prefill_s = now - self.t_start
         self.t_decode = now
+        self._progress(len(self.prompt))
+
+    def _progress(self, processed: int) -> None:
+        if self.progress and processed > self._processed:
+            self._processed = processed
+            ms = int((time.perf_counter() - self.t_start) * 1e3)
+            event = PromptProgress(total=len(self.prompt), cache=self.n_cached, processed=processed, time_ms=ms)
+            self.channel.put(StreamStep([], "", 0, 0, [], prompt_progress=event))
 
     @property
     def max_tokens(self) -> int:

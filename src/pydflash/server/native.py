@@ -6,6 +6,7 @@ and its stream (one object per step, no ``[DONE]``), with the same defaults."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Annotated, Any, ClassVar
@@ -98,6 +99,7 @@ class NativeRequest(BaseModel):
     n_probs: int = 0
     post_sampling_probs: bool = False
     return_tokens: bool = False
+    return_progress: bool = False  # prompt_progress events in a stream
     cache_prompt: bool = True
     id_slot: int = -1
     logit_bias: list[list[Any]] | dict[str, Any] | None = None
@@ -284,7 +286,8 @@ class NativeRequest(BaseModel):
 
     def run(self, llm: Llama, model: str, cancel: Callable[[], bool], tokens: list[int]) -> Any:
         cfg = self.config(llm)
-        gen = Generation(llm, tokens, cfg, slot=None if self.id_slot < 0 else self.id_slot)
+        slot = None if self.id_slot < 0 else self.id_slot
+        gen = Generation(llm, tokens, cfg, slot=slot, progress=self.stream and self.return_progress)
         settings = self.settings(llm, cfg)
         if self.stream:
             return self._chunks(llm, gen, cancel, model, settings)
@@ -326,7 +329,7 @@ class NativeRequest(BaseModel):
         try:
             for step in it:
                 n += len(step.tokens)
-                if not (step.text or step.tokens):
+                if not (step.text or step.tokens or step.prompt_progress):
                     continue
                 chunk: dict[str, Any] = {
                     "index": 0,
@@ -337,6 +340,8 @@ class NativeRequest(BaseModel):
                     "tokens_predicted": n,
                     "tokens_evaluated": len(gen.prompt),
                 }
+                if step.prompt_progress is not None:
+                    chunk["prompt_progress"] = dataclasses.asdict(step.prompt_progress)
                 if step.logprobs and self.n_probs > 0:
                     chunk["completion_probabilities"] = _probs(llm, step.logprobs, self.post_sampling_probs)
                 yield chunk

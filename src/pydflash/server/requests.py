@@ -129,6 +129,7 @@ _PASSED = (
     "stop",
     "logit_bias",
     "verify",
+    "return_progress",
 )
 
 
@@ -166,6 +167,7 @@ class _Request(BaseModel):
     stop: Stop = None
     logit_bias: dict[str, float] | None = None  # JSON keys are strings: token ids, checked below
     verify: str | None = None  # pydflash's: "rejection", "match" or "coupled" (Llama.generate's)
+    return_progress: bool | None = None  # llama-server's: prompt_progress events in a stream
     mirostat: float | None = None
     xtc_probability: float | None = None
     dry_multiplier: float | None = None

@@ -46,6 +46,7 @@ class ResponsesRequest(BaseModel):
     temperature: float | None = None
     top_p: float | None = None
     stream: bool = False
+    return_progress: bool = False  # llama-server's: prompt_progress on response.in_progress events
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     previous_response_id: str | None = None
@@ -128,6 +129,7 @@ class ResponsesRequest(BaseModel):
             "top_p": self.top_p,
             "seed": self.seed,
             "logit_bias": self.logit_bias,
+            "return_progress": self.return_progress or None,
         }
         req = ChatRequest.model_validate({k: v for k, v in fields.items() if v is not None})
         req.fill({"max_tokens": self._n_default})
@@ -234,11 +236,16 @@ def _events(chunks: Iterator[dict[str, Any]], head: dict[str, Any]) -> Iterator[
     started = False
     try:
         for chunk in chunks:
+            progress = {"prompt_progress": chunk["prompt_progress"]} if "prompt_progress" in chunk else {}
             if not started:
                 started = True
                 pending = {**head, "status": "in_progress", "output": [], "usage": None}
                 yield event("response.created", response=pending)
-                yield event("response.in_progress", response=pending)
+                yield event("response.in_progress", response=pending, **progress)
+            elif progress:  # llama-server's: one response.in_progress per prompt chunk
+                yield event("response.in_progress", response=pending, **progress)
+            if progress:
+                continue
             choice = chunk["choices"][0]
             delta = choice.get("delta") or {}
             if delta.get("content"):

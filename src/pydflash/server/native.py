@@ -350,23 +350,37 @@ class NativeRequest(BaseModel):
             it.close()
 
 
-# the FIM markers llama.cpp's vocabulary loader recognises when the GGUF names none
+# the FIM tokens llama.cpp's vocabulary finds by text where the GGUF names none (src/llama-vocab.cpp)
 FIM_TEXTS = {
-    "pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<PRE>", "▁<PRE>", "<|fim▁begin|>"),
-    "suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<SUF>", "▁<SUF>", "<|fim▁hole|>"),
-    "mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<MID>", "▁<MID>", "<|fim▁end|>"),
-}
+    "pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\uff5cfim\u2581begin\uff5c>", "<PRE>", "\u2581<PRE>",
+            "<|code_prefix|>", "<|prefix|>"),
+    "suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<\uff5cfim\u2581hole\uff5c>", "<SUF>", "\u2581<SUF>",
+            "<|code_suffix|>", "<|suffix|>"),
+    "mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<\uff5cfim\u2581end\uff5c>", "<MID>", "\u2581<MID>",
+            "<|code_middle|>", "<|middle|>"),
+    "rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    "sep": ("<|file_sep|>",),
+}  # fmt: skip
+# the deprecated keys llama.cpp still reads for the first three
+_FIM_OLD_KEYS = {"pre": "prefix", "suf": "suffix", "mid": "middle"}
+# between extra chunks when the vocabulary has no FIM_SEP (llama-server's k_chunk_prefix_str)
+SNIPPET = "\n\n--- snippet ---\n\n"
 
 
 def fim_tokens(llm: Llama) -> dict[str, int]:
-    """The model's FIM prefix/suffix/middle tokens (those it has)."""
+    """The model's FIM tokens (``pre``, ``suf``, ``mid``, ``rep``, ``sep``: those it has),
+    as llama.cpp's vocabulary finds them: the GGUF's ids (one out of range counts as
+    none), else a token of one of the known texts."""
     meta = llm.metadata
     model = llm.core_model
     out: dict[str, int] = {}
     for part, texts in FIM_TEXTS.items():
-        key = f"tokenizer.ggml.fim_{part}_token_id"
-        if key in meta and meta[key].lstrip("-").isdigit() and int(meta[key]) >= 0:
-            out[part] = int(meta[key])
+        for key in (f"tokenizer.ggml.fim_{part}_token_id", f"tokenizer.ggml.{_FIM_OLD_KEYS.get(part)}_token_id"):
+            value = meta.get(key, "")
+            if value.isdigit() and int(value) < llm.n_vocab():
+                out[part] = int(value)
+                break
+        if part in out:
             continue
         for text in texts:
             ids = model.tokenize(text, False, True)
@@ -378,13 +392,26 @@ def fim_tokens(llm: Llama) -> dict[str, int]:
 
 class InfillRequest(NativeRequest):
     """``POST /infill``: fill in the middle between ``input_prefix`` and ``input_suffix``
-    (``input_extra``: other files, before them), with the model's FIM tokens."""
+    (``input_extra``: other files, before them), with the model's FIM tokens, in
+    llama-server's prompt (``format_prompt_infill``)."""
 
-    input_prefix: str
-    input_suffix: str
-    input_extra: list[dict[str, str]] = []
+    prompt: str = ""  # text only, as llama-server's /infill takes it
+    input_prefix: str | Mixed
+    input_suffix: str | Mixed
+    input_extra: list[dict[str, Any]] = []
 
-    def respond(self, llm: Llama, model: str, cancel: Callable[[], bool]) -> Any:
+    def check(self, n_vocab: int, parallel: int) -> None:
+        super().check(n_vocab, parallel)
+        for chunk in self.input_extra:
+            if not isinstance(chunk.get("text"), str):
+                raise BadRequest('extra_context chunk must contain a "text" field with a string value', "input_extra")
+            if not isinstance(chunk.get("filename", ""), str):
+                raise BadRequest('extra_context chunk\'s "filename" field must be a string', "input_extra")
+
+    def infill_tokens(self, llm: Llama) -> list[int]:
+        """llama-server's FIM prompt (spm_infill off): [extra chunks] [BOS] FIM_PRE prefix
+        prompt FIM_SUF suffix FIM_MID, each part cut to what its share of a batch (and the
+        context, for the extra) holds."""
         fim = fim_tokens(llm)
         missing = [name for name in ("pre", "suf", "mid") if name not in fim]
         if missing:
@@ -392,19 +419,34 @@ class InfillRequest(NativeRequest):
             raise Unsupported(
                 "Infill is not supported by this model: " + " ".join(f"{names[m]} token is missing." for m in missing)
             )
-        tok = llm.core_model.tokenize
+        model = llm.core_model
+
+        def tok(text: str) -> list[int]:
+            return list(model.tokenize(text, False, False))
+
         extra: list[int] = []
+        if "rep" in fim:
+            extra += [fim["rep"], *tok("myproject\n")]
         for chunk in self.input_extra:
-            extra += tok(f"{chunk.get('filename', '')}\n{chunk.get('text', '')}\n", False, False)
-        prompt = self.prompt if isinstance(self.prompt, str) else ""
-        tokens = (
-            ([llm.core_model.bos] if llm.core_model.add_bos and llm.core_model.bos >= 0 else [])
-            + extra
-            + [fim["pre"]]
-            + list(tok(self.input_prefix, False, False))
-            + [fim["suf"]]
-            + list(tok(self.input_suffix, False, False))
-            + [fim["mid"]]
-            + list(tok(prompt, False, False))
-        )
-        return self.run(llm, model, cancel, tokens)
+            if "sep" in fim:
+                extra += [fim["sep"], *tok(chunk.get("filename", "tmp") + "\n")]
+            else:
+                extra += tok(SNIPPET)
+            extra += tok(chunk["text"])
+        if "sep" in fim:
+            extra += [fim["sep"], *tok("filename\n")]
+        prefix = tokenize_mixed(llm, self.input_prefix, False, False)
+        suffix = tokenize_mixed(llm, self.input_suffix, False, False)
+        prompt = list(model.tokenize(self.prompt, False, True))
+        n_batch, n_ctx = llm.config.n_batch, llm.n_ctx_slot
+        # the FIM part fits a batch (prefix:suffix 3:1); the extra fills the context's rest
+        n_prefix = min(len(prefix), 3 * (n_batch // 4))
+        n_suffix = min(len(suffix), max(0, n_batch // 4 - (2 + len(prompt))))
+        n_extra = min(max(0, n_ctx - n_batch - 2 * self._n_default), len(extra))
+        head = [fim["pre"], *prefix[len(prefix) - n_prefix :], *prompt]
+        if model.add_bos and model.bos >= 0:
+            head.insert(0, model.bos)
+        return extra[len(extra) - n_extra :] + head + [fim["suf"], *suffix[:n_suffix], fim["mid"]]
+
+    def respond(self, llm: Llama, model: str, cancel: Callable[[], bool]) -> Any:
+        return self.run(llm, model, cancel, self.infill_tokens(llm))

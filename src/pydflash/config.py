@@ -274,7 +274,9 @@ class SamplingConfig:
     target's p and the drafter's q.
     Sampling defaults and rules are the core's (SamplingParams, DraftControl)."""
 
-    max_tokens: int = 256
+    # None: until the context is full (the generation, which knows its prompt and its
+    # slot's context, computes what is left: Generation.tokens_left)
+    max_tokens: int | None = 256
     temperature: float = _SAMPLING.temperature
     top_k: int = _SAMPLING.top_k
     top_p: float = _SAMPLING.top_p
@@ -305,7 +307,8 @@ class SamplingConfig:
     grammar: Grammar | None = None  # the output follows it (GBNF, or a JSON schema's)
 
     def __post_init__(self) -> None:
-        int_option("max_tokens", self.max_tokens, 0)
+        if self.max_tokens is not None:
+            int_option("max_tokens", self.max_tokens, 0)
         for name in ("cache_prompt", "logprobs", "post_sampling_probs"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, not {type(getattr(self, name)).__name__}")

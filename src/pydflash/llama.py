@@ -325,7 +325,7 @@ class Llama(LlamaCppApi):
     def generate(
         self,
         prompt: Prompt,
-        max_tokens: int = _SAMPLING.max_tokens,
+        max_tokens: int | None = _SAMPLING.max_tokens,
         temperature: float = _SAMPLING.temperature,
         top_k: int = _SAMPLING.top_k,
         top_p: float = _SAMPLING.top_p,
@@ -334,7 +334,8 @@ class Llama(LlamaCppApi):
         ignore_eos: bool = False,
         **options: Unpack[GenerateOptions],
     ) -> GenerationResult:
-        """Generate up to ``max_tokens`` tokens after ``prompt`` (text or ids).
+        """Generate up to ``max_tokens`` tokens after ``prompt`` (text or ids; None: until
+        the context is full).
 
         Temperature 0 is greedy: the output equals the target's own greedy
         output. At temperature > 0, ``verify="rejection"`` (default unseeded) samples
@@ -381,7 +382,7 @@ class Llama(LlamaCppApi):
     def stream(
         self,
         prompt: Prompt,
-        max_tokens: int = _SAMPLING.max_tokens,
+        max_tokens: int | None = _SAMPLING.max_tokens,
         temperature: float = _SAMPLING.temperature,
         top_k: int = _SAMPLING.top_k,
         top_p: float = _SAMPLING.top_p,
@@ -398,7 +399,7 @@ class Llama(LlamaCppApi):
     def submit(
         self,
         prompt: Prompt,
-        max_tokens: int = _SAMPLING.max_tokens,
+        max_tokens: int | None = _SAMPLING.max_tokens,
         temperature: float = _SAMPLING.temperature,
         top_k: int = _SAMPLING.top_k,
         top_p: float = _SAMPLING.top_p,
@@ -422,7 +423,7 @@ class Llama(LlamaCppApi):
     def generate_batch(
         self,
         prompts: Sequence[Prompt],
-        max_tokens: int = _SAMPLING.max_tokens,
+        max_tokens: int | None = _SAMPLING.max_tokens,
         temperature: float = _SAMPLING.temperature,
         top_k: int = _SAMPLING.top_k,
         top_p: float = _SAMPLING.top_p,
@@ -549,7 +550,7 @@ class Llama(LlamaCppApi):
 
 def _sampling(
     caller: str,
-    max_tokens: int,
+    max_tokens: int | None,
     temperature: float,
     top_k: int,
     top_p: float,

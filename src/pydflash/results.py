@@ -19,6 +19,7 @@ __all__ = [
     "GenerationStats",
     "MemoryReport",
     "MemoryRow",
+    "PromptProgress",
     "SourceStats",
     "StepResult",
     "StreamStep",
@@ -156,6 +157,18 @@ class GenerationResult:
 
 
 @dataclasses.dataclass(frozen=True)
+class PromptProgress:
+    """How far a prompt's evaluation is (llama-server's ``prompt_progress``): ``total``
+    prompt tokens, ``cache`` of them from the prompt cache, ``processed`` (the cached
+    ones included) evaluated, ``time_ms`` since the generation was admitted."""
+
+    total: int
+    cache: int
+    processed: int
+    time_ms: int
+
+
+@dataclasses.dataclass(frozen=True)
 class StreamStep:
     """One step of ``Llama.stream``: the tokens it produced (after EOS, stop
     strings and max_tokens are applied) and the text that is now final."""
@@ -169,6 +182,8 @@ class StreamStep:
     logprobs: list[TokenLogprob] | None = None  # one per token, with logprobs=True
     source: str = ""  # who drafted this step ("draft-dflash", "ngram-mod", ...); "": nobody
     draft_max: int = 0  # the draft length this step asked for (0: plain decoding)
+    # a progress event (no tokens), for a generation made with progress=True
+    prompt_progress: PromptProgress | None = None
 
 
 @dataclasses.dataclass(frozen=True)

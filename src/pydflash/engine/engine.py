@@ -278,10 +278,13 @@ class Engine:
     def _prefill(self, slots: list[_Slot]) -> None:
         self._core.prefill_some([s.seq for s in slots], self._chunk)
         for s in slots:
-            if self._core.prefill_remaining(s.seq) == 0:
+            assert s.gen is not None
+            left = self._core.prefill_remaining(s.seq)
+            if left == 0:
                 s.prefilling = False
-                assert s.gen is not None
                 s.gen.prefilled()
+            else:
+                s.gen.prefill_progress(left)
 
     def _make_policy(self) -> DraftPolicy:
         """The adaptive draft length's policy, its costs timed on an empty slot

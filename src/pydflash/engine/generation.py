@@ -27,6 +27,7 @@ from ..results import (
     FinishReason,
     GenerationResult,
     GenerationStats,
+    PromptProgress,
     StreamStep,
     Timings,
     TokenLogprob,
@@ -152,12 +153,20 @@ class Generation:
     results), ``prefill_s``/``decode_s``, ``n_cached``, ``finish`` and
     ``result()``, ``usage()``, ``timings()``."""
 
-    def __init__(self, host: GenerationHost, prompt: Prompt, config: SamplingConfig, *, slot: int | None = None):
+    def __init__(
+        self,
+        host: GenerationHost,
+        prompt: Prompt,
+        config: SamplingConfig,
+        *,
+        slot: int | None = None,
+        progress: bool = False,
+    ):
         self.host = host
         self.config = config
         self.prompt: list[int] = host.prompt_tokens(prompt)
         pair = host.pair
-        limit = pair.n_ctx
+        self.n_ctx = limit = pair.n_ctx  # one sequence's context
         if len(self.prompt) > limit - 1:
             where = f"a sequence's context holds {limit}" if pair.n_parallel > 1 else f"the context holds {limit}"
             raise ContextLimitError(
@@ -200,6 +209,10 @@ class Generation:
             and not sampled_with_seed
         )
         self.channel = _Channel()
+        # llama-server's return_progress: an empty step with its prompt_progress when the
+        # prompt starts and after each chunk of it is evaluated
+        self.progress = progress
+        self._processed = -1  # the last progress event's (a chunk that gave it none sends none)
         self.cancelled = False  # the consumer left: the engine drops it
         self.cancel_check: Callable[[], bool] | None = None
         self.submitted = False
@@ -301,17 +314,38 @@ class Generation:
         """Admitted to a slot; ``n_cached`` prompt tokens came from its cache."""
         self.n_cached = n_cached
         self.t_start = time.perf_counter()
+        self._progress(n_cached)
+
+    def prefill_progress(self, n_left: int) -> None:
+        """A chunk of its prompt is evaluated; ``n_left`` tokens wait (the last one is
+        evaluated with the first step)."""
+        self._progress(len(self.prompt) - 1 - n_left)
 
     def prefilled(self) -> None:
         """Its prompt is evaluated (in chunks, between other sequences' steps)."""
         now = time.perf_counter()
         self.prefill_s = now - self.t_start
         self.t_decode = now
+        self._progress(len(self.prompt))
+
+    def _progress(self, processed: int) -> None:
+        if self.progress and processed > self._processed:
+            self._processed = processed
+            ms = int((time.perf_counter() - self.t_start) * 1e3)
+            event = PromptProgress(total=len(self.prompt), cache=self.n_cached, processed=processed, time_ms=ms)
+            self.channel.put(StreamStep([], "", 0, 0, [], prompt_progress=event))
+
+    @property
+    def max_tokens(self) -> int:
+        """Its token budget: ``max_tokens``, or (None) what the context has left after
+        the prompt (llama-cpp-python's ``max_tokens=None``, llama-server's ``n_predict`` -1)."""
+        n = self.config.max_tokens
+        return self.n_ctx - len(self.prompt) if n is None else n
 
     @property
     def tokens_left(self) -> int:
-        """Tokens it may still generate: the one rule for ``max_tokens``."""
-        return self.config.max_tokens - len(self.tokens)
+        """Tokens it may still generate: the one rule for the token budget."""
+        return self.max_tokens - len(self.tokens)
 
     def next_draft_max(self, n_past: int, n_ctx: int, default_draft_max: int) -> int | None:
         """This step's draft_max, or None when the generation ends here ("length")."""

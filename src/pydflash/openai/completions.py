@@ -16,7 +16,7 @@ from typing import Any, Literal, Protocol, TypedDict, TypeVar
 from ..config import SamplingConfig
 from ..engine.generation import Generation, GenerationHost
 from ..errors import ChatTemplateError
-from ..results import FinishReason, TokenLogprob
+from ..results import FinishReason, PromptProgress, TokenLogprob
 from .chat import ChatPrompt, ChatReply, ChatTemplate
 from .logprobs import chat_logprobs, completion_logprobs
 from .structured import chat_grammar, constraint
@@ -30,6 +30,7 @@ from .types import (
     Completion,
     CompletionChunk,
     FinishReasonOAI,
+    PromptProgressJSON,
 )
 
 __all__ = ["MAX_CHOICES", "CompletionHost", "create_chat_completion", "create_completion"]
@@ -41,11 +42,6 @@ class CompletionHost(GenerationHost, Protocol):
     @property
     def model_name(self) -> str:
         """The model id responses report (``model``)."""
-        ...
-
-    @property
-    def n_ctx_slot(self) -> int:
-        """Tokens one sequence may hold: chat's default ``max_tokens`` runs to it."""
         ...
 
     @property
@@ -101,11 +97,14 @@ def _logit_bias(bias: Mapping[Any, float] | None) -> dict[int, float] | None:
     return out
 
 
-def _fill(max_tokens: int | None, n_ctx: int, n_prompt: int) -> int:
-    """``max_tokens`` None or <= 0: what the context has left after the prompt."""
-    if max_tokens is None or max_tokens <= 0:
-        return max(1, n_ctx - n_prompt)
-    return max_tokens
+def _budget(max_tokens: int | None) -> int | None:
+    """llama-cpp-python's ``max_tokens``: None or <= 0 runs until the context is full
+    (SamplingConfig's None; the generation computes what is left)."""
+    return None if max_tokens is None or max_tokens <= 0 else max_tokens
+
+
+def _progress_json(p: PromptProgress) -> PromptProgressJSON:
+    return {"total": p.total, "cache": p.cache, "processed": p.processed, "time_ms": p.time_ms}
 
 
 def _unsupported(**kw: Any) -> None:
@@ -152,6 +151,7 @@ def create_completion(
     n: int = 1,
     cancel: Callable[[], bool] | None = None,
     verify: str | None = None,
+    return_progress: bool = False,
 ) -> Completion | Iterator[CompletionChunk]:
     """An OpenAI-style text completion of ``prompt`` (text or ids). Defaults as llama-cpp-python's; ``max_tokens=None``
     fills the context. ``draft_max``, ``draft_min``, ``draft_p_min``, ``verify``: as ``Llama.generate``'s.
@@ -159,14 +159,15 @@ def create_completion(
     ``post_sampling_probs``), in ``choices[0]["logprobs"]``. ``response_format`` (``json_object``, ``json_schema``),
     ``json_schema`` or ``grammar`` (GBNF): the text follows it. ``id_slot``: that slot (llama-server's; -1/None:
     any). ``n`` choices run side by side (seeds ``seed``, ``seed + 1``...). ``cancel``: asked after each step of a
-    stream (else every 0.1 s); True raises ``GenerationInterrupted``."""
+    stream (else every 0.1 s); True raises ``GenerationInterrupted``. ``return_progress`` (llama-server's, with
+    ``stream``): chunks with ``prompt_progress`` when the prompt starts and after each chunk of it is evaluated."""
     _unsupported(suffix=suffix)
     if logprobs is not None and echo:
         raise ValueError("logprobs with echo (the prompt's log-probabilities) are not supported")
     schema, gbnf = constraint(response_format, json_schema, grammar)
     tokens = llm.prompt_tokens(prompt)
     cfg = SamplingConfig.build(
-        max_tokens=_fill(max_tokens, llm.n_ctx_slot, len(tokens)),
+        max_tokens=_budget(max_tokens),
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,
@@ -191,7 +192,7 @@ def create_completion(
         json_schema=schema,
         verify=verify,
     )
-    gens = _generations(llm, tokens, cfg, id_slot, n)
+    gens = _generations(llm, tokens, cfg, id_slot, n, stream and return_progress)
     meta: _Meta = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or llm.model_name}
     head = _echo(llm, prompt, tokens) if echo else ""
     if stream:
@@ -207,17 +208,19 @@ def _echo(llm: CompletionHost, prompt: str | Sequence[int], tokens: list[int]) -
 
 
 def _generations(
-    llm: CompletionHost, tokens: list[int], cfg: SamplingConfig, slot: int | None, n: int
+    llm: CompletionHost, tokens: list[int], cfg: SamplingConfig, slot: int | None, n: int, progress: bool
 ) -> list[Generation]:
     """``n`` generations of one prompt, with seeds ``seed``, ``seed + 1``, ... (each
     its own draw; greedy choices are alike), all started before any is read."""
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CHOICES:
         raise ValueError(f"n must be an int in [1, {MAX_CHOICES}], got {n!r}")
     if n == 1:
-        return [Generation(llm, tokens, cfg, slot=slot)]
+        return [Generation(llm, tokens, cfg, slot=slot, progress=progress)]
     base = cfg.seed if cfg.seed is not None else llm.config.seed
     gens = [
-        Generation(llm, tokens, cfg if base < 0 else dataclasses.replace(cfg, seed=base + i), slot=slot)
+        Generation(
+            llm, tokens, cfg if base < 0 else dataclasses.replace(cfg, seed=base + i), slot=slot, progress=progress
+        )
         for i in range(n)
     ]
     for g in gens:
@@ -300,7 +303,11 @@ def _completion_chunks(
         if head:
             yield chunk(head, None)
         for step in it:
-            if step.text or step.logprobs:
+            if step.prompt_progress is not None:
+                progress = chunk("", None)
+                progress["prompt_progress"] = _progress_json(step.prompt_progress)
+                yield progress
+            elif step.text or step.logprobs:
                 yield chunk(step.text, None, step.logprobs)
         last = chunk("", _finish(gen.finish))
         last["usage"] = gen.usage()
@@ -350,6 +357,7 @@ def create_chat_completion(
     n: int = 1,
     cancel: Callable[[], bool] | None = None,
     verify: str | None = None,
+    return_progress: bool = False,
 ) -> ChatCompletion | Iterator[ChatCompletionChunk]:
     """An OpenAI-style chat completion: ``messages`` go through the model's chat template (or the ``chat_template``
     given to ``Llama``). ``enable_thinking=False`` turns reasoning off where the template has the switch; reasoning
@@ -364,7 +372,7 @@ def create_chat_completion(
     cp = _chat_prompt(llm, messages, tools, enable_thinking, chat_template_kwargs, schema, gbnf)
     tokens = llm.prompt_tokens(cp.prompt)
     cfg = SamplingConfig.build(
-        max_tokens=_fill(max_tokens, llm.n_ctx_slot, len(tokens)),
+        max_tokens=_budget(max_tokens),
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,
@@ -388,7 +396,7 @@ def create_chat_completion(
         grammar=chat_grammar(cp, (schema, gbnf), lambda text: _generation_prompt_tokens(llm, text)),
         verify=verify,
     )
-    gens = _generations(llm, tokens, cfg, id_slot, n)
+    gens = _generations(llm, tokens, cfg, id_slot, n, stream and return_progress)
     meta: _Meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or llm.model_name}
     if stream:
         return _chained([_chat_chunks(g, cancel, cp, meta) for g in gens], gens)
@@ -523,6 +531,11 @@ def _chat_chunks(
     started = False
     try:
         for step in it:
+            if step.prompt_progress is not None:  # llama-server's progress delta: the role alone
+                progress = chunk({"role": "assistant", "content": None})
+                progress["prompt_progress"] = _progress_json(step.prompt_progress)
+                yield progress
+                continue
             if not started:  # after the first step: a prompt that fails fails before any chunk
                 started = True
                 yield chunk({"role": "assistant", "content": None})

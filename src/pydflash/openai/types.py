@@ -89,6 +89,15 @@ class Completion(TypedDict):
     timings: Timings
 
 
+class PromptProgressJSON(TypedDict):
+    """llama-server's ``prompt_progress`` (``return_progress``): see ``PromptProgress``."""
+
+    total: int
+    cache: int
+    processed: int
+    time_ms: int
+
+
 class CompletionChunk(TypedDict):
     """One streamed piece of a completion; the last one carries ``usage`` and ``timings``."""
 
@@ -99,6 +108,7 @@ class CompletionChunk(TypedDict):
     choices: list[CompletionChoice]
     usage: NotRequired[CompletionUsage]  # last chunk only
     timings: NotRequired[Timings]  # last chunk only
+    prompt_progress: NotRequired[PromptProgressJSON]  # return_progress's events, before any text
 
 
 class ChatCompletionToolCallFunction(TypedDict):
@@ -196,3 +206,4 @@ class ChatCompletionChunk(TypedDict):
     choices: list[ChatCompletionChunkChoice]
     usage: NotRequired[CompletionUsage]  # last chunk only
     timings: NotRequired[Timings]  # last chunk only
+    prompt_progress: NotRequired[PromptProgressJSON]  # return_progress's events, before any text

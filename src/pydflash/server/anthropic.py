@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from .requests import MAX_STOP, MAX_STOP_CHARS, BadRequest, ChatRequest, Unsupported
 
@@ -115,7 +115,7 @@ class _Messages(BaseModel):
 class AnthropicRequest(_Messages):
     """``POST /v1/messages``."""
 
-    max_tokens: int
+    max_tokens: int = 4096  # required by Anthropic's API; llama-server's default when absent
     stream: bool = False
     temperature: float | None = None
     top_p: float | None = None
@@ -126,6 +126,7 @@ class AnthropicRequest(_Messages):
     seed: int | None = None
 
     lead: ClassVar[int] = 1
+    _n_default: int = PrivateAttr(-1)
     done_marker: ClassVar[bool] = False
     sse_event_names: ClassVar[bool] = True  # "event: message_start" lines, as Anthropic's streams have
     keep_timings: ClassVar[bool] = False  # counted in /metrics, not shown: llama-server's replies have none
@@ -134,6 +135,7 @@ class AnthropicRequest(_Messages):
         for key in ("temperature", "top_p", "top_k"):
             if getattr(self, key) is None and key in defaults:
                 setattr(self, key, defaults[key])
+        self._n_default = defaults.get("max_tokens", -1)  # -n: what max_tokens -1 means
 
     def prompt_bytes(self) -> int:
         return sum(
@@ -164,7 +166,9 @@ class AnthropicRequest(_Messages):
                 fields[key] = getattr(self, key)
         if self.thinking is not None:
             fields["enable_thinking"] = self.thinking.get("type") == "enabled"
-        return ChatRequest.model_validate({k: v for k, v in fields.items() if v is not None})
+        req = ChatRequest.model_validate({k: v for k, v in fields.items() if v is not None})
+        req.fill({"max_tokens": self._n_default})
+        return req
 
     def respond(self, llm: Llama, model: str, cancel: Callable[[], bool]) -> Any:
         out = self.chat().respond(llm, model, cancel)

@@ -6,18 +6,19 @@ and its stream (one object per step, no ``[DONE]``), with the same defaults."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from ..config import SamplingConfig
 from ..engine.generation import Generation
 from ..llama import Llama
 from ..openai.structured import constraint
 from ..results import TokenLogprob
-from .requests import MAX_STOP, MAX_STOP_CHARS, REFUSED_SAMPLERS, BadRequest, Stop, Unsupported
+from .requests import MAX_STOP, MAX_STOP_CHARS, REFUSED_SAMPLERS, BadRequest, Stop, Unsupported, budget, n_predict
 
 __all__ = ["FIM_TEXTS", "InfillRequest", "NativeRequest", "fim_tokens", "piece", "tokenize_mixed"]
 
@@ -78,7 +79,9 @@ class NativeRequest(BaseModel):
 
     prompt: str | Mixed | list[str | Mixed] = ""
     n_predict: int | None = None
-    max_tokens: int | None = None  # llama-server reads it where n_predict is absent
+    # llama-server's aliases of n_predict, read in this order where it is absent (budget)
+    max_completion_tokens: int | None = None
+    max_tokens: int | None = None
     stream: bool = False
     temperature: float = 0.8
     top_k: int = 40
@@ -96,6 +99,7 @@ class NativeRequest(BaseModel):
     n_probs: int = 0
     post_sampling_probs: bool = False
     return_tokens: bool = False
+    return_progress: bool = False  # prompt_progress events in a stream
     cache_prompt: bool = True
     id_slot: int = -1
     logit_bias: list[list[Any]] | dict[str, Any] | None = None
@@ -115,18 +119,15 @@ class NativeRequest(BaseModel):
 
     lead: ClassVar[int] = 1  # chunks a stream waits for before its response starts
     done_marker: ClassVar[bool] = False  # llama-server ends a native stream without "[DONE]"
+    _n_default: int = PrivateAttr(-1)  # the server's -n (-1: none)
 
     def fill(self, defaults: dict[str, Any]) -> None:
         """The server's defaults (-n, --temp, ...) for the fields the request leaves out."""
-        names = {"max_tokens": "n_predict"}
         for key, value in defaults.items():
-            field = names.get(key, key)
-            if field in type(self).model_fields and field not in self.model_fields_set:
-                setattr(self, field, value)
-        cap = defaults.get("max_tokens", -1)
-        n = self.n_predict if self.n_predict is not None else self.max_tokens
-        if cap > 0 and (n is None or n < 0 or n > cap):  # -n caps a request's n_predict, as in llama-server
-            self.n_predict = cap
+            if key == "max_tokens":
+                self._n_default = value  # what n_predict -1 or absent means (budget)
+            elif key in type(self).model_fields and key not in self.model_fields_set:
+                setattr(self, key, value)
 
     def prompt_bytes(self) -> int:
         """UTF-8 bytes of the longest prompt's text (each prompt is bounded alone)."""
@@ -150,6 +151,7 @@ class NativeRequest(BaseModel):
             raise BadRequest(
                 f"'stop' may hold at most {MAX_STOP} strings of at most {MAX_STOP_CHARS} characters", "stop"
             )
+        budget(n_predict(self), self._n_default)
         if not -1 <= self.id_slot < parallel:
             raise BadRequest(f"'id_slot' must be -1 (any) or a slot in [0, {parallel})", "id_slot")
         if self.stream and len(self._prompts()) != 1:
@@ -195,13 +197,16 @@ class NativeRequest(BaseModel):
             tokens = [bos]
         return tokens
 
-    def config(self, llm: Llama, n_prompt: int) -> SamplingConfig:
-        n = self.n_predict if self.n_predict is not None else self.max_tokens
-        room = max(1, llm.n_ctx_slot - n_prompt)
+    def reported_n_predict(self) -> int:
+        """The request's n_predict as llama-server reports it (absent: -n's)."""
+        given = n_predict(self)
+        return self._n_default if given is None else given[1]
+
+    def config(self, llm: Llama) -> SamplingConfig:
         schema, gbnf = constraint(self.response_format, self.json_schema, self.grammar)
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return SamplingConfig.build(
-            max_tokens=room if n is None or n < 0 else min(n, room),
+            max_tokens=budget(n_predict(self), self._n_default),
             temperature=self.temperature,
             top_k=self.top_k,
             top_p=self.top_p,
@@ -228,9 +233,9 @@ class NativeRequest(BaseModel):
 
     def settings(self, llm: Llama, cfg: SamplingConfig) -> dict[str, Any]:
         """llama-server's ``generation_settings`` (the fields pydflash has)."""
-        n = self.n_predict if self.n_predict is not None else self.max_tokens
+        n = self.reported_n_predict()
         return {
-            "n_predict": -1 if n is None else n,
+            "n_predict": n,
             "seed": -1 if self.seed is None else self.seed,
             "temperature": cfg.temperature,
             "dynatemp_range": 0.0,
@@ -260,7 +265,7 @@ class NativeRequest(BaseModel):
             "frequency_penalty": cfg.frequency_penalty,
             "mirostat": 0,
             "stop": list(cfg.stop),
-            "max_tokens": -1 if n is None else n,
+            "max_tokens": n,
             "n_probs": self.n_probs,
             "min_keep": 0,
             "ignore_eos": cfg.ignore_eos,
@@ -280,14 +285,10 @@ class NativeRequest(BaseModel):
         return [dict(self.run(llm, model, cancel, self.tokens(llm, p)), index=i) for i, p in enumerate(prompts)]
 
     def run(self, llm: Llama, model: str, cancel: Callable[[], bool], tokens: list[int]) -> Any:
-        cfg = self.config(llm, len(tokens))
-        gen = Generation(llm, tokens, cfg, slot=None if self.id_slot < 0 else self.id_slot)
+        cfg = self.config(llm)
+        slot = None if self.id_slot < 0 else self.id_slot
+        gen = Generation(llm, tokens, cfg, slot=slot, progress=self.stream and self.return_progress)
         settings = self.settings(llm, cfg)
-        if (self.n_predict if self.n_predict is not None else self.max_tokens) == 0:
-            # llama-server's n_predict 0: nothing generated (the prompt is checked, not evaluated)
-            gen.finish = "length"
-            final = self._final(llm, gen, model, settings, "")
-            return iter([final]) if self.stream else final
         if self.stream:
             return self._chunks(llm, gen, cancel, model, settings)
         steps = gen.wait(cancel)
@@ -299,6 +300,7 @@ class NativeRequest(BaseModel):
 
     def _final(self, llm: Llama, gen: Generation, model: str, settings: dict[str, Any], text: str) -> dict[str, Any]:
         n_prompt, n_gen = len(gen.prompt), len(gen.tokens)
+        n = gen.config.max_tokens
         return {
             "index": 0,
             "content": text,
@@ -311,7 +313,8 @@ class NativeRequest(BaseModel):
             "generation_settings": settings,
             "prompt": llm.detokenize(gen.prompt, special=True).decode("utf-8", "replace"),
             "has_new_line": "\n" in text,
-            "truncated": False,
+            # llama-server's: stopped because the context is full
+            "truncated": gen.finish == "length" and (n is None or len(gen.tokens) < n),
             "stop_type": _STOP_TYPE[gen.finish],
             "stopping_word": "",
             "tokens_cached": n_prompt + n_gen,
@@ -326,7 +329,7 @@ class NativeRequest(BaseModel):
         try:
             for step in it:
                 n += len(step.tokens)
-                if not (step.text or step.tokens):
+                if not (step.text or step.tokens or step.prompt_progress):
                     continue
                 chunk: dict[str, Any] = {
                     "index": 0,
@@ -337,6 +340,8 @@ class NativeRequest(BaseModel):
                     "tokens_predicted": n,
                     "tokens_evaluated": len(gen.prompt),
                 }
+                if step.prompt_progress is not None:
+                    chunk["prompt_progress"] = dataclasses.asdict(step.prompt_progress)
                 if step.logprobs and self.n_probs > 0:
                     chunk["completion_probabilities"] = _probs(llm, step.logprobs, self.post_sampling_probs)
                 yield chunk
@@ -345,23 +350,37 @@ class NativeRequest(BaseModel):
             it.close()
 
 
-# the FIM markers llama.cpp's vocabulary loader recognises when the GGUF names none
+# the FIM tokens llama.cpp's vocabulary finds by text where the GGUF names none (src/llama-vocab.cpp)
 FIM_TEXTS = {
-    "pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<PRE>", "▁<PRE>", "<|fim▁begin|>"),
-    "suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<SUF>", "▁<SUF>", "<|fim▁hole|>"),
-    "mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<MID>", "▁<MID>", "<|fim▁end|>"),
-}
+    "pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\uff5cfim\u2581begin\uff5c>", "<PRE>", "\u2581<PRE>",
+            "<|code_prefix|>", "<|prefix|>"),
+    "suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<\uff5cfim\u2581hole\uff5c>", "<SUF>", "\u2581<SUF>",
+            "<|code_suffix|>", "<|suffix|>"),
+    "mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<\uff5cfim\u2581end\uff5c>", "<MID>", "\u2581<MID>",
+            "<|code_middle|>", "<|middle|>"),
+    "rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    "sep": ("<|file_sep|>",),
+}  # fmt: skip
+# the deprecated keys llama.cpp still reads for the first three
+_FIM_OLD_KEYS = {"pre": "prefix", "suf": "suffix", "mid": "middle"}
+# between extra chunks when the vocabulary has no FIM_SEP (llama-server's k_chunk_prefix_str)
+SNIPPET = "\n\n--- snippet ---\n\n"
 
 
 def fim_tokens(llm: Llama) -> dict[str, int]:
-    """The model's FIM prefix/suffix/middle tokens (those it has)."""
+    """The model's FIM tokens (``pre``, ``suf``, ``mid``, ``rep``, ``sep``: those it has),
+    as llama.cpp's vocabulary finds them: the GGUF's ids (one out of range counts as
+    none), else a token of one of the known texts."""
     meta = llm.metadata
     model = llm.core_model
     out: dict[str, int] = {}
     for part, texts in FIM_TEXTS.items():
-        key = f"tokenizer.ggml.fim_{part}_token_id"
-        if key in meta and meta[key].lstrip("-").isdigit() and int(meta[key]) >= 0:
-            out[part] = int(meta[key])
+        for key in (f"tokenizer.ggml.fim_{part}_token_id", f"tokenizer.ggml.{_FIM_OLD_KEYS.get(part)}_token_id"):
+            value = meta.get(key, "")
+            if value.isdigit() and int(value) < llm.n_vocab():
+                out[part] = int(value)
+                break
+        if part in out:
             continue
         for text in texts:
             ids = model.tokenize(text, False, True)
@@ -373,13 +392,26 @@ def fim_tokens(llm: Llama) -> dict[str, int]:
 
 class InfillRequest(NativeRequest):
     """``POST /infill``: fill in the middle between ``input_prefix`` and ``input_suffix``
-    (``input_extra``: other files, before them), with the model's FIM tokens."""
+    (``input_extra``: other files, before them), with the model's FIM tokens, in
+    llama-server's prompt (``format_prompt_infill``)."""
 
-    input_prefix: str
-    input_suffix: str
-    input_extra: list[dict[str, str]] = []
+    prompt: str = ""  # text only, as llama-server's /infill takes it
+    input_prefix: str | Mixed
+    input_suffix: str | Mixed
+    input_extra: list[dict[str, Any]] = []
 
-    def respond(self, llm: Llama, model: str, cancel: Callable[[], bool]) -> Any:
+    def check(self, n_vocab: int, parallel: int) -> None:
+        super().check(n_vocab, parallel)
+        for chunk in self.input_extra:
+            if not isinstance(chunk.get("text"), str):
+                raise BadRequest('extra_context chunk must contain a "text" field with a string value', "input_extra")
+            if not isinstance(chunk.get("filename", ""), str):
+                raise BadRequest('extra_context chunk\'s "filename" field must be a string', "input_extra")
+
+    def infill_tokens(self, llm: Llama) -> list[int]:
+        """llama-server's FIM prompt (spm_infill off): [extra chunks] [BOS] FIM_PRE prefix
+        prompt FIM_SUF suffix FIM_MID, each part cut to what its share of a batch (and the
+        context, for the extra) holds."""
         fim = fim_tokens(llm)
         missing = [name for name in ("pre", "suf", "mid") if name not in fim]
         if missing:
@@ -387,19 +419,34 @@ class InfillRequest(NativeRequest):
             raise Unsupported(
                 "Infill is not supported by this model: " + " ".join(f"{names[m]} token is missing." for m in missing)
             )
-        tok = llm.core_model.tokenize
+        model = llm.core_model
+
+        def tok(text: str) -> list[int]:
+            return list(model.tokenize(text, False, False))
+
         extra: list[int] = []
+        if "rep" in fim:
+            extra += [fim["rep"], *tok("myproject\n")]
         for chunk in self.input_extra:
-            extra += tok(f"{chunk.get('filename', '')}\n{chunk.get('text', '')}\n", False, False)
-        prompt = self.prompt if isinstance(self.prompt, str) else ""
-        tokens = (
-            ([llm.core_model.bos] if llm.core_model.add_bos and llm.core_model.bos >= 0 else [])
-            + extra
-            + [fim["pre"]]
-            + list(tok(self.input_prefix, False, False))
-            + [fim["suf"]]
-            + list(tok(self.input_suffix, False, False))
-            + [fim["mid"]]
-            + list(tok(prompt, False, False))
-        )
-        return self.run(llm, model, cancel, tokens)
+            if "sep" in fim:
+                extra += [fim["sep"], *tok(chunk.get("filename", "tmp") + "\n")]
+            else:
+                extra += tok(SNIPPET)
+            extra += tok(chunk["text"])
+        if "sep" in fim:
+            extra += [fim["sep"], *tok("filename\n")]
+        prefix = tokenize_mixed(llm, self.input_prefix, False, False)
+        suffix = tokenize_mixed(llm, self.input_suffix, False, False)
+        prompt = list(model.tokenize(self.prompt, False, True))
+        n_batch, n_ctx = llm.config.n_batch, llm.n_ctx_slot
+        # the FIM part fits a batch (prefix:suffix 3:1); the extra fills the context's rest
+        n_prefix = min(len(prefix), 3 * (n_batch // 4))
+        n_suffix = min(len(suffix), max(0, n_batch // 4 - (2 + len(prompt))))
+        n_extra = min(max(0, n_ctx - n_batch - 2 * self._n_default), len(extra))
+        head = [fim["pre"], *prefix[len(prefix) - n_prefix :], *prompt]
+        if model.add_bos and model.bos >= 0:
+            head.insert(0, model.bos)
+        return extra[len(extra) - n_extra :] + head + [fim["suf"], *suffix[:n_suffix], fim["mid"]]
+
+    def respond(self, llm: Llama, model: str, cancel: Callable[[], bool]) -> Any:
+        return self.run(llm, model, cancel, self.infill_tokens(llm))

@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError, ValidatorFunctionWrapHandler, WrapValidator
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, ValidatorFunctionWrapHandler, WrapValidator
 from pydantic_core import PydanticCustomError
 
 from .._core import __version__
@@ -19,7 +19,7 @@ from ..openai.completions import MAX_CHOICES
 if TYPE_CHECKING:
     from ..llama import Llama
 
-__all__ = ["BadRequest", "ChatRequest", "CompletionRequest", "Unsupported", "describe"]
+__all__ = ["BadRequest", "ChatRequest", "CompletionRequest", "Unsupported", "budget", "describe", "n_predict"]
 
 
 class BadRequest(ValueError):
@@ -32,6 +32,38 @@ class BadRequest(ValueError):
 
 class Unsupported(BadRequest):
     """A feature pydflash does not have (HTTP 501, llama-server's ``not_supported_error``)."""
+
+
+# llama-server's n_predict (aliases max_completion_tokens, max_tokens) as the library's
+# max_tokens, on every endpoint (vendor/llama.cpp/tools/server: server-schema.cpp reads it
+# with hard limits [-1, INT32_MAX]; server-context.cpp takes the request's value unless it
+# is -1, else -n; -1 is no limit but the context; the budget is checked only after a
+# sampled token, so 0 gives one)
+INT32_MAX = 2**31 - 1
+# the names llama-server reads, in its order: the first one given counts
+N_PREDICT_FIELDS = ("n_predict", "max_completion_tokens", "max_tokens")
+
+
+def n_predict(request: object) -> tuple[str, int] | None:
+    """(field, value) of the first of ``N_PREDICT_FIELDS`` a request gives (not null)."""
+    for name in N_PREDICT_FIELDS:
+        v = getattr(request, name, None)
+        if v is not None:
+            return name, v
+    return None
+
+
+def budget(given: tuple[str, int] | None, server_n_predict: int = -1) -> int | None:
+    """The library's ``max_tokens`` (None: until the context is full) for a request's
+    ``n_predict`` (``given``: its field and value, None when absent) under ``-n``."""
+    if given is not None:
+        field, n = given
+        if isinstance(n, bool) or not -1 <= n <= INT32_MAX:
+            raise BadRequest(f"Field '{field}': Value must be between -1 <= value <= {INT32_MAX}, but got {n}", field)
+    n = server_n_predict if given is None or given[1] == -1 else given[1]
+    if n < 0:
+        return None
+    return max(n, 1)  # 0: llama-server samples one token before it checks the budget
 
 
 def _must_be(expected: str) -> WrapValidator:
@@ -73,7 +105,6 @@ REFUSED_SAMPLERS: tuple[tuple[str, float], ...] = (
 )
 # the fields passed on as they are when given (None: the library's default)
 _PASSED = (
-    "max_tokens",
     "temperature",
     "top_p",
     "min_p",
@@ -98,6 +129,7 @@ _PASSED = (
     "stop",
     "logit_bias",
     "verify",
+    "return_progress",
 )
 
 
@@ -110,6 +142,8 @@ class _Request(BaseModel):
     stream: bool | None = None  # null: a field's default, as OpenAI's API reads it
     n: int | None = None
     max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    n_predict: int | None = None  # llama-server's name, first of the three (budget)
     temperature: float | None = None
     top_p: float | None = None
     min_p: float | None = None
@@ -133,6 +167,7 @@ class _Request(BaseModel):
     stop: Stop = None
     logit_bias: dict[str, float] | None = None  # JSON keys are strings: token ids, checked below
     verify: str | None = None  # pydflash's: "rejection", "match" or "coupled" (Llama.generate's)
+    return_progress: bool | None = None  # llama-server's: prompt_progress events in a stream
     mirostat: float | None = None
     xtc_probability: float | None = None
     dry_multiplier: float | None = None
@@ -140,6 +175,7 @@ class _Request(BaseModel):
     adaptive_target: float | None = None
 
     done_marker: ClassVar[bool] = True  # OpenAI's streams end with "data: [DONE]"
+    _n_default: int = PrivateAttr(-1)  # the server's -n (-1: none)
 
     @property
     def lead(self) -> int:
@@ -166,16 +202,16 @@ class _Request(BaseModel):
     def fill(self, defaults: Mapping[str, Any]) -> None:
         """The server's defaults (``-n``, ``--temp``, ...) for the fields the request leaves out."""
         for key, value in defaults.items():
-            if getattr(self, key, None) is None and key not in self.model_fields_set:
+            if key == "max_tokens":
+                self._n_default = value  # what n_predict -1 or absent means (budget)
+            elif getattr(self, key, None) is None and key not in self.model_fields_set:
                 setattr(self, key, value)
-        cap = defaults.get("max_tokens", -1)
-        if cap > 0 and (self.max_tokens is None or self.max_tokens < 0 or self.max_tokens > cap):
-            self.max_tokens = cap  # -n caps a request's max_tokens, as llama-server's does
 
     def check(self, n_vocab: int, parallel: int) -> None:
         """What the library does not check, before any work: BadRequest."""
         if self.n is not None and not 1 <= self.n <= MAX_CHOICES:
             raise BadRequest(f"'n' must be in [1, {MAX_CHOICES}]", "n")
+        budget(n_predict(self), self._n_default)
         stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
         if len(stops) > MAX_STOP or any(len(s) > MAX_STOP_CHARS for s in stops):
             raise BadRequest(
@@ -198,7 +234,9 @@ class _Request(BaseModel):
 
     def options(self) -> dict[str, Any]:
         """The keyword arguments common to both completion functions."""
-        return {k: v for k in _PASSED if (v := getattr(self, k)) is not None}
+        kw = {k: v for k in _PASSED if (v := getattr(self, k)) is not None}
+        kw["max_tokens"] = budget(n_predict(self), self._n_default)
+        return kw
 
 
 class CompletionRequest(_Request):
@@ -209,7 +247,6 @@ class CompletionRequest(_Request):
     echo: bool | None = None
     logprobs: int | None = None
     n_probs: int | None = None  # llama-server's name for logprobs
-    n_predict: int | None = None  # llama-server's name for max_tokens
 
     @property
     def lead(self) -> int:
@@ -235,8 +272,6 @@ class CompletionRequest(_Request):
         """(prompt, keyword arguments) of ``create_completion``."""
         prompt: Any = self.prompt[0] if self._batch() else self.prompt  # a batch of one
         kw = self.options()
-        if self.n_predict is not None and self.max_tokens is None:
-            kw["max_tokens"] = self.n_predict
         kw["echo"] = bool(self.echo)
         n = self.logprobs if self.logprobs is not None else self.n_probs
         if n is not None:
@@ -253,8 +288,6 @@ class ChatRequest(_Request):
     """``POST /v1/chat/completions``."""
 
     messages: list[dict[str, Any]]
-    max_completion_tokens: int | None = None
-    n_predict: int | None = None  # llama-server's name
     add_generation_prompt: bool | None = None
     continue_final_message: bool | None = None
     tools: list[dict[str, Any]] | None = None
@@ -294,9 +327,6 @@ class ChatRequest(_Request):
     def arguments(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """(messages, keyword arguments) of ``create_chat_completion``."""
         kw = self.options()
-        for name in ("n_predict", "max_completion_tokens"):  # llama-server's aliases of max_tokens
-            if getattr(self, name) is not None:
-                kw["max_tokens"] = getattr(self, name)
         kw["tools"] = None if self.tool_choice == "none" else self.tools
         kw["chat_template_kwargs"] = self.chat_template_kwargs
         if self.add_generation_prompt is not None:

@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from .requests import BadRequest, ChatRequest, Unsupported
 
@@ -46,6 +46,7 @@ class ResponsesRequest(BaseModel):
     temperature: float | None = None
     top_p: float | None = None
     stream: bool = False
+    return_progress: bool = False  # llama-server's: prompt_progress on response.in_progress events
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     previous_response_id: str | None = None
@@ -53,6 +54,7 @@ class ResponsesRequest(BaseModel):
     logit_bias: dict[str, float] | None = None
 
     lead: ClassVar[int] = 1
+    _n_default: int = PrivateAttr(-1)
     done_marker: ClassVar[bool] = False
     sse_event_names: ClassVar[bool] = True
 
@@ -60,6 +62,7 @@ class ResponsesRequest(BaseModel):
         for key in ("temperature", "top_p"):
             if getattr(self, key) is None and key in defaults:
                 setattr(self, key, defaults[key])
+        self._n_default = defaults.get("max_tokens", -1)  # -n: what max_tokens -1 means
 
     def prompt_bytes(self) -> int:
         return len(json.dumps(self.input)) + len(self.instructions or "")
@@ -126,8 +129,10 @@ class ResponsesRequest(BaseModel):
             "top_p": self.top_p,
             "seed": self.seed,
             "logit_bias": self.logit_bias,
+            "return_progress": self.return_progress or None,
         }
         req = ChatRequest.model_validate({k: v for k, v in fields.items() if v is not None})
+        req.fill({"max_tokens": self._n_default})
         return req
 
     def respond(self, llm: Llama, model: str, cancel: Callable[[], bool]) -> Any:
@@ -231,11 +236,16 @@ def _events(chunks: Iterator[dict[str, Any]], head: dict[str, Any]) -> Iterator[
     started = False
     try:
         for chunk in chunks:
+            progress = {"prompt_progress": chunk["prompt_progress"]} if "prompt_progress" in chunk else {}
             if not started:
                 started = True
                 pending = {**head, "status": "in_progress", "output": [], "usage": None}
                 yield event("response.created", response=pending)
-                yield event("response.in_progress", response=pending)
+                yield event("response.in_progress", response=pending, **progress)
+            elif progress:  # llama-server's: one response.in_progress per prompt chunk
+                yield event("response.in_progress", response=pending, **progress)
+            if progress:
+                continue
             choice = chunk["choices"][0]
             delta = choice.get("delta") or {}
             if delta.get("content"):

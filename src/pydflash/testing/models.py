@@ -22,7 +22,7 @@ import functools
 import itertools
 import re
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,13 +34,23 @@ if TYPE_CHECKING:
     import gguf
 
 __all__ = [
-    "THINKING_TEMPLATE", "DrafterSpec", "DrafterVariant", "Hparams", "HybridSpec", "TargetSpec", "Tokenizer",
-    "tokenizer", "write_dflash_gguf", "write_drafter", "write_hybrid_pair", "write_hybrid_target", "write_pair",
-    "write_qwen3_gguf", "write_target",
+    "FIM_TOKENS", "THINKING_TEMPLATE", "DrafterSpec", "DrafterVariant", "Hparams", "HybridSpec", "TargetSpec",
+    "Tokenizer", "tokenizer", "write_dflash_gguf", "write_drafter", "write_hybrid_pair", "write_hybrid_target",
+    "write_pair", "write_qwen3_gguf", "write_target",
 ]  # fmt: skip
 
 EOS = "<|endoftext|>"
 MASK = "<|mask|>"
+# Qwen2.5-Coder's fill-in-the-middle tokens (names llama.cpp's vocabulary also finds by text),
+# by the suffix of their tokenizer.ggml.fim_<part>_token_id key
+FIM_TOKENS = {
+    "pre": "<|fim_prefix|>",
+    "suf": "<|fim_suffix|>",
+    "mid": "<|fim_middle|>",
+    "pad": "<|fim_pad|>",
+    "rep": "<|fim_repo|>",
+    "sep": "<|file_sep|>",
+}
 
 _CORPUS = """
 def main(argv=None):
@@ -80,15 +90,16 @@ class Tokenizer:
     pre: str = "qwen2"  # llama.cpp pre-tokenizer name
 
 
-def tokenizer(n_vocab: int = 384) -> Tokenizer:
+def tokenizer(n_vocab: int = 384, specials: Sequence[str] = ()) -> Tokenizer:
     """A deterministic byte-level BPE of exactly ``n_vocab`` tokens: 256 bytes,
-    merges learned on a small built-in text, EOS and MASK control tokens, then
-    unused control tokens as padding."""
-    if n_vocab < 260:
-        raise ValueError("n_vocab must be >= 260 (256 bytes + merges + 2 specials)")
+    merges learned on a small built-in text, EOS and MASK control tokens, the
+    ``specials`` (control tokens, in place of the last merges), then unused control
+    tokens as padding."""
+    if n_vocab < 260 + len(specials):
+        raise ValueError("n_vocab must be >= 260 (256 bytes + merges + 2 specials) + len(specials)")
     b2u = _bytes_to_unicode()
     tokens = [b2u[b] for b in range(256)]
-    n_merges = min(n_vocab - 258, 200)
+    n_merges = min(n_vocab - 258 - len(specials), 200)
     words = [[b2u[b] for b in w.encode()] for w in re.findall(r" ?\w+| ?[^\w\s]+|\s+", _CORPUS)]
     merges: list[str] = []
     vocab = set(tokens)
@@ -111,8 +122,8 @@ def tokenizer(n_vocab: int = 384) -> Tokenizer:
                 i += 1
     types = [1] * len(tokens)
     eos = len(tokens)
-    tokens += [EOS, MASK]
-    types += [3, 3]
+    tokens += [EOS, MASK, *specials]
+    types += [3] * (2 + len(specials))
     while len(tokens) < n_vocab:
         tokens.append(f"<|unused_{len(tokens)}|>")
         types.append(5)
@@ -136,6 +147,9 @@ class TargetSpec:
     seed: int = 0
     eos_hot: bool = False  # give end-of-text a hot head row, so generations can end
     chat_template: str | None = None  # written as tokenizer.chat_template (jinja)
+    # FIM_TOKENS' parts ("pre", "suf", "mid", "pad", "rep", "sep") in the vocabulary, each named
+    # in its tokenizer.ggml.fim_<part>_token_id
+    fim: tuple[str, ...] = ()
     # > 0: every token embedding shares one direction, this many times the random part's length, so the
     # next token depends little on the context and drafters propose nearly p (long accepted blocks)
     embd_common: float = 0.0
@@ -207,7 +221,7 @@ def write_qwen3_gguf(
     *,
     name: str,
     architecture: str = "qwen3",
-    extra_kv: dict[str, str] | None = None,
+    extra_kv: Mapping[str, str | int] | None = None,
 ) -> Path:
     """Write a target GGUF. ``tensors`` uses llama.cpp names (token_embd.weight,
     blk.N.attn_q.weight, ..., output.weight) with numpy shapes (rows, cols) =
@@ -260,7 +274,7 @@ def write_gguf(
     tensors: dict[str, np.ndarray],
     *,
     mask_token: bool,
-    extra_kv: dict[str, str] | None,
+    extra_kv: Mapping[str, str | int] | None,
     arch_keys: Callable[[gguf.GGUFWriter], None] | None = None,
 ) -> Path:
     """Write a GGUF: its hyper-parameters, ``arch_keys``' keys, the tokenizer and ``tensors``."""
@@ -273,7 +287,10 @@ def write_gguf(
         arch_keys(w)
     _add_tokenizer(w, tok, mask=mask_token)
     for k, v in (extra_kv or {}).items():
-        w.add_string(k, v)
+        if isinstance(v, int):
+            w.add_uint32(k, v)  # a token id
+        else:
+            w.add_string(k, v)
     for tname, arr in tensors.items():
         w.add_tensor(tname, np.ascontiguousarray(arr))
     w.write_header_to_file()
@@ -392,7 +409,7 @@ def write_target(path: str | Path, spec: TargetSpec = TargetSpec(), *, architect
     """Write a tiny random ``qwen3`` target GGUF."""
     s = spec
     rng = np.random.default_rng(s.seed)
-    tok = tokenizer(s.n_vocab)
+    tok = tokenizer(s.n_vocab, [FIM_TOKENS[part] for part in s.fim])
     hp = Hparams(s.n_ctx, s.n_embd, s.n_layer, s.n_head, s.n_head_kv, s.head_dim, s.n_ff)
     tensors = {"token_embd.weight": _token_embd(rng, s)}
     for i in range(s.n_layer):
@@ -411,7 +428,9 @@ def write_target(path: str | Path, spec: TargetSpec = TargetSpec(), *, architect
         )
     tensors["output_norm.weight"] = _norm(rng, s.n_embd)
     tensors["output.weight"] = _head(rng, s, tok)
-    extra = {"tokenizer.chat_template": s.chat_template} if s.chat_template is not None else None
+    extra: dict[str, str | int] = {"tokenizer.chat_template": s.chat_template} if s.chat_template is not None else {}
+    if s.fim:
+        extra.update({f"tokenizer.ggml.fim_{part}_token_id": tok.tokens.index(FIM_TOKENS[part]) for part in s.fim})
     return write_qwen3_gguf(
         path, hp, tok, tensors, name=f"pydflash tiny {architecture} target", architecture=architecture, extra_kv=extra
     )
@@ -558,7 +577,8 @@ def write_drafter(
     return write_dflash_gguf(
         path,
         hp,
-        tokenizer(s.n_vocab or target.n_vocab),
+        # the target's vocabulary (its FIM tokens too), unless the drafter has its own size
+        tokenizer(s.n_vocab or target.n_vocab, [] if s.n_vocab else [FIM_TOKENS[part] for part in target.fim]),
         tensors,
         block_size=None if "block_size" in v.omit_keys else s.block_size,
         target_layers=s.target_layers,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TARGET
+from support.models import TARGET
 from pydflash import Llama, testing
 from pydflash.config import SamplingConfig
 from pydflash.engine.generation import Generation

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DRAFTERS, TARGET
+from support.models import DRAFTERS, TARGET
 from pydflash import Llama, testing
 from pydflash.server import Server
 from pydflash.server.native import InfillRequest, fim_tokens

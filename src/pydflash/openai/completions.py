@@ -153,14 +153,12 @@ def create_completion(
     verify: str | None = None,
     return_progress: bool = False,
 ) -> Completion | Iterator[CompletionChunk]:
-    """An OpenAI-style text completion of ``prompt`` (text or ids). Defaults as llama-cpp-python's; ``max_tokens=None``
-    fills the context. ``draft_max``, ``draft_min``, ``draft_p_min``, ``verify``: as ``Llama.generate``'s.
-    ``logprobs=N``: each token's logprob and the N likeliest (of the raw logits, or of the chain's distribution with
-    ``post_sampling_probs``), in ``choices[0]["logprobs"]``. ``response_format`` (``json_object``, ``json_schema``),
-    ``json_schema`` or ``grammar`` (GBNF): the text follows it. ``id_slot``: that slot (llama-server's; -1/None:
-    any). ``n`` choices run side by side (seeds ``seed``, ``seed + 1``...). ``cancel``: asked after each step of a
-    stream (else every 0.1 s); True raises ``GenerationInterrupted``. ``return_progress`` (llama-server's, with
-    ``stream``): chunks with ``prompt_progress`` when the prompt starts and after each chunk of it is evaluated."""
+    """An OpenAI-style text completion of ``prompt`` (text or ids); defaults as llama-cpp-python's (``max_tokens=None``
+    fills the context). ``draft_*``, ``verify``: as ``Llama.generate``'s. ``logprobs=N``: each token's logprob and the
+    N likeliest (raw logits, or the chain's with ``post_sampling_probs``). ``response_format``, ``json_schema`` or
+    ``grammar`` (GBNF): the text follows it. ``id_slot``: that slot (-1/None: any). ``n`` choices run side by side
+    (seeds ``seed``, ``seed + 1``...). ``cancel``: asked after each step of a stream (else every 0.1 s); True raises
+    ``GenerationInterrupted``. ``return_progress`` (with ``stream``): llama-server's ``prompt_progress`` chunks."""
     _unsupported(suffix=suffix)
     if logprobs is not None and echo:
         raise ValueError("logprobs with echo (the prompt's log-probabilities) are not supported")
@@ -363,9 +361,8 @@ def create_chat_completion(
     given to ``Llama``). ``enable_thinking=False`` turns reasoning off where the template has the switch; reasoning
     the model writes comes back in ``message["reasoning_content"]``. ``logprobs=True`` (with ``top_logprobs=N``):
     ``choices[0]["logprobs"]["content"]``, one entry per generated token (reasoning and tool-call tokens included).
-    ``response_format``, ``json_schema`` and ``grammar`` go through the template, which frames them in its reply
-    format; with ``tools`` the template's tool-call grammar applies once a call starts (as in llama-server). Other
-    options as ``create_completion``'s."""
+    ``response_format``, ``json_schema`` and ``grammar`` go through the template, framed in its reply format; with
+    ``tools`` its tool-call grammar applies once a call starts (as in llama-server). Others: ``create_completion``'s."""
     if top_logprobs is not None and not logprobs:
         raise ValueError("top_logprobs needs logprobs=True")
     schema, gbnf = constraint(response_format, json_schema, grammar)

@@ -273,33 +273,34 @@ def _events(chunks: Iterator[dict[str, Any]], head: dict[str, Any]) -> Iterator[
             calls += delta.get("tool_calls") or []  # they come whole, before the last chunk
             if choice.get("finish_reason") is not None:
                 done = _response(head, text, calls, chunk.get("usage"), choice["finish_reason"], chunk.get("timings"))
-                if opened:
-                    part = {"type": "output_text", "text": text, "annotations": []}
-                    yield event(
-                        "response.output_text.done",
-                        item_id=msg_id,
-                        output_index=0,
-                        content_index=0,
-                        text=text,
-                        logprobs=[],
-                    )
-                    yield event(
-                        "response.content_part.done", item_id=msg_id, output_index=0, content_index=0, part=part
-                    )
-                    yield event("response.output_item.done", output_index=0, item=_message_item(msg_id, text))
-                first = 1 if opened else 0
-                for i, item in enumerate(x for x in done["output"] if x["type"] == "function_call"):
-                    yield event("response.output_item.added", output_index=first + i, item=item)
-                    yield event(
-                        "response.function_call_arguments.done",
-                        item_id=item["id"],
-                        output_index=first + i,
-                        arguments=item["arguments"],
-                    )
-                    yield event("response.output_item.done", output_index=first + i, item=item)
-                if opened:
-                    done["output"][0]["id"] = msg_id
-                final = "response.incomplete" if done["status"] == "incomplete" else "response.completed"
-                yield event(final, response=done)
+                yield from _closing(event, done, msg_id, text if opened else None)
     finally:
         chunks.close()  # type: ignore[attr-defined]
+
+
+def _closing(
+    event: Callable[..., dict[str, Any]], done: dict[str, Any], msg_id: str, text: str | None
+) -> Iterator[dict[str, Any]]:
+    """The events that close a response: its text part's (``text`` None: it had none),
+    each tool call's, and the last one."""
+    if text is not None:
+        part = {"type": "output_text", "text": text, "annotations": []}
+        yield event(
+            "response.output_text.done", item_id=msg_id, output_index=0, content_index=0, text=text, logprobs=[]
+        )
+        yield event("response.content_part.done", item_id=msg_id, output_index=0, content_index=0, part=part)
+        yield event("response.output_item.done", output_index=0, item=_message_item(msg_id, text))
+    first = 0 if text is None else 1
+    for i, item in enumerate(x for x in done["output"] if x["type"] == "function_call"):
+        yield event("response.output_item.added", output_index=first + i, item=item)
+        yield event(
+            "response.function_call_arguments.done",
+            item_id=item["id"],
+            output_index=first + i,
+            arguments=item["arguments"],
+        )
+        yield event("response.output_item.done", output_index=first + i, item=item)
+    if text is not None:
+        done["output"][0]["id"] = msg_id
+    final = "response.incomplete" if done["status"] == "incomplete" else "response.completed"
+    yield event(final, response=done)

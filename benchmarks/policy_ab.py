@@ -25,6 +25,7 @@ from benchmarks.legacy_policy.engine import LegacyEngine
 
 from pydflash import Llama, embedded_pair
 from pydflash.bench.tasks import prompts as workload_prompts
+from pydflash.bench.workload import text_codec
 from pydflash.engine.engine import Engine
 
 
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
             "old": LegacyEngine(core, cpair, chunk),
             "old-b": LegacyEngine(core, cpair, chunk),
         }
-        texts = workload_prompts(a.workload, pair.tokenize, pair.detokenize, a.isl, a.prompts)
+        texts = workload_prompts(a.workload, *text_codec(pair), a.isl, a.prompts)
         names = ["target", *engines]
         speed: dict[str, list[float]] = {n: [] for n in names}
         drafted: dict[str, list[int]] = {n: [] for n in names}

@@ -90,8 +90,18 @@ def test_one_step_counts_alike_in_both_event_shapes():
 @pytest.fixture(scope="module")
 def settings():
     target, draft = embedded_pair()
-    return dict(target=str(target), draft=str(draft), threads=2, flash_attn="auto", draft_max=7,
+    # the draft length pinned: the client test below needs drafted steps from the shipped pair
+    return dict(target=str(target), draft=str(draft), threads=2, flash_attn="auto", draft_max=7, pin_draft=True,
                 n_ctx_per_slot=512, llama_server=LLAMA_SERVER)
+
+
+def test_pydflash_chooses_its_draft_length_unless_the_bench_pins_it(settings):
+    adaptive = servers.pydflash_command(settings | {"pin_draft": False}, 8080, 4)
+    assert "--draft-max" not in adaptive
+    pinned = servers.pydflash_command(settings, 8080, 4)
+    assert pinned[pinned.index("--draft-max") + 1] == "7"
+    native = servers.llama_server_command(settings | {"llama_server": "/bin/true", "pin_draft": False}, 8080, 4)
+    assert native[native.index("--spec-draft-n-max") + 1] == "7"  # llama-server's maximum either way
 
 
 def test_client_against_pydflash_serve(settings, tmp_path):

@@ -52,7 +52,8 @@ def pydflash_serve_has_parallel() -> bool:
 
 def pydflash_command(settings: dict[str, Any], port: int, slots: int) -> list[str]:
     """``pydflash serve`` with ``slots`` parallel requests where it supports
-    them (else one generation at a time, requests queued: one slot's context)."""
+    them (else one generation at a time, requests queued: one slot's context).
+    Its draft length is its own adaptive choice unless the bench pins one."""
     parallel = pydflash_serve_has_parallel()
     cmd = [
         sys.executable,
@@ -73,9 +74,9 @@ def pydflash_command(settings: dict[str, Any], port: int, slots: int) -> list[st
         str(settings["threads"]),
         "-fa",
         settings["flash_attn"],
-        "--draft-max",
-        str(settings["draft_max"]),
     ]
+    if settings.get("pin_draft"):  # else its own adaptive length, up to the same maximum (the drafter's block)
+        cmd += ["--draft-max", str(settings["draft_max"])]
     if parallel:
         cmd += ["--parallel", str(slots)]
     return cmd

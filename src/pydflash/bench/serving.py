@@ -61,7 +61,9 @@ class ServingConfig:
     llama_server: str | None = None  # None: look for it (find_llama_server)
     threads: int = 0  # 0: all cores
     flash_attn: str = "auto"
-    draft_max: int | None = None  # None: the drafter's block size - 1
+    # llama-server's --spec-draft-n-max (None: the drafter's block size - 1); given, it also
+    # pins pydflash's draft length (None: pydflash chooses each step, up to the same maximum)
+    draft_max: int | None = None
     log_dir: str | None = None  # server logs (None: a new temporary directory, kept)
 
     @staticmethod
@@ -100,7 +102,8 @@ def run(cfg: ServingConfig, log: Log = print) -> dict[str, Any]:
         target, draft, source = prepare_models(cfg.target, cfg.draft, cfg.pad_ffn, Path(td), log)
         settings: dict[str, Any] = dict(
             target=target, draft=draft, threads=threads, flash_attn=cfg.flash_attn,
-            draft_max=cfg.draft_max or _max_draft(target, draft), llama_server=find_llama_server(cfg.llama_server),
+            draft_max=cfg.draft_max or _max_draft(target, draft), pin_draft=cfg.draft_max is not None,
+            llama_server=find_llama_server(cfg.llama_server),
         )  # fmt: skip
         engines, skipped = _available(cfg, settings, log)
         prompts = _prompts(source["tokenizer_model"], cfg)

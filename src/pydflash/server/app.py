@@ -37,6 +37,7 @@ try:
 
     from .anthropic import AnthropicRequest
     from .exchange import MAX_BODY, Exchange, Generations, Kind
+    from .gcp import GcpConfig, predict_routes
     from .http import CanonicalHeaders, FramingCheck, error_response, json_response, protocol, read_body
     from .limits import PromptLimit
     from .metrics import Metrics
@@ -137,6 +138,9 @@ class Server:
         # each admitted request holds one thread: never wait for another request's
         self.threads = anyio.CapacityLimiter(self.parallel + self.queue_size)
         self.side_threads = anyio.CapacityLimiter(4)  # /slots, slot files, tokenizing: off the event loop
+        self.gcp = GcpConfig.from_env(os.environ)
+        if self.gcp.enabled:  # llama-server's Vertex AI mode: AIP_HTTP_PORT wins over --port
+            port = self.gcp.port
         hosts = [host] if isinstance(host, str) else list(host)
         if not hosts:
             raise ValueError("host: give at least one address")
@@ -299,7 +303,7 @@ class Server:
         for paths, kind in kinds:
             routes += [Route(path, Generations(self, kind), methods=["POST"]) for path in paths]
         routes += native_routes(self)
-        return Starlette(
+        app = Starlette(
             routes=routes,
             middleware=[
                 Middleware(CanonicalHeaders, start_time=self.created),
@@ -309,6 +313,9 @@ class Server:
             ],
             exception_handlers={HTTPException: _http_error},
         )
+        if self.gcp.enabled:  # dispatched into the router: the predict request passed the middleware
+            app.router.routes += predict_routes(self.gcp, app.router, routes, routes[0])
+        return app
 
     async def _health(self, request: Request) -> Response:
         return json_response({"status": "ok"})

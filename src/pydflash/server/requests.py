@@ -311,6 +311,10 @@ class ChatRequest(_Request):
                 kind = part.get("type") if isinstance(part, dict) else None
                 if kind not in (None, "text"):
                     raise Unsupported(f"multimodal input is not supported (a '{kind}' content part)", "messages")
+        roles = [m.get("role") for m in self.messages[-2:]]
+        if self.continue_final_message is None and roles == ["assistant", "assistant"]:
+            # llama-server continues a final assistant message (its prefill): two are ambiguous
+            raise BadRequest("Cannot have 2 or more assistant messages at the end of the list.", "messages")
         if self.continue_final_message and self.add_generation_prompt is not False:
             # llama-server's rule: add_generation_prompt is true unless the request says false
             raise BadRequest(

@@ -1,13 +1,16 @@
-"""The chat request checks llama-server makes before any generation, on a server
-on 127.0.0.1: each refused body is a 400 with llama-server's message."""
+"""Chat requests as llama-server reads them, on a server on 127.0.0.1: the checks it
+makes before any generation (a 400 with its message), and timings_per_token."""
 
 from __future__ import annotations
+
+import json
+import urllib.request
 
 import pytest
 
 from pydflash import Llama
 from pydflash.server import Server
-from support.http import post
+from support.http import metrics, post
 
 
 @pytest.fixture(scope="module")
@@ -25,3 +28,19 @@ def test_two_assistant_messages_at_the_end_are_refused(server):
     # one final assistant message is continued, as llama-server's prefill does
     status, res = post(server, {"messages": msgs, "max_tokens": 2, "temperature": 0}, "/v1/chat/completions")
     assert status == 200 and res["usage"]["completion_tokens"] == 2
+
+
+def test_timings_per_token_and_the_metrics(server):
+    before = metrics(server)["llamacpp:tokens_predicted_total"]
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0, "stream": True,
+            "ignore_eos": True, "timings_per_token": True}
+    req = urllib.request.Request(server + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        lines = r.read().decode().splitlines()
+    chunks = [json.loads(x[6:]) for x in lines if x.startswith("data: {")]
+    text = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
+    assert text and all(c["timings"]["predicted_n"] > 0 for c in text)
+    assert "timings" not in chunks[0]  # the role's chunk, as llama-server's
+    # each chunk has timings, the generation is counted once
+    assert metrics(server)["llamacpp:tokens_predicted_total"] == before + 4

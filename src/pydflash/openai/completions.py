@@ -356,13 +356,15 @@ def create_chat_completion(
     cancel: Callable[[], bool] | None = None,
     verify: str | None = None,
     return_progress: bool = False,
+    timings_per_token: bool = False,
 ) -> ChatCompletion | Iterator[ChatCompletionChunk]:
     """An OpenAI-style chat completion: ``messages`` go through the model's chat template (or the ``chat_template``
     given to ``Llama``). ``enable_thinking=False`` turns reasoning off where the template has the switch; reasoning
     the model writes comes back in ``message["reasoning_content"]``. ``logprobs=True`` (with ``top_logprobs=N``):
     ``choices[0]["logprobs"]["content"]``, one entry per generated token (reasoning and tool-call tokens included).
     ``response_format``, ``json_schema`` and ``grammar`` go through the template, framed in its reply format; with
-    ``tools`` its tool-call grammar applies once a call starts (as in llama-server). Others: ``create_completion``'s."""
+    ``tools`` its tool-call grammar applies once a call starts (as in llama-server). ``timings_per_token`` (a stream):
+    each chunk of text carries the generation's ``timings`` so far. Others: ``create_completion``'s."""
     if top_logprobs is not None and not logprobs:
         raise ValueError("top_logprobs needs logprobs=True")
     schema, gbnf = constraint(response_format, json_schema, grammar)
@@ -396,7 +398,7 @@ def create_chat_completion(
     gens = _generations(llm, tokens, cfg, id_slot, n, stream and return_progress)
     meta: _Meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or llm.model_name}
     if stream:
-        return _chained([_chat_chunks(g, cancel, cp, meta) for g in gens], gens)
+        return _chained([_chat_chunks(g, cancel, cp, meta, timings_per_token) for g in gens], gens)
     return _merged([_chat_completion(g, cancel, cp, meta) for g in gens])
 
 
@@ -489,7 +491,7 @@ def _tool_calls(reply: ChatReply) -> list[ChatCompletionToolCall]:
 
 
 def _chat_chunks(
-    gen: Generation, cancel: Callable[[], bool] | None, cp: ChatPrompt, meta: _Meta
+    gen: Generation, cancel: Callable[[], bool] | None, cp: ChatPrompt, meta: _Meta, per_token: bool = False
 ) -> Iterator[ChatCompletionChunk]:
     # logprobs of tokens not yet sent: they ride on the next chunk (a step's text may
     # produce no delta until the template's parser sees more)
@@ -500,13 +502,16 @@ def _chat_chunks(
         if pending:
             lps = _chat_lps(gen, pending)
             pending.clear()
-        return {
+        out: ChatCompletionChunk = {
             "id": meta["id"],
             "object": "chat.completion.chunk",
             "created": meta["created"],
             "model": meta["model"],
             "choices": [{"index": 0, "delta": delta, "logprobs": lps, "finish_reason": finish}],
         }
+        if per_token and "role" not in delta:  # llama-server's: on each step's text, not on the role
+            out["timings"] = gen.timings()
+        return out
 
     sent = {"content": "", "reasoning_content": ""}
 

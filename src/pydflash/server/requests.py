@@ -34,6 +34,16 @@ class Unsupported(BadRequest):
     """A feature pydflash does not have (HTTP 501, llama-server's ``not_supported_error``)."""
 
 
+class NoVision(BadRequest):
+    """An image for a model without vision: llama-server's HTTP 500 ``server_error``,
+    with its message (it converts the image, then finds no projector to read it)."""
+
+    def __init__(self, param: str | None = None):
+        super().__init__(
+            "image input is not supported - hint: if this is unexpected, you may need to provide the mmproj", param
+        )
+
+
 # llama-server's n_predict (aliases max_completion_tokens, max_tokens) as the library's
 # max_tokens, on every endpoint (vendor/llama.cpp/tools/server: server-schema.cpp reads it
 # with hard limits [-1, INT32_MAX]; server-context.cpp takes the request's value unless it
@@ -296,6 +306,7 @@ class ChatRequest(_Request):
     enable_thinking: bool | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    timings_per_token: bool | None = None  # llama-server's: a stream's text chunks carry timings
 
     def prompt_bytes(self) -> int:
         # the messages' text (the template adds to it): a lower bound on the prompt's
@@ -303,8 +314,6 @@ class ChatRequest(_Request):
 
     def check(self, n_vocab: int, parallel: int) -> None:
         super().check(n_vocab, parallel)
-        if not self.messages:
-            raise BadRequest("'messages' must be a non-empty list", "messages")
         for m in self.messages:
             parts = m.get("content")
             for part in parts if isinstance(parts, list) else []:
@@ -342,6 +351,8 @@ class ChatRequest(_Request):
             kw["enable_thinking"] = self.enable_thinking
         kw["logprobs"] = bool(self.logprobs)
         kw["top_logprobs"] = self.top_logprobs
+        if self.timings_per_token and self.stream:
+            kw["timings_per_token"] = True
         return self.messages, kw
 
 

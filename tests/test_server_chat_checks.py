@@ -44,3 +44,21 @@ def test_timings_per_token_and_the_metrics(server):
     assert "timings" not in chunks[0]  # the role's chunk, as llama-server's
     # each chunk has timings, the generation is counted once
     assert metrics(server)["llamacpp:tokens_predicted_total"] == before + 4
+
+
+CODING = [{"role": "system", "content": "You are a coding assistant."}, {"role": "user", "content": "Write an example"}]
+
+
+def test_no_jinja_constrains_the_reply_with_the_schema_alone(embedded_dflash):
+    # llama-server's --no-jinja: the schema's grammar from the reply's first token (the
+    # template's reply format would first allow whitespace and a ```json fence)
+    with Server(embedded_dflash, port=0, defaults={"jinja": False}) as srv:
+        for fmt, want in (({"json_schema": {"const": "42"}}, '"42"'),
+                          ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"const": "fooo"}}}},
+                           '"fooo"')):
+            status, res = post(srv.url, {"messages": CODING, "max_tokens": 8, "temperature": 0, **fmt},
+                               "/v1/chat/completions")
+            assert status == 200 and res["choices"][0]["message"]["content"] == want
+        tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+        status, res = post(srv.url, {"messages": CODING, "tools": tools}, "/v1/chat/completions")
+        assert status == 400 and "--jinja" in res["error"]["message"]

@@ -227,8 +227,9 @@ def _add_template_flags(s: argparse.ArgumentParser) -> None:
     tmpl.add_argument(
         "--no-jinja",
         action="store_true",
-        help="accepted, with a warning: pydflash renders every template with jinja (llama.cpp's built-in "
-        "templates give the same text either way)",
+        help="as llama-server's: the chat template renders the messages only; a JSON schema or grammar "
+        "constrains the reply as it is (not framed in the template's reply format), the reply is all "
+        "content, and tools are refused",
     )
 
 
@@ -261,6 +262,7 @@ def server_options(a: argparse.Namespace) -> dict[str, Any]:
             "draft_min": a.draft_min,
             "draft_p_min": a.draft_p_min,
             "enable_thinking": {"on": True, "off": False}.get(a.reasoning),
+            "jinja": False if a.no_jinja else None,
         }.items()
         if v is not None and not (k == "max_tokens" and v < 0)
     }
@@ -303,8 +305,6 @@ def cmd_serve(a: argparse.Namespace) -> int:
         return 2
     options = server_options(a)
     template = chat_template(a)
-    if a.no_jinja:
-        log.warning("--no-jinja: pydflash renders chat templates with jinja")
     model, draft = a.model, a.draft
     if model is None:
         from ..embedded import embedded_pair

@@ -357,6 +357,7 @@ def create_chat_completion(
     verify: str | None = None,
     return_progress: bool = False,
     timings_per_token: bool = False,
+    template_format: bool = True,
 ) -> ChatCompletion | Iterator[ChatCompletionChunk]:
     """An OpenAI-style chat completion: ``messages`` go through the model's chat template (or the ``chat_template``
     given to ``Llama``). ``enable_thinking=False`` turns reasoning off where the template has the switch; reasoning
@@ -364,11 +365,17 @@ def create_chat_completion(
     ``choices[0]["logprobs"]["content"]``, one entry per generated token (reasoning and tool-call tokens included).
     ``response_format``, ``json_schema`` and ``grammar`` go through the template, framed in its reply format; with
     ``tools`` its tool-call grammar applies once a call starts (as in llama-server). ``timings_per_token`` (a stream):
-    each chunk of text carries the generation's ``timings`` so far. Others: ``create_completion``'s."""
+    each chunk of text carries the generation's ``timings`` so far. ``template_format=False`` (llama-server's
+    ``--no-jinja``): the template renders the messages only; the constraint is the request's own grammar, not framed
+    in the template's reply format, the reply is all content, and ``tools`` are refused.
+    Others: ``create_completion``'s."""
     if top_logprobs is not None and not logprobs:
         raise ValueError("top_logprobs needs logprobs=True")
     schema, gbnf = constraint(response_format, json_schema, grammar)
-    cp = _chat_prompt(llm, messages, tools, enable_thinking, chat_template_kwargs, schema, gbnf)
+    if template_format:
+        cp = _chat_prompt(llm, messages, tools, enable_thinking, chat_template_kwargs, schema, gbnf)
+    else:
+        cp = _text_only(_chat_prompt(llm, messages, None, enable_thinking, chat_template_kwargs, None, None), tools)
     tokens = llm.prompt_tokens(cp.prompt)
     cfg = SamplingConfig.build(
         max_tokens=_budget(max_tokens),
@@ -456,6 +463,16 @@ def _chat_prompt(
         json_schema=schema,
         grammar=gbnf,
         **kwargs,
+    )
+
+
+def _text_only(cp: ChatPrompt, tools: Sequence[Mapping[str, Any]] | None) -> ChatPrompt:
+    """``cp`` without its reply format: no grammar of its own, no parser (llama-server's
+    legacy, non-jinja templates: the reply is content only)."""
+    if tools:
+        raise ValueError("tools need the template's reply format (llama-server: the --jinja flag)")
+    return dataclasses.replace(
+        cp, format="Content-only", format_id=0, parser="", supports_thinking=False, grammar="", grammar_lazy=False
     )
 
 

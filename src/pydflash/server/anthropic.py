@@ -133,6 +133,7 @@ class AnthropicRequest(_Messages):
 
     lead: ClassVar[int] = 1
     _n_default: int = PrivateAttr(-1)
+    _jinja: bool = PrivateAttr(True)
     done_marker: ClassVar[bool] = False
     sse_event_names: ClassVar[bool] = True  # "event: message_start" lines, as Anthropic's streams have
     keep_timings: ClassVar[bool] = False  # counted in /metrics, not shown: llama-server's replies have none
@@ -142,6 +143,7 @@ class AnthropicRequest(_Messages):
             if getattr(self, key) is None and key in defaults:
                 setattr(self, key, defaults[key])
         self._n_default = defaults.get("max_tokens", -1)  # -n: what max_tokens -1 means
+        self._jinja = defaults.get("jinja", True)  # --no-jinja: the chat request's too
 
     def prompt_bytes(self) -> int:
         return sum(
@@ -175,7 +177,7 @@ class AnthropicRequest(_Messages):
         if self.thinking is not None:
             fields["enable_thinking"] = self.thinking.get("type") == "enabled"
         req = ChatRequest.model_validate({k: v for k, v in fields.items() if v is not None})
-        req.fill({"max_tokens": self._n_default})
+        req.fill({"max_tokens": self._n_default, "jinja": self._jinja})
         return req
 
     def respond(self, llm: Llama, model: str, cancel: Callable[[], bool]) -> Any:

@@ -186,6 +186,7 @@ class _Request(BaseModel):
 
     done_marker: ClassVar[bool] = True  # OpenAI's streams end with "data: [DONE]"
     _n_default: int = PrivateAttr(-1)  # the server's -n (-1: none)
+    _jinja: bool = PrivateAttr(True)  # False: the server's --no-jinja (chat: no reply format)
 
     @property
     def lead(self) -> int:
@@ -214,6 +215,8 @@ class _Request(BaseModel):
         for key, value in defaults.items():
             if key == "max_tokens":
                 self._n_default = value  # what n_predict -1 or absent means (budget)
+            elif key == "jinja":
+                self._jinja = bool(value)
             elif getattr(self, key, None) is None and key not in self.model_fields_set:
                 setattr(self, key, value)
 
@@ -353,6 +356,8 @@ class ChatRequest(_Request):
         kw["top_logprobs"] = self.top_logprobs
         if self.timings_per_token and self.stream:
             kw["timings_per_token"] = True
+        if not self._jinja:
+            kw["template_format"] = False
         return self.messages, kw
 
 

@@ -56,6 +56,7 @@ class ResponsesRequest(BaseModel):
 
     lead: ClassVar[int] = 1
     _n_default: int = PrivateAttr(-1)
+    _jinja: bool = PrivateAttr(True)
     done_marker: ClassVar[bool] = False
     sse_event_names: ClassVar[bool] = True
 
@@ -64,6 +65,7 @@ class ResponsesRequest(BaseModel):
             if getattr(self, key) is None and key in defaults:
                 setattr(self, key, defaults[key])
         self._n_default = defaults.get("max_tokens", -1)  # -n: what max_tokens -1 means
+        self._jinja = defaults.get("jinja", True)  # --no-jinja: the chat request's too
 
     def prompt_bytes(self) -> int:
         return len(json.dumps(self.input)) + len(self.instructions or "")
@@ -134,7 +136,7 @@ class ResponsesRequest(BaseModel):
             "timings_per_token": self.timings_per_token or None,
         }
         req = ChatRequest.model_validate({k: v for k, v in fields.items() if v is not None})
-        req.fill({"max_tokens": self._n_default})
+        req.fill({"max_tokens": self._n_default, "jinja": self._jinja})
         return req
 
     def respond(self, llm: Llama, model: str, cancel: Callable[[], bool]) -> Any:

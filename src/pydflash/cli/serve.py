@@ -156,6 +156,15 @@ def _add_serving_flags(s: argparse.ArgumentParser) -> None:
         help="on SIGTERM/SIGINT, time running requests get to finish (default: %(default)s)",
     )
     s.add_argument(
+        "--sleep-idle-seconds",
+        type=int,
+        default=-1,
+        metavar="SECONDS",
+        help="free the model after this many seconds without a request that uses it; the next one reloads "
+        "it first (/health, /props, /models and /metrics answer meanwhile without waking it); -1: never "
+        "(default: %(default)s)",
+    )
+    s.add_argument(
         "--max-connections",
         type=int,
         default=256,
@@ -279,6 +288,7 @@ def server_options(a: argparse.Namespace) -> dict[str, Any]:
         "metrics": a.metrics,
         "slots": a.slots,
         "shutdown_grace": a.shutdown_grace,
+        "sleep_idle_seconds": a.sleep_idle_seconds if a.sleep_idle_seconds > 0 else None,
         "defaults": defaults,
         "tags": [t for t in a.tags.split(",") if t.strip()],
     }

@@ -250,7 +250,6 @@ def test_template_error_leaves_the_model_usable(target_path):
 
 @pytest.mark.parametrize("messages, exc", [
     ("hello", TypeError),
-    ([], ValueError),
     ([{"content": "no role"}], ValueError),
     ([{"role": "user", "content": 5}], TypeError),
     (["not a dict"], TypeError),
@@ -259,6 +258,13 @@ def test_template_error_leaves_the_model_usable(target_path):
 def test_bad_messages(chat_llm, messages, exc):
     with pytest.raises(exc):
         chat_llm.create_chat_completion(messages, max_tokens=4)
+
+
+def test_no_messages_is_the_generation_prompt_alone(chat_llm):
+    # as llama-server: an empty conversation is rendered, not refused
+    cp = chat_llm.apply_chat_template([])
+    assert cp.prompt == cp.generation_prompt != ""
+    assert chat_llm.create_chat_completion([], max_tokens=2, ignore_eos=True)["usage"]["completion_tokens"] == 2
 
 
 def test_unsupported_options_are_refused(chat_llm):

@@ -235,8 +235,8 @@ def test_disconnect_cancels_the_generation(server, client, stream):
 
 
 def test_bad_requests_are_400(server, client):
-    with pytest.raises(openai.BadRequestError, match="messages"):
-        client.chat.completions.create(model="tiny-pair", messages=[], max_tokens=4)
+    with pytest.raises(openai.BadRequestError, match="messages"):  # ([] is answered, as llama-server does)
+        client.chat.completions.create(model="tiny-pair", messages="hi", max_tokens=4)
     with pytest.raises(openai.BadRequestError, match="'n' must be in"):
         client.completions.create(model="tiny-pair", prompt="x", max_tokens=4, n=17)
     with pytest.raises(openai.BadRequestError, match="temperature"):

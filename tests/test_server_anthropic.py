@@ -67,6 +67,39 @@ def test_count_tokens(client):
 
 
 def test_a_wrong_key_is_a_401(server):
-    with anthropic.Anthropic(base_url=server[0].url, api_key="nope", max_retries=0) as c:
-        with pytest.raises(anthropic.AuthenticationError):
-            c.messages.create(model="x", max_tokens=1, messages=MSGS)
+    with (
+        anthropic.Anthropic(base_url=server[0].url, api_key="nope", max_retries=0) as c,
+        pytest.raises(anthropic.AuthenticationError),
+    ):
+        c.messages.create(model="x", max_tokens=1, messages=MSGS)
+
+
+def test_a_stream_starts_with_the_prompts_usage(client):
+    total = client.messages.count_tokens(model="x", messages=MSGS).input_tokens
+    with client.messages.stream(model="x", max_tokens=3, messages=MSGS, extra_body=GREEDY) as stream:
+        start = next(iter(stream))
+        list(stream)
+    assert start.type == "message_start"
+    usage = start.message.usage  # llama-server's: the evaluated tokens, and apart those from the cache
+    assert usage.input_tokens > 0 and usage.input_tokens + usage.cache_read_input_tokens == total
+
+
+def test_empty_messages_get_a_reply(client):
+    msg = client.messages.create(model="x", max_tokens=2, messages=[], extra_body=GREEDY)
+    assert msg.type == "message" and msg.usage.input_tokens > 0
+
+
+PNG = {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}
+
+
+@pytest.mark.parametrize("content", [
+    [{"type": "image", "source": PNG}, {"type": "text", "text": "What is this?"}],
+    [{"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "f.png"},
+                                                              {"type": "image", "source": PNG}]}],
+], ids=["image", "image in a tool result"])
+def test_an_image_is_llama_servers_500(client, content):
+    with pytest.raises(anthropic.InternalServerError) as e:
+        client.messages.create(model="x", max_tokens=2, messages=[{"role": "user", "content": content}])
+    assert e.value.status_code == 500
+    assert e.value.body["error"]["message"].startswith("image input is not supported")
+    assert e.value.body["error"]["type"] == "server_error"

@@ -6,6 +6,7 @@ deterministic (a logit_bias forces the call)."""
 from __future__ import annotations
 
 import json
+import urllib.request
 
 import pytest
 
@@ -66,3 +67,18 @@ def test_input_tokens_and_refusals(server, client):
     assert body["object"] == "response.input_tokens" and body["input_tokens"] > 0
     with pytest.raises(openai.BadRequestError):
         client.responses.create(model="x", input="hi", previous_response_id="resp_1")
+
+
+def test_timings_per_token_and_the_last_event(server):
+    body = {"input": "Weather in Paris?", "max_output_tokens": 3, "temperature": 0, "stream": True,
+            "timings_per_token": True}
+    req = urllib.request.Request(server[0].url + "/v1/responses", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        events = [json.loads(line[6:]) for line in r.read().decode().splitlines() if line.startswith("data: ")]
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert deltas and all(e["timings"]["predicted_n"] > 0 for e in deltas)
+    assert [e["timings"]["predicted_n"] for e in deltas] == sorted(e["timings"]["predicted_n"] for e in deltas)
+    last = events[-1]  # llama-server's: response.completed even when the budget ran out
+    assert last["type"] == "response.completed" and last["response"]["status"] == "incomplete"
+    assert last["timings"]["predicted_n"] == last["response"]["usage"]["output_tokens"] == 3

@@ -46,7 +46,6 @@ _DROP_WITH_VALUE = {
     "--reasoning-format",
     "--pooling",
     "--media-path",
-    "--sleep-idle-seconds",
     "--mmproj-url",
     # features pydflash refuses: dropped here so that the server starts (llama.cpp's suite
     # starts every preset once per session); their tests then fail on the 501 answers

@@ -62,6 +62,8 @@ class Llama(LlamaCppApi):
     generations, the rest wait their turn.
     """
 
+    _asleep: tuple[str, str | None] | None = None  # sleep(): the files wake() reloads
+
     def __init__(
         self,
         model_path: str | os.PathLike[str],
@@ -163,9 +165,37 @@ class Llama(LlamaCppApi):
 
     # -- lifecycle -----------------------------------------------------------
 
+    def sleep(self) -> None:
+        """Free both models and their contexts, as ``close()`` does, but keep what
+        reloads them: ``wake()`` loads them again with the same options (llama-server's
+        ``--sleep-idle-seconds``). Until then the object reads as closed. Idempotent."""
+        if self._pair_core is None:
+            return
+        files = (self.model_path, self.draft_path)
+        self.close()
+        self._chat_template = None  # parsed against the freed model
+        self._asleep = files
+
+    def wake(self) -> None:
+        """Load again what ``sleep()`` freed (nothing when the object is awake or closed)."""
+        if self._asleep is None:
+            return
+        model_path, draft = self._asleep
+        self._pair_core = self._load(model_path, draft)
+        self._pair = ContextPair(self._pair_core)
+        self._engine = Engine(self._pair_core, self._pair, self._pair_core.n_batch)
+        weakref.finalize(self, self._engine.close)
+        self._asleep = None
+
+    @property
+    def sleeping(self) -> bool:
+        """Whether ``sleep()`` freed the models and ``wake()`` has not reloaded them."""
+        return self._asleep is not None
+
     def close(self) -> None:
         """Free both contexts and models now; generations still waiting or running
         fail with PyDFlashError. Idempotent."""
+        self._asleep = None  # closed for good: nothing to wake
         if self._engine is not None:
             self._engine.close()
         if self._pair_core is not None:

@@ -156,6 +156,15 @@ def _add_serving_flags(s: argparse.ArgumentParser) -> None:
         help="on SIGTERM/SIGINT, time running requests get to finish (default: %(default)s)",
     )
     s.add_argument(
+        "--sleep-idle-seconds",
+        type=int,
+        default=-1,
+        metavar="SECONDS",
+        help="free the model after this many seconds without a request that uses it; the next one reloads "
+        "it first (/health, /props, /models and /metrics answer meanwhile without waking it); -1: never "
+        "(default: %(default)s)",
+    )
+    s.add_argument(
         "--max-connections",
         type=int,
         default=256,
@@ -227,8 +236,9 @@ def _add_template_flags(s: argparse.ArgumentParser) -> None:
     tmpl.add_argument(
         "--no-jinja",
         action="store_true",
-        help="accepted, with a warning: pydflash renders every template with jinja (llama.cpp's built-in "
-        "templates give the same text either way)",
+        help="as llama-server's: the chat template renders the messages only; a JSON schema or grammar "
+        "constrains the reply as it is (not framed in the template's reply format), the reply is all "
+        "content, and tools are refused",
     )
 
 
@@ -261,6 +271,7 @@ def server_options(a: argparse.Namespace) -> dict[str, Any]:
             "draft_min": a.draft_min,
             "draft_p_min": a.draft_p_min,
             "enable_thinking": {"on": True, "off": False}.get(a.reasoning),
+            "jinja": False if a.no_jinja else None,
         }.items()
         if v is not None and not (k == "max_tokens" and v < 0)
     }
@@ -277,6 +288,7 @@ def server_options(a: argparse.Namespace) -> dict[str, Any]:
         "metrics": a.metrics,
         "slots": a.slots,
         "shutdown_grace": a.shutdown_grace,
+        "sleep_idle_seconds": a.sleep_idle_seconds if a.sleep_idle_seconds > 0 else None,
         "defaults": defaults,
         "tags": [t for t in a.tags.split(",") if t.strip()],
     }
@@ -303,8 +315,6 @@ def cmd_serve(a: argparse.Namespace) -> int:
         return 2
     options = server_options(a)
     template = chat_template(a)
-    if a.no_jinja:
-        log.warning("--no-jinja: pydflash renders chat templates with jinja")
     model, draft = a.model, a.draft
     if model is None:
         from ..embedded import embedded_pair

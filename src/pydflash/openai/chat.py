@@ -176,8 +176,6 @@ def _tool_call(value: object) -> tuple[str, str, str]:
 def _check_messages(messages: Any) -> None:
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise TypeError("messages must be a list of {'role': ..., 'content': ...} dicts")
-    if not messages:
-        raise ValueError("messages is empty")
     for i, m in enumerate(messages):
         if not isinstance(m, Mapping):
             raise TypeError(f"messages[{i}] must be a dict, not {type(m).__name__}")

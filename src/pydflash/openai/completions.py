@@ -356,18 +356,18 @@ def create_chat_completion(
     cancel: Callable[[], bool] | None = None,
     verify: str | None = None,
     return_progress: bool = False,
+    timings_per_token: bool = False,
+    template_format: bool = True,
 ) -> ChatCompletion | Iterator[ChatCompletionChunk]:
-    """An OpenAI-style chat completion: ``messages`` go through the model's chat template (or the ``chat_template``
-    given to ``Llama``). ``enable_thinking=False`` turns reasoning off where the template has the switch; reasoning
-    the model writes comes back in ``message["reasoning_content"]``. ``logprobs=True`` (with ``top_logprobs=N``):
-    ``choices[0]["logprobs"]["content"]``, one entry per generated token (reasoning and tool-call tokens included).
-    ``response_format``, ``json_schema`` and ``grammar`` go through the template, framed in its reply format; with
-    ``tools`` its tool-call grammar applies once a call starts (as in llama-server). Others: ``create_completion``'s."""
-    if top_logprobs is not None and not logprobs:
-        raise ValueError("top_logprobs needs logprobs=True")
+    """An OpenAI-style chat completion of ``messages`` through the chat template (the GGUF's, or ``Llama``'s
+    ``chat_template``). Reasoning comes back in ``message["reasoning_content"]`` (``enable_thinking=False``: off where
+    the template has the switch). ``logprobs=True`` (``top_logprobs=N``): ``choices[0]["logprobs"]["content"]``, one
+    entry per generated token. ``response_format``, ``json_schema``, ``grammar``: framed in the template's reply format,
+    and ``tools``: its tool-call grammar once a call starts, as in llama-server (``template_format=False``: its
+    ``--no-jinja``, see ``_text_only``). ``timings_per_token``: a stream's text chunks carry the ``timings`` so far."""
+    _check_top_logprobs(logprobs, top_logprobs)
     schema, gbnf = constraint(response_format, json_schema, grammar)
-    cp = _chat_prompt(llm, messages, tools, enable_thinking, chat_template_kwargs, schema, gbnf)
-    tokens = llm.prompt_tokens(cp.prompt)
+    cp = _chat_prompt(llm, messages, tools, enable_thinking, chat_template_kwargs, schema, gbnf, template_format)
     cfg = SamplingConfig.build(
         max_tokens=_budget(max_tokens),
         temperature=temperature,
@@ -393,11 +393,16 @@ def create_chat_completion(
         grammar=chat_grammar(cp, (schema, gbnf), lambda text: _generation_prompt_tokens(llm, text)),
         verify=verify,
     )
-    gens = _generations(llm, tokens, cfg, id_slot, n, stream and return_progress)
+    gens = _generations(llm, llm.prompt_tokens(cp.prompt), cfg, id_slot, n, stream and return_progress)
     meta: _Meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or llm.model_name}
     if stream:
-        return _chained([_chat_chunks(g, cancel, cp, meta) for g in gens], gens)
+        return _chained([_chat_chunks(g, cancel, cp, meta, timings_per_token) for g in gens], gens)
     return _merged([_chat_completion(g, cancel, cp, meta) for g in gens])
+
+
+def _check_top_logprobs(logprobs: bool | None, top_logprobs: int | None) -> None:
+    if top_logprobs is not None and not logprobs:
+        raise ValueError("top_logprobs needs logprobs=True")
 
 
 def _chat_completion(gen: Generation, cancel: Callable[[], bool] | None, cp: ChatPrompt, meta: _Meta) -> ChatCompletion:
@@ -435,7 +440,11 @@ def _chat_prompt(
     chat_template_kwargs: Mapping[str, Any] | None,
     schema: Mapping[str, Any] | None,
     gbnf: str | None,
+    template_format: bool = True,
 ) -> ChatPrompt:
+    if not template_format:
+        cp = _chat_prompt(llm, messages, None, enable_thinking, chat_template_kwargs, None, None)
+        return _text_only(cp, tools)
     if gbnf is not None and tools:
         raise ValueError("a custom grammar cannot be combined with tools")
     kwargs = dict(chat_template_kwargs or {})
@@ -454,6 +463,17 @@ def _chat_prompt(
         json_schema=schema,
         grammar=gbnf,
         **kwargs,
+    )
+
+
+def _text_only(cp: ChatPrompt, tools: Sequence[Mapping[str, Any]] | None) -> ChatPrompt:
+    """``cp`` without its reply format (llama-server's ``--no-jinja``): the template renders
+    the messages only; the constraint is the request's own grammar, not framed in the
+    template's reply format; the reply is all content; ``tools`` are refused."""
+    if tools:
+        raise ValueError("tools need the template's reply format (llama-server: the --jinja flag)")
+    return dataclasses.replace(
+        cp, format="Content-only", format_id=0, parser="", supports_thinking=False, grammar="", grammar_lazy=False
     )
 
 
@@ -488,8 +508,23 @@ def _tool_calls(reply: ChatReply) -> list[ChatCompletionToolCall]:
     ]
 
 
+def _deltas(reply: ChatReply, sent: dict[str, str]) -> ChatCompletionChunkDelta | None:
+    """What ``reply`` adds to the text and reasoning already ``sent`` (updated)."""
+    d: ChatCompletionChunkDelta = {}
+    parts: tuple[tuple[Literal["reasoning_content", "content"], str], ...] = (
+        ("reasoning_content", reply.reasoning_content),
+        ("content", reply.content),
+    )
+    for key, now in parts:
+        before = sent[key]
+        if len(now) > len(before) and now.startswith(before):
+            d[key] = now[len(before) :]
+            sent[key] = now
+    return d or None
+
+
 def _chat_chunks(
-    gen: Generation, cancel: Callable[[], bool] | None, cp: ChatPrompt, meta: _Meta
+    gen: Generation, cancel: Callable[[], bool] | None, cp: ChatPrompt, meta: _Meta, per_token: bool = False
 ) -> Iterator[ChatCompletionChunk]:
     # logprobs of tokens not yet sent: they ride on the next chunk (a step's text may
     # produce no delta until the template's parser sees more)
@@ -500,28 +535,18 @@ def _chat_chunks(
         if pending:
             lps = _chat_lps(gen, pending)
             pending.clear()
-        return {
+        out: ChatCompletionChunk = {
             "id": meta["id"],
             "object": "chat.completion.chunk",
             "created": meta["created"],
             "model": meta["model"],
             "choices": [{"index": 0, "delta": delta, "logprobs": lps, "finish_reason": finish}],
         }
+        if per_token and "role" not in delta:  # llama-server's: on each step's text, not on the role
+            out["timings"] = gen.timings()
+        return out
 
     sent = {"content": "", "reasoning_content": ""}
-
-    def deltas(reply: ChatReply) -> ChatCompletionChunkDelta | None:
-        d: ChatCompletionChunkDelta = {}
-        parts: tuple[tuple[Literal["reasoning_content", "content"], str], ...] = (
-            ("reasoning_content", reply.reasoning_content),
-            ("content", reply.content),
-        )
-        for key, now in parts:
-            before = sent[key]
-            if len(now) > len(before) and now.startswith(before):
-                d[key] = now[len(before) :]
-                sent[key] = now
-        return d or None
 
     it = gen.run(cancel)
     text = ""
@@ -546,7 +571,7 @@ def _chat_chunks(
                 yield chunk({"content": step.text})
                 continue
             try:
-                d = deltas(ChatTemplate.parse(text, cp, partial=True))
+                d = _deltas(ChatTemplate.parse(text, cp, partial=True), sent)
             except ChatTemplateError:
                 continue
             if d:
@@ -556,7 +581,7 @@ def _chat_chunks(
         finish = _finish(gen.finish)
         if cp.needs_parse:
             reply = _parse_final(text, cp)
-            d = deltas(reply)
+            d = _deltas(reply, sent)
             if d:
                 yield chunk(d)
             if reply.tool_calls:

@@ -205,5 +205,5 @@ class ChatCompletionChunk(TypedDict):
     model: str
     choices: list[ChatCompletionChunkChoice]
     usage: NotRequired[CompletionUsage]  # last chunk only
-    timings: NotRequired[Timings]  # last chunk only
+    timings: NotRequired[Timings]  # the last chunk; every chunk of text with timings_per_token
     prompt_progress: NotRequired[PromptProgressJSON]  # return_progress's events, before any text

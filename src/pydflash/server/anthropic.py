@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
-from .requests import MAX_STOP, MAX_STOP_CHARS, BadRequest, ChatRequest, Unsupported
+from .requests import MAX_STOP, MAX_STOP_CHARS, BadRequest, ChatRequest, NoVision, Unsupported
 
 if TYPE_CHECKING:
     from ..llama import Llama
@@ -28,6 +28,10 @@ def _text(content: Any) -> str:
     if isinstance(content, list):
         return "".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
     return ""
+
+
+def _has_image(content: Any) -> bool:
+    return isinstance(content, list) and any(isinstance(b, dict) and b.get("type") == "image" for b in content)
 
 
 class _Messages(BaseModel):
@@ -69,6 +73,8 @@ class _Messages(BaseModel):
                             "function": {"name": block.get("name"), "arguments": args},
                         }
                     )
+                elif kind == "image" or (kind == "tool_result" and _has_image(block.get("content"))):
+                    raise NoVision("messages")  # llama-server's answer: this model reads no images
                 elif kind == "tool_result":
                     out.append(
                         {
@@ -127,6 +133,7 @@ class AnthropicRequest(_Messages):
 
     lead: ClassVar[int] = 1
     _n_default: int = PrivateAttr(-1)
+    _jinja: bool = PrivateAttr(True)
     done_marker: ClassVar[bool] = False
     sse_event_names: ClassVar[bool] = True  # "event: message_start" lines, as Anthropic's streams have
     keep_timings: ClassVar[bool] = False  # counted in /metrics, not shown: llama-server's replies have none
@@ -136,6 +143,7 @@ class AnthropicRequest(_Messages):
             if getattr(self, key) is None and key in defaults:
                 setattr(self, key, defaults[key])
         self._n_default = defaults.get("max_tokens", -1)  # -n: what max_tokens -1 means
+        self._jinja = defaults.get("jinja", True)  # --no-jinja: the chat request's too
 
     def prompt_bytes(self) -> int:
         return sum(
@@ -160,6 +168,8 @@ class AnthropicRequest(_Messages):
             "tools": self.openai_tools(),
             "tool_choice": self.openai_tool_choice(),
             "stop": self.stop_sequences,
+            # message_start's usage is the prompt's, known once the first text comes
+            "timings_per_token": self.stream or None,
         }
         for key in ("temperature", "top_p", "top_k", "logit_bias", "seed"):
             if getattr(self, key) is not None:
@@ -167,7 +177,7 @@ class AnthropicRequest(_Messages):
         if self.thinking is not None:
             fields["enable_thinking"] = self.thinking.get("type") == "enabled"
         req = ChatRequest.model_validate({k: v for k, v in fields.items() if v is not None})
-        req.fill({"max_tokens": self._n_default})
+        req.fill({"max_tokens": self._n_default, "jinja": self._jinja})
         return req
 
     def respond(self, llm: Llama, model: str, cancel: Callable[[], bool]) -> Any:
@@ -208,7 +218,9 @@ class AnthropicRequest(_Messages):
         }
 
 
-def _message_start(msg_id: str, model: str) -> dict[str, Any]:
+def _message_start(msg_id: str, model: str, timings: dict[str, Any]) -> dict[str, Any]:
+    # llama-server's: the prompt tokens evaluated (prompt_n) apart from those read from the cache
+    usage = {"cache_read_input_tokens": timings["cache_n"], "input_tokens": timings["prompt_n"], "output_tokens": 0}
     return {
         "type": "message_start",
         "message": {
@@ -219,7 +231,7 @@ def _message_start(msg_id: str, model: str) -> dict[str, Any]:
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": 0, "output_tokens": 0},
+            "usage": usage,
         },
     }
 
@@ -245,9 +257,10 @@ def _events(chunks: Iterator[dict[str, Any]], msg_id: str, model: str) -> Iterat
     started = False
     try:
         for chunk in chunks:
-            if not started:  # after the first step: what fails at the start is an HTTP error
+            # with the first chunk of text (or the last chunk): each has the timings so far
+            if not started and "timings" in chunk:
                 started = True
-                yield _message_start(msg_id, model)
+                yield _message_start(msg_id, model, chunk["timings"])
             choice = chunk["choices"][0]
             delta = choice.get("delta") or {}
             if delta.get("reasoning_content"):

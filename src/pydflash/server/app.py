@@ -37,6 +37,7 @@ try:
 
     from .anthropic import AnthropicRequest
     from .exchange import MAX_BODY, Exchange, Generations, Kind
+    from .gcp import GcpConfig, predict_routes
     from .http import CanonicalHeaders, FramingCheck, error_response, json_response, protocol, read_body
     from .limits import PromptLimit
     from .metrics import Metrics
@@ -45,6 +46,7 @@ try:
     from .responses import ResponsesRequest
     from .routes_native import model_file, native_routes
     from .security import Guard, loopback_only
+    from .sleep import Sleep, WakeOnUse
 except ImportError as e:  # the optional dependencies of the server extra
     raise ImportError(f"pydflash serve needs {e.name}: pip install pydflash[server]") from e
 
@@ -86,7 +88,9 @@ class Server:
     ``api_keys``: with any, every path but ``/health`` needs one; ``cors_origins``:
     ``*``, ``localhost`` or a comma-separated list; ``metrics``/``slots``: whether
     ``/metrics`` and ``/slots`` answer; ``shutdown_grace``: seconds running requests
-    get to finish when the server stops, before streams end with an error event."""
+    get to finish when the server stops, before streams end with an error event;
+    ``sleep_idle_seconds``: free the model after that long unused, reload it on the
+    next request that needs it (server/sleep.py)."""
 
     def __init__(
         self,
@@ -108,6 +112,7 @@ class Server:
         shutdown_grace: float = 5.0,
         defaults: Mapping[str, Any] | None = None,
         tags: Sequence[str] = (),
+        sleep_idle_seconds: float | None = None,
     ):
         parallel = llm.n_parallel if parallel is None else parallel
         if parallel < 1:
@@ -137,6 +142,9 @@ class Server:
         # each admitted request holds one thread: never wait for another request's
         self.threads = anyio.CapacityLimiter(self.parallel + self.queue_size)
         self.side_threads = anyio.CapacityLimiter(4)  # /slots, slot files, tokenizing: off the event loop
+        self.gcp = GcpConfig.from_env(os.environ)
+        if self.gcp.enabled:  # llama-server's Vertex AI mode: AIP_HTTP_PORT wins over --port
+            port = self.gcp.port
         hosts = [host] if isinstance(host, str) else list(host)
         if not hosts:
             raise ValueError("host: give at least one address")
@@ -145,6 +153,7 @@ class Server:
             taken = self._sockets[0].getsockname()[1] if self._sockets else port
             family = socket.AF_INET6 if ":" in h else socket.AF_INET
             self._sockets.append(socket.create_server((h.strip("[]"), taken), family=family))
+        self.sleep = None if sleep_idle_seconds is None else Sleep(llm, sleep_idle_seconds, self._snapshot)
         app = self._app(api_keys, cors_origins, check_host=loopback_only(hosts))
         config = uvicorn.Config(
             app,
@@ -161,6 +170,8 @@ class Server:
         self._uvicorn = _Uvicorn(config, self)
         self._thread: threading.Thread | None = None
         _warn_if_chat_cannot_end(llm)
+        if self.sleep is not None:
+            self.sleep.start()
 
     @property
     def host(self) -> str:
@@ -240,6 +251,8 @@ class Server:
 
     def props(self) -> dict[str, Any]:
         """llama-server's ``GET /props``."""
+        if self.sleep is not None and self.sleep.sleeping:
+            return dict(self.sleep.cached["props"])
         llm = self.llm
         model = llm.core_model
         d = {"max_tokens": -1, "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "seed": -1}
@@ -274,6 +287,14 @@ class Server:
             "is_sleeping": False,
         }
 
+    def _snapshot(self) -> dict[str, Any]:
+        """What /props, /models and /metrics answer while the model sleeps (taken awake)."""
+        return {
+            "props": {**self.props(), "is_sleeping": True},
+            "models": self._models_body(),
+            "metrics": self.metrics.render(),
+        }
+
     # -- the application ----------------------------------------------------------
 
     def _app(self, api_keys: Sequence[str], cors_origins: str, check_host: bool) -> Starlette:
@@ -299,21 +320,30 @@ class Server:
         for paths, kind in kinds:
             routes += [Route(path, Generations(self, kind), methods=["POST"]) for path in paths]
         routes += native_routes(self)
-        return Starlette(
+        app = Starlette(
             routes=routes,
             middleware=[
                 Middleware(CanonicalHeaders, start_time=self.created),
                 Middleware(_CountRequests, metrics=self.metrics),
                 Middleware(FramingCheck),
                 Middleware(Guard, api_keys=api_keys, cors_origins=cors_origins, check_host=check_host),
+                *([] if self.sleep is None else [Middleware(WakeOnUse, sleep=self.sleep)]),
             ],
             exception_handlers={HTTPException: _http_error},
         )
+        if self.gcp.enabled:  # dispatched into the router: the predict request passed the middleware
+            app.router.routes += predict_routes(self.gcp, app.router, routes, routes[0])
+        return app
 
     async def _health(self, request: Request) -> Response:
         return json_response({"status": "ok"})
 
     async def _models(self, request: Request) -> Response:
+        if self.sleep is not None and self.sleep.sleeping:
+            return json_response(self.sleep.cached["models"])
+        return json_response(self._models_body())
+
+    def _models_body(self) -> dict[str, Any]:
         card = self.model_card()
         # llama-server answers both OpenAI's list and Ollama's "models"
         models = [
@@ -331,12 +361,14 @@ class Server:
                 "details": {},
             }
         ]
-        return json_response({"object": "list", "data": [card], "models": models})
+        return {"object": "list", "data": [card], "models": models}
 
     async def _metrics(self, request: Request) -> Response:
         if not self.metrics_on:
             return error_response(501, "This server does not support metrics endpoint. Start it with `--metrics`")
-        return Response(self.metrics.render(), media_type=self.metrics.content_type)
+        asleep = self.sleep is not None and self.sleep.sleeping
+        text = self.sleep.cached["metrics"] if self.sleep is not None and asleep else self.metrics.render()
+        return Response(text, media_type=self.metrics.content_type)
 
     async def _slots(self, request: Request) -> Response:
         if not self.slots_on:
@@ -455,6 +487,8 @@ class _Uvicorn(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         owner = self.owner
         owner.draining = True
+        if owner.sleep is not None:
+            owner.sleep.stop()
         for server in self.servers:
             server.close()  # no new connections
         deadline = time.monotonic() + owner.shutdown_grace

@@ -23,7 +23,7 @@ from ..errors import ContextLimitError, GenerationInterrupted, PyDFlashError
 from .anthropic import AnthropicRequest
 from .http import error_body, error_response, json_response, read_body
 from .native import NativeRequest
-from .requests import BadRequest, ChatRequest, CompletionRequest, Unsupported, describe
+from .requests import BadRequest, ChatRequest, CompletionRequest, NoVision, Unsupported, describe
 from .responses import ResponsesRequest
 
 if TYPE_CHECKING:
@@ -232,12 +232,13 @@ class Exchange:
     def _counted(self, chunks: Iterator[dict[str, Any]]) -> Generator[dict[str, Any], None, None]:
         try:
             for chunk in chunks:
-                # the last chunk's timings (the Responses API's: in its final response object)
+                # the last chunk's timings (the Responses API's: in its final response object);
+                # with timings_per_token every chunk of text has them: counted once, at the end
                 timings = chunk.get("timings") or (chunk.get("response") or {}).get("timings")
-                if timings:
+                if timings and _last(chunk):
                     self.server.metrics.generation(timings)
-                    if not self.keep_timings:
-                        chunk.pop("timings", None)
+                if timings and not self.keep_timings:
+                    chunk.pop("timings", None)
                 yield chunk
         finally:
             chunks.close()  # type: ignore[attr-defined]  # the completion functions return generators
@@ -251,8 +252,18 @@ class Exchange:
         return self.gone.is_set()
 
 
+def _last(chunk: dict[str, Any]) -> bool:
+    """Whether ``chunk`` ends its generation: a choice's finish reason, native's ``stop``,
+    the Responses API's final event, Anthropic's ``message_delta``."""
+    if chunk.get("stop") is True or "response" in chunk or chunk.get("type") == "message_delta":
+        return True
+    return any(c.get("finish_reason") is not None for c in chunk.get("choices") or ())
+
+
 def _failure(exc: BaseException) -> tuple[int, str, str | None]:
     """(status, message, param) of an error before or during a generation."""
+    if isinstance(exc, NoVision):
+        return 500, str(exc), exc.param
     if isinstance(exc, Unsupported):
         return 501, str(exc), exc.param
     if isinstance(exc, BadRequest):

@@ -34,6 +34,16 @@ class Unsupported(BadRequest):
     """A feature pydflash does not have (HTTP 501, llama-server's ``not_supported_error``)."""
 
 
+class NoVision(BadRequest):
+    """An image for a model without vision: llama-server's HTTP 500 ``server_error``,
+    with its message (it converts the image, then finds no projector to read it)."""
+
+    def __init__(self, param: str | None = None):
+        super().__init__(
+            "image input is not supported - hint: if this is unexpected, you may need to provide the mmproj", param
+        )
+
+
 # llama-server's n_predict (aliases max_completion_tokens, max_tokens) as the library's
 # max_tokens, on every endpoint (vendor/llama.cpp/tools/server: server-schema.cpp reads it
 # with hard limits [-1, INT32_MAX]; server-context.cpp takes the request's value unless it
@@ -176,6 +186,7 @@ class _Request(BaseModel):
 
     done_marker: ClassVar[bool] = True  # OpenAI's streams end with "data: [DONE]"
     _n_default: int = PrivateAttr(-1)  # the server's -n (-1: none)
+    _jinja: bool = PrivateAttr(True)  # False: the server's --no-jinja (chat: no reply format)
 
     @property
     def lead(self) -> int:
@@ -204,6 +215,8 @@ class _Request(BaseModel):
         for key, value in defaults.items():
             if key == "max_tokens":
                 self._n_default = value  # what n_predict -1 or absent means (budget)
+            elif key == "jinja":
+                self._jinja = bool(value)
             elif getattr(self, key, None) is None and key not in self.model_fields_set:
                 setattr(self, key, value)
 
@@ -296,6 +309,7 @@ class ChatRequest(_Request):
     enable_thinking: bool | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    timings_per_token: bool | None = None  # llama-server's: a stream's text chunks carry timings
 
     def prompt_bytes(self) -> int:
         # the messages' text (the template adds to it): a lower bound on the prompt's
@@ -303,14 +317,16 @@ class ChatRequest(_Request):
 
     def check(self, n_vocab: int, parallel: int) -> None:
         super().check(n_vocab, parallel)
-        if not self.messages:
-            raise BadRequest("'messages' must be a non-empty list", "messages")
         for m in self.messages:
             parts = m.get("content")
             for part in parts if isinstance(parts, list) else []:
                 kind = part.get("type") if isinstance(part, dict) else None
                 if kind not in (None, "text"):
                     raise Unsupported(f"multimodal input is not supported (a '{kind}' content part)", "messages")
+        roles = [m.get("role") for m in self.messages[-2:]]
+        if self.continue_final_message is None and roles == ["assistant", "assistant"]:
+            # llama-server continues a final assistant message (its prefill): two are ambiguous
+            raise BadRequest("Cannot have 2 or more assistant messages at the end of the list.", "messages")
         if self.continue_final_message and self.add_generation_prompt is not False:
             # llama-server's rule: add_generation_prompt is true unless the request says false
             raise BadRequest(
@@ -338,6 +354,10 @@ class ChatRequest(_Request):
             kw["enable_thinking"] = self.enable_thinking
         kw["logprobs"] = bool(self.logprobs)
         kw["top_logprobs"] = self.top_logprobs
+        if self.timings_per_token and self.stream:
+            kw["timings_per_token"] = True
+        if not self._jinja:
+            kw["template_format"] = False
         return self.messages, kw
 
 

@@ -47,6 +47,7 @@ class ResponsesRequest(BaseModel):
     top_p: float | None = None
     stream: bool = False
     return_progress: bool = False  # llama-server's: prompt_progress on response.in_progress events
+    timings_per_token: bool = False  # llama-server's: each text delta event carries the timings so far
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     previous_response_id: str | None = None
@@ -55,6 +56,7 @@ class ResponsesRequest(BaseModel):
 
     lead: ClassVar[int] = 1
     _n_default: int = PrivateAttr(-1)
+    _jinja: bool = PrivateAttr(True)
     done_marker: ClassVar[bool] = False
     sse_event_names: ClassVar[bool] = True
 
@@ -63,6 +65,7 @@ class ResponsesRequest(BaseModel):
             if getattr(self, key) is None and key in defaults:
                 setattr(self, key, defaults[key])
         self._n_default = defaults.get("max_tokens", -1)  # -n: what max_tokens -1 means
+        self._jinja = defaults.get("jinja", True)  # --no-jinja: the chat request's too
 
     def prompt_bytes(self) -> int:
         return len(json.dumps(self.input)) + len(self.instructions or "")
@@ -130,9 +133,10 @@ class ResponsesRequest(BaseModel):
             "seed": self.seed,
             "logit_bias": self.logit_bias,
             "return_progress": self.return_progress or None,
+            "timings_per_token": self.timings_per_token or None,
         }
         req = ChatRequest.model_validate({k: v for k, v in fields.items() if v is not None})
-        req.fill({"max_tokens": self._n_default})
+        req.fill({"max_tokens": self._n_default, "jinja": self._jinja})
         return req
 
     def respond(self, llm: Llama, model: str, cancel: Callable[[], bool]) -> Any:
@@ -262,6 +266,7 @@ def _events(chunks: Iterator[dict[str, Any]], head: dict[str, Any]) -> Iterator[
                         part={"type": "output_text", "text": "", "annotations": []},
                     )
                 text += delta["content"]
+                timed = {"timings": chunk["timings"]} if "timings" in chunk else {}
                 yield event(
                     "response.output_text.delta",
                     item_id=msg_id,
@@ -269,6 +274,7 @@ def _events(chunks: Iterator[dict[str, Any]], head: dict[str, Any]) -> Iterator[
                     content_index=0,
                     delta=delta["content"],
                     logprobs=[],
+                    **timed,
                 )
             calls += delta.get("tool_calls") or []  # they come whole, before the last chunk
             if choice.get("finish_reason") is not None:
@@ -302,5 +308,6 @@ def _closing(
         yield event("response.output_item.done", output_index=first + i, item=item)
     if text is not None:
         done["output"][0]["id"] = msg_id
-    final = "response.incomplete" if done["status"] == "incomplete" else "response.completed"
-    yield event(final, response=done)
+    # llama-server's stream always ends with response.completed (the response's status says
+    # incomplete), its timings beside the response
+    yield event("response.completed", response=done, timings=done["timings"])

@@ -461,6 +461,8 @@ class Generation:
         those taken from the prompt cache."""
         n_p, n_g = len(self.prompt) - self.n_cached, len(self.tokens)
         p_ms, g_ms = self.prefill_s * 1e3, self.decode_s * 1e3
+        # llama-server's rate is over the tokens after the first, which it counts as the prompt's
+        n_rate = max(n_g - 1, 0)
         return {
             "cache_n": self.n_cached,
             "prompt_n": n_p,
@@ -469,8 +471,8 @@ class Generation:
             "prompt_per_second": n_p / self.prefill_s if self.prefill_s > 0 else 0.0,
             "predicted_n": n_g,
             "predicted_ms": g_ms,
-            "predicted_per_token_ms": g_ms / n_g if n_g else 0.0,
-            "predicted_per_second": n_g / self.decode_s if self.decode_s > 0 else 0.0,
+            "predicted_per_token_ms": g_ms / n_rate if n_rate else 0.0,
+            "predicted_per_second": n_rate / self.decode_s if self.decode_s > 0 else 0.0,
             "draft_n": sum(s.n_drafted for s in self.steps),
             "draft_n_accepted": sum(s.n_accepted for s in self.steps),
             "n_steps": len(self.steps),

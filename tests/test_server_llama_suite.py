@@ -1,0 +1,85 @@
+"""What llama.cpp's own server suite (issue #48) checks of the native completion:
+the JSON prompt object, prompts as token lists mixed with texts, ignore_eos's EOG
+biases in ``generation_settings``, the timings' decode rate (the first token costs no
+decode step), ``timings_per_token`` and the ``verbose`` debug field. A real server
+on 127.0.0.1 (the embedded pair, in this process)."""
+
+from __future__ import annotations
+
+import json
+import math
+import urllib.error
+import urllib.request
+
+import pytest
+
+from pydflash import Llama
+from pydflash.server import Server
+from support.raw_http import events
+
+GREEDY = {"temperature": 0, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def server(embedded_dflash: Llama):
+    srv = Server(embedded_dflash, port=0, metrics=True).start()
+    yield srv
+    srv.shutdown()
+
+
+def call(srv: Server, path: str, data: dict) -> tuple[int, object]:
+    req = urllib.request.Request(srv.url + path, json.dumps(data).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=300) as r:
+            body = r.read()
+            return r.status, events(body) if data.get("stream") else json.loads(body)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_a_json_prompt_object_is_its_prompt_string(server):
+    status, plain = call(server, "/completion", {"prompt": "def f(x):", "n_predict": 4, **GREEDY})
+    assert status == 200
+    status, res = call(server, "/completion", {"prompt": {"prompt_string": "def f(x):"}, "n_predict": 4, **GREEDY})
+    assert status == 200, res
+    assert res["content"] == plain["content"] and res["tokens_evaluated"] == plain["tokens_evaluated"]
+    # media with it: the model has no multimodal input
+    media = {"prompt_string": "x <__media__>", "multimodal_data": ["AA=="]}
+    status, res = call(server, "/completion", {"prompt": media})
+    assert status == 400 and "multimodal" in res["error"]["message"]
+    status, res = call(server, "/completion", {"prompt": {"text": "no prompt_string"}})
+    assert status == 400
+
+
+def test_prompts_of_token_lists_texts_and_objects(server, embedded_dflash):
+    text = "def f(x):"
+    ids = embedded_dflash.tokenize(text)
+    status, one = call(server, "/completion", {"prompt": ids, "n_predict": 4, **GREEDY})
+    assert status == 200
+    for prompts in ([ids, ids], [ids, text], [ids, {"prompt_string": text}]):
+        status, many = call(server, "/completion", {"prompt": prompts, "n_predict": 4, **GREEDY})
+        assert status == 200, many
+        assert [r["content"] for r in many] == [one["content"]] * 2 and [r["index"] for r in many] == [0, 1]
+    status, res = call(server, "/completion", {"prompt": [1, 2, text, 3, text], "n_predict": 2, **GREEDY})
+    assert status == 200 and isinstance(res["content"], str)
+
+
+def test_ignore_eos_shows_the_eog_biases(server, embedded_dflash):
+    status, res = call(server, "/completion", {"prompt": "def f(x):", "n_predict": 2, "ignore_eos": True})
+    assert status == 200
+    bias = res["generation_settings"]["logit_bias"]
+    eog = {t for t in range(embedded_dflash.n_vocab()) if embedded_dflash.core_model.is_eog(t)}
+    assert {b["token"] for b in bias} == eog and all(b["bias"] is None for b in bias)  # -inf is null in JSON
+    status, res = call(server, "/completion", {"prompt": "def f(x):", "n_predict": 2, "logit_bias": [[5, 1.5]]})
+    assert res["generation_settings"]["logit_bias"] == [{"token": 5, "bias": 1.5}]
+
+
+def test_the_decode_rate_leaves_out_the_first_token(server):
+    _, res = call(server, "/completion", {"prompt": "def f(x):", "n_predict": 1, **GREEDY})
+    t = res["timings"]
+    assert t["predicted_n"] == 1 and t["predicted_per_second"] == 0.0 and t["predicted_per_token_ms"] == 0.0
+    _, res = call(server, "/completion", {"prompt": "def f(x):", "n_predict": 12, **GREEDY})
+    t = res["timings"]
+    assert t["predicted_n"] == 12
+    assert math.isclose(t["predicted_per_second"], 1e3 / t["predicted_ms"] * 11)
+    assert math.isclose(t["predicted_per_token_ms"], t["predicted_ms"] / 11)

@@ -83,3 +83,13 @@ def test_the_decode_rate_leaves_out_the_first_token(server):
     assert t["predicted_n"] == 12
     assert math.isclose(t["predicted_per_second"], 1e3 / t["predicted_ms"] * 11)
     assert math.isclose(t["predicted_per_token_ms"], t["predicted_ms"] / 11)
+
+
+@pytest.mark.parametrize("n_predict", [1, 8])
+def test_timings_hold_numbers_and_the_step_counts_sit_beside_them(server, n_predict):
+    _, res = call(server, "/completion", {"prompt": "def f(x):", "n_predict": n_predict, **GREEDY})
+    t, spec = res["timings"], res["speculative"]
+    assert all(isinstance(v, (int, float)) and v >= 0 for v in t.values()), t  # llama-server's clients compare them
+    assert t["prompt_ms"] > 0 and t["prompt_per_token_ms"] > 0
+    assert len(spec["accepted_lengths"]) == t["n_steps"] and sum(spec["accepted_lengths"]) == t["draft_n_accepted"]
+    assert sum(s["draft_n"] for s in spec["draft_sources"].values()) == t["draft_n"]

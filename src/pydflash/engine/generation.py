@@ -28,6 +28,7 @@ from ..results import (
     GenerationResult,
     GenerationStats,
     PromptProgress,
+    SpeculativeStats,
     StreamStep,
     Timings,
     TokenLogprob,
@@ -476,6 +477,11 @@ class Generation:
             "draft_n": sum(s.n_drafted for s in self.steps),
             "draft_n_accepted": sum(s.n_accepted for s in self.steps),
             "n_steps": len(self.steps),
+        }
+
+    def speculative(self) -> SpeculativeStats:
+        """The draft counts of each step and of each draft source."""
+        return {
             "accepted_lengths": [s.n_accepted for s in self.steps],
             "draft_sources": {
                 k: {"n_drafts": v.n_drafts, "draft_n": v.n_drafted, "draft_n_accepted": v.n_accepted}

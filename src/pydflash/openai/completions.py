@@ -273,8 +273,17 @@ def _completion(gen: Generation, cancel: Callable[[], bool] | None, meta: _Meta,
         "choices": [{"text": text, "index": 0, "logprobs": lps, "finish_reason": _finish(gen.finish)}],
         "usage": gen.usage(),
         "timings": gen.timings(),
+        "speculative": gen.speculative(),
     }
     return res
+
+
+def _counted(last: _Chunk, gen: Generation) -> _Chunk:
+    """A stream's last chunk, with the generation's ``usage``, ``timings`` and ``speculative``."""
+    last["usage"] = gen.usage()
+    last["timings"] = gen.timings()
+    last["speculative"] = gen.speculative()
+    return last
 
 
 def _completion_chunks(
@@ -307,10 +316,7 @@ def _completion_chunks(
                 yield progress
             elif step.text or step.logprobs:
                 yield chunk(step.text, None, step.logprobs)
-        last = chunk("", _finish(gen.finish))
-        last["usage"] = gen.usage()
-        last["timings"] = gen.timings()
-        yield last
+        yield _counted(chunk("", _finish(gen.finish)), gen)
     finally:
         it.close()
 
@@ -419,6 +425,7 @@ def _chat_completion(gen: Generation, cancel: Callable[[], bool] | None, cp: Cha
         "choices": [{"index": 0, "message": msg, "logprobs": _chat_lps(gen, gen.logprobs), "finish_reason": finish}],
         "usage": gen.usage(),
         "timings": gen.timings(),
+        "speculative": gen.speculative(),
     }
     return res
 
@@ -562,9 +569,6 @@ def _chat_chunks(
             if reply.tool_calls:
                 yield chunk({"tool_calls": [dict(tc, index=i) for i, tc in enumerate(_tool_calls(reply))]})
                 finish = "tool_calls"
-        last = chunk({}, finish)
-        last["usage"] = gen.usage()
-        last["timings"] = gen.timings()
-        yield last
+        yield _counted(chunk({}, finish), gen)
     finally:
         it.close()

@@ -216,7 +216,10 @@ class Exchange:
         self.keep_timings = getattr(req, "keep_timings", True)  # Anthropic's replies have none
         if not req.stream:
             for one in out if isinstance(out, list) else [out]:
-                srv.metrics.generation(one["timings"] if self.keep_timings else one.pop("timings"))
+                srv.metrics.generation(one["timings"], one.get("speculative"))
+                if not self.keep_timings:
+                    one.pop("timings")
+                    one.pop("speculative", None)
             emit(("result", out))
             return
         chunks = self._counted(out)
@@ -235,9 +238,10 @@ class Exchange:
                 # the last chunk's timings (the Responses API's: in its final response object)
                 timings = chunk.get("timings") or (chunk.get("response") or {}).get("timings")
                 if timings:
-                    self.server.metrics.generation(timings)
+                    self.server.metrics.generation(timings, chunk.get("speculative"))
                     if not self.keep_timings:
                         chunk.pop("timings", None)
+                        chunk.pop("speculative", None)
                 yield chunk
         finally:
             chunks.close()  # type: ignore[attr-defined]  # the completion functions return generators

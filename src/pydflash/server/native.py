@@ -350,6 +350,7 @@ class NativeRequest(BaseModel):
             "stopping_word": "",
             "tokens_cached": n_prompt + n_gen,
             "timings": gen.timings(),
+            "speculative": gen.speculative(),
         }
 
     def _chunks(

@@ -93,3 +93,53 @@ def test_timings_hold_numbers_and_the_step_counts_sit_beside_them(server, n_pred
     assert t["prompt_ms"] > 0 and t["prompt_per_token_ms"] > 0
     assert len(spec["accepted_lengths"]) == t["n_steps"] and sum(spec["accepted_lengths"]) == t["draft_n_accepted"]
     assert sum(s["draft_n"] for s in spec["draft_sources"].values()) == t["draft_n"]
+
+
+def test_timings_per_token_times_each_chunk(server):
+    prompt = "the quick brown fox jumps over the lazy dog " * 8  # several chunks of -b tokens
+    body = {"prompt": prompt, "n_predict": 4, "stream": True, "timings_per_token": True, "return_progress": True}
+    status, evs = call(server, "/completion", body)
+    assert status == 200
+    progress = [e for e in evs if "prompt_progress" in e]
+    assert len(progress) > 1
+    first = progress[0]["timings"]
+    assert first["prompt_n"] == 0 and first["prompt_ms"] == 0.0 and first["predicted_n"] == 0
+    assert all("timings" in e for e in evs)
+    prompt_ms = [e["timings"]["prompt_ms"] for e in progress]
+    assert prompt_ms == sorted(prompt_ms) and prompt_ms[-1] > 0
+    done = [e["timings"]["predicted_n"] for e in evs if e["tokens"]]
+    assert done == sorted(done) and done[-1] == 4 and evs[-1]["timings"]["predicted_n"] == 4
+    assert "speculative" not in evs[0] and "speculative" in evs[-1]
+    # without it, only the last chunk has them
+    _, evs = call(server, "/completion", dict(body, timings_per_token=False))
+    assert [i for i, e in enumerate(evs) if "timings" in e] == [len(evs) - 1]
+
+
+def test_a_chat_stream_with_include_usage_ends_with_a_usage_chunk(server):
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 4,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "timings_per_token": True,
+        **GREEDY,
+    }
+    status, evs = call(server, "/v1/chat/completions", body)
+    assert status == 200 and evs[-1] == "[DONE]"
+    *chunks, usage = evs[:-1]
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 4
+    assert usage["timings"]["predicted_n"] == 4 and "speculative" in usage
+    assert "timings" not in chunks[0] and chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert all("timings" in c for c in chunks[1:] if c["choices"][0]["delta"].get("content"))
+    assert all("usage" not in c for c in chunks)
+
+
+def test_the_metrics_count_a_timed_stream_once(server):
+    def generated() -> float:
+        with urllib.request.urlopen(server.url + "/metrics", timeout=60) as r:
+            line = next(x for x in r.read().decode().splitlines() if x.startswith("llamacpp:tokens_predicted_total"))
+        return float(line.split()[-1])
+
+    before = generated()
+    call(server, "/completion", {"prompt": "def f(x):", "n_predict": 6, "stream": True, "timings_per_token": True})
+    assert generated() - before == 6

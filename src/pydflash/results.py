@@ -185,6 +185,8 @@ class StreamStep:
     draft_max: int = 0  # the draft length this step asked for (0: plain decoding)
     # a progress event (no tokens), for a generation made with progress=True
     prompt_progress: PromptProgress | None = None
+    # the generation's timings at this step, for one made with timings_per_token=True
+    timings: Timings | None = None
 
 
 @dataclasses.dataclass(frozen=True)

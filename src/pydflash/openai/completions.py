@@ -16,7 +16,7 @@ from typing import Any, Literal, Protocol, TypedDict, TypeVar
 from ..config import SamplingConfig
 from ..engine.generation import Generation, GenerationHost
 from ..errors import ChatTemplateError
-from ..results import FinishReason, PromptProgress, TokenLogprob
+from ..results import FinishReason, PromptProgress, StreamStep, TokenLogprob
 from .chat import ChatPrompt, ChatReply, ChatTemplate
 from .logprobs import chat_logprobs, completion_logprobs
 from .structured import chat_grammar, constraint
@@ -152,16 +152,15 @@ def create_completion(
     cancel: Callable[[], bool] | None = None,
     verify: str | None = None,
     return_progress: bool = False,
+    timings_per_token: bool = False,
 ) -> Completion | Iterator[CompletionChunk]:
     """An OpenAI-style text completion of ``prompt`` (text or ids); defaults as llama-cpp-python's (``max_tokens=None``
-    fills the context). ``draft_*``, ``verify``: as ``Llama.generate``'s. ``logprobs=N``: each token's logprob and the
-    N likeliest (raw logits, or the chain's with ``post_sampling_probs``). ``response_format``, ``json_schema`` or
-    ``grammar`` (GBNF): the text follows it. ``id_slot``: that slot (-1/None: any). ``n`` choices run side by side
-    (seeds ``seed``, ``seed + 1``...). ``cancel``: asked after each step of a stream (else every 0.1 s); True raises
-    ``GenerationInterrupted``. ``return_progress`` (with ``stream``): llama-server's ``prompt_progress`` chunks."""
-    _unsupported(suffix=suffix)
-    if logprobs is not None and echo:
-        raise ValueError("logprobs with echo (the prompt's log-probabilities) are not supported")
+    fills the context). ``draft_*``, ``verify``: as ``Llama.generate``'s. ``logprobs=N``: each token's logprob and the N
+    likeliest (raw, or post_sampling_probs's). ``response_format``, ``json_schema``, ``grammar`` (GBNF): the text obeys
+    it. ``id_slot``: that slot (-1/None: any). ``n`` choices, seeds ``seed``, ``seed + 1``... ``cancel``: asked after
+    each step of a stream (else every 0.1 s); True raises ``GenerationInterrupted``. ``return_progress``,
+    ``timings_per_token``: llama-server's, with ``stream``."""
+    _unsupported(suffix=suffix, **{"logprobs with echo": logprobs is not None and echo})
     schema, gbnf = constraint(response_format, json_schema, grammar)
     tokens = llm.prompt_tokens(prompt)
     cfg = SamplingConfig.build(
@@ -190,7 +189,7 @@ def create_completion(
         json_schema=schema,
         verify=verify,
     )
-    gens = _generations(llm, tokens, cfg, id_slot, n, stream and return_progress)
+    gens = _generations(llm, tokens, cfg, id_slot, n, stream and return_progress, stream and timings_per_token)
     meta: _Meta = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or llm.model_name}
     head = _echo(llm, prompt, tokens) if echo else ""
     if stream:
@@ -206,18 +205,23 @@ def _echo(llm: CompletionHost, prompt: str | Sequence[int], tokens: list[int]) -
 
 
 def _generations(
-    llm: CompletionHost, tokens: list[int], cfg: SamplingConfig, slot: int | None, n: int, progress: bool
+    llm: CompletionHost, tokens: list[int], cfg: SamplingConfig, slot: int | None, n: int, progress: bool, timed: bool
 ) -> list[Generation]:
     """``n`` generations of one prompt, with seeds ``seed``, ``seed + 1``, ... (each
     its own draw; greedy choices are alike), all started before any is read."""
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CHOICES:
         raise ValueError(f"n must be an int in [1, {MAX_CHOICES}], got {n!r}")
     if n == 1:
-        return [Generation(llm, tokens, cfg, slot=slot, progress=progress)]
+        return [Generation(llm, tokens, cfg, slot=slot, progress=progress, timings_per_token=timed)]
     base = cfg.seed if cfg.seed is not None else llm.config.seed
     gens = [
         Generation(
-            llm, tokens, cfg if base < 0 else dataclasses.replace(cfg, seed=base + i), slot=slot, progress=progress
+            llm,
+            tokens,
+            cfg if base < 0 else dataclasses.replace(cfg, seed=base + i),
+            slot=slot,
+            progress=progress,
+            timings_per_token=timed,
         )
         for i in range(n)
     ]
@@ -278,6 +282,13 @@ def _completion(gen: Generation, cancel: Callable[[], bool] | None, meta: _Meta,
     return res
 
 
+def _timed(chunk: _Chunk, step: StreamStep) -> _Chunk:
+    """A stream's chunk, with its step's ``timings`` (llama-server's ``timings_per_token``)."""
+    if step.timings is not None:
+        chunk["timings"] = step.timings
+    return chunk
+
+
 def _counted(last: _Chunk, gen: Generation) -> _Chunk:
     """A stream's last chunk, with the generation's ``usage``, ``timings`` and ``speculative``."""
     last["usage"] = gen.usage()
@@ -313,9 +324,9 @@ def _completion_chunks(
             if step.prompt_progress is not None:
                 progress = chunk("", None)
                 progress["prompt_progress"] = _progress_json(step.prompt_progress)
-                yield progress
+                yield _timed(progress, step)
             elif step.text or step.logprobs:
-                yield chunk(step.text, None, step.logprobs)
+                yield _timed(chunk(step.text, None, step.logprobs), step)
         yield _counted(chunk("", _finish(gen.finish)), gen)
     finally:
         it.close()
@@ -362,13 +373,13 @@ def create_chat_completion(
     cancel: Callable[[], bool] | None = None,
     verify: str | None = None,
     return_progress: bool = False,
+    timings_per_token: bool = False,
 ) -> ChatCompletion | Iterator[ChatCompletionChunk]:
-    """An OpenAI-style chat completion: ``messages`` go through the model's chat template (or the ``chat_template``
-    given to ``Llama``). ``enable_thinking=False`` turns reasoning off where the template has the switch; reasoning
-    the model writes comes back in ``message["reasoning_content"]``. ``logprobs=True`` (with ``top_logprobs=N``):
-    ``choices[0]["logprobs"]["content"]``, one entry per generated token (reasoning and tool-call tokens included).
-    ``response_format``, ``json_schema`` and ``grammar`` go through the template, framed in its reply format; with
-    ``tools`` its tool-call grammar applies once a call starts (as in llama-server). Others: ``create_completion``'s."""
+    """An OpenAI-style chat completion: ``messages`` go through the model's chat template (or ``Llama``'s
+    ``chat_template``). ``enable_thinking=False`` turns reasoning off where the template can; the model's reasoning
+    comes back in ``message["reasoning_content"]``. ``logprobs=True`` (``top_logprobs=N``): ``choices[0]["logprobs"]
+    ["content"]``, one per generated token. ``response_format``, ``json_schema``, ``grammar``: through the template, in
+    its reply format; ``tools``: their grammar once a call starts (as llama-server). Others: create_completion's."""
     if top_logprobs is not None and not logprobs:
         raise ValueError("top_logprobs needs logprobs=True")
     schema, gbnf = constraint(response_format, json_schema, grammar)
@@ -399,7 +410,7 @@ def create_chat_completion(
         grammar=chat_grammar(cp, (schema, gbnf), lambda text: _generation_prompt_tokens(llm, text)),
         verify=verify,
     )
-    gens = _generations(llm, tokens, cfg, id_slot, n, stream and return_progress)
+    gens = _generations(llm, tokens, cfg, id_slot, n, stream and return_progress, stream and timings_per_token)
     meta: _Meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or llm.model_name}
     if stream:
         return _chained([_chat_chunks(g, cancel, cp, meta) for g in gens], gens)
@@ -538,7 +549,7 @@ def _chat_chunks(
             if step.prompt_progress is not None:  # llama-server's progress delta: the role alone
                 progress = chunk({"role": "assistant", "content": None})
                 progress["prompt_progress"] = _progress_json(step.prompt_progress)
-                yield progress
+                yield _timed(progress, step)
                 continue
             if not started:  # after the first step: a prompt that fails fails before any chunk
                 started = True
@@ -550,14 +561,14 @@ def _chat_chunks(
             text += step.text
             if not cp.needs_parse:
                 sent["content"] = text
-                yield chunk({"content": step.text})
+                yield _timed(chunk({"content": step.text}), step)
                 continue
             try:
                 d = deltas(ChatTemplate.parse(text, cp, partial=True))
             except ChatTemplateError:
                 continue
             if d:
-                yield chunk(d)
+                yield _timed(chunk(d), step)
         if not started:
             yield chunk({"role": "assistant", "content": None})
         finish = _finish(gen.finish)

@@ -235,9 +235,10 @@ class Exchange:
     def _counted(self, chunks: Iterator[dict[str, Any]]) -> Generator[dict[str, Any], None, None]:
         try:
             for chunk in chunks:
-                # the last chunk's timings (the Responses API's: in its final response object)
+                # the last chunk's timings (the Responses API's: in its final response object);
+                # a chunk of timings_per_token's has no "speculative": the generation goes on
                 timings = chunk.get("timings") or (chunk.get("response") or {}).get("timings")
-                if timings:
+                if timings and ("speculative" in chunk or "response" in chunk):
                     self.server.metrics.generation(timings, chunk.get("speculative"))
                     if not self.keep_timings:
                         chunk.pop("timings", None)

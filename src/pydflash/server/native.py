@@ -127,6 +127,7 @@ class NativeRequest(BaseModel):
     post_sampling_probs: bool = False
     return_tokens: bool = False
     return_progress: bool = False  # prompt_progress events in a stream
+    timings_per_token: bool = False  # each chunk of a stream with the timings as they stand
     cache_prompt: bool = True
     id_slot: int = -1
     logit_bias: list[list[Any]] | dict[str, Any] | None = None
@@ -281,7 +282,7 @@ class NativeRequest(BaseModel):
             "adaptive_decay": 0.9,
             "n_keep": 0,
             "n_discard": 0,
-            "timings_per_token": False,
+            "timings_per_token": self.timings_per_token,
             "lora": [],
             "top_k": cfg.top_k,
             "top_p": cfg.top_p,
@@ -318,7 +319,14 @@ class NativeRequest(BaseModel):
     def run(self, llm: Llama, model: str, cancel: Callable[[], bool], tokens: list[int]) -> Any:
         cfg = self.config(llm)
         slot = None if self.id_slot < 0 else self.id_slot
-        gen = Generation(llm, tokens, cfg, slot=slot, progress=self.stream and self.return_progress)
+        gen = Generation(
+            llm,
+            tokens,
+            cfg,
+            slot=slot,
+            progress=self.stream and self.return_progress,
+            timings_per_token=self.stream and self.timings_per_token,
+        )
         settings = self.settings(llm, cfg)
         if self.stream:
             return self._chunks(llm, gen, cancel, model, settings)
@@ -374,6 +382,8 @@ class NativeRequest(BaseModel):
                 }
                 if step.prompt_progress is not None:
                     chunk["prompt_progress"] = dataclasses.asdict(step.prompt_progress)
+                if step.timings is not None:
+                    chunk["timings"] = step.timings
                 if step.logprobs and self.n_probs > 0:
                     chunk["completion_probabilities"] = _probs(llm, step.logprobs, self.post_sampling_probs)
                 yield chunk

@@ -130,6 +130,7 @@ _PASSED = (
     "logit_bias",
     "verify",
     "return_progress",
+    "timings_per_token",
 )
 
 
@@ -168,6 +169,8 @@ class _Request(BaseModel):
     logit_bias: dict[str, float] | None = None  # JSON keys are strings: token ids, checked below
     verify: str | None = None  # pydflash's: "rejection", "match" or "coupled" (Llama.generate's)
     return_progress: bool | None = None  # llama-server's: prompt_progress events in a stream
+    timings_per_token: bool | None = None  # llama-server's: each chunk of a stream with its timings
+    stream_options: dict[str, Any] | None = None  # OpenAI's: include_usage
     mirostat: float | None = None
     xtc_probability: float | None = None
     dry_multiplier: float | None = None
@@ -193,7 +196,8 @@ class _Request(BaseModel):
         if not self.stream:
             out["system_fingerprint"] = FINGERPRINT
             return out
-        return _fingerprinted(out)
+        chunks = _fingerprinted(out)
+        return _usage_apart(chunks) if (self.stream_options or {}).get("include_usage") else chunks
 
     def prompt_bytes(self) -> int:
         """UTF-8 bytes of the prompt's text (0: none to bound)."""
@@ -380,6 +384,24 @@ def describe(err: ValidationError) -> BadRequest:
         else:
             parts.append(f"'{where}' " + (f"must be {_TYPES[e['type']]}" if e["type"] in _TYPES else e["msg"]))
     return BadRequest("; ".join(parts), param)
+
+
+def _usage_apart(chunks: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """OpenAI's ``include_usage`` stream, as llama-server sends it: the ``usage`` (and the
+    timings) in a chunk of their own after the last, with no choices."""
+    try:
+        for chunk in chunks:
+            if "usage" not in chunk:
+                yield chunk
+                continue
+            tail: dict[str, Any] = {k: chunk.pop(k) for k in ("usage", "timings", "speculative") if k in chunk}
+            yield chunk
+            head: dict[str, Any] = {
+                k: chunk[k] for k in ("id", "object", "created", "model", "system_fingerprint") if k in chunk
+            }
+            yield {**head, "choices": [], **tail}
+    finally:
+        chunks.close()  # type: ignore[attr-defined]  # a generator: leaving early ends the generation
 
 
 def _fingerprinted(chunks: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:

@@ -143,3 +143,25 @@ def test_the_metrics_count_a_timed_stream_once(server):
     before = generated()
     call(server, "/completion", {"prompt": "def f(x):", "n_predict": 6, "stream": True, "timings_per_token": True})
     assert generated() - before == 6
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_verbose_adds_the_native_view(server, embedded_dflash, path):
+    if path == "/v1/chat/completions":
+        messages = [{"role": "system", "content": "Book"}, {"role": "user", "content": "the best book"}]
+        body: dict = {"messages": messages}
+        want = embedded_dflash.apply_chat_template(messages).prompt
+    else:
+        body = {"prompt": "def f(x):"}
+        want = "def f(x):"
+    for verbose in (True, False):
+        status, res = call(server, path, {**body, "max_tokens": 3, "verbose": verbose, **GREEDY})
+        assert status == 200
+        if not verbose:
+            assert "__verbose" not in res
+            continue
+        v = res["__verbose"]
+        assert want in v["prompt"] and v["tokens_evaluated"] == res["usage"]["prompt_tokens"]
+        choice = res["choices"][0]
+        assert v["content"] == choice.get("text", (choice.get("message") or {}).get("content"))
+        assert v["tokens_predicted"] == 3 and v["timings"] == res["timings"]

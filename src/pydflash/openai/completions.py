@@ -33,7 +33,7 @@ from .types import (
     PromptProgressJSON,
 )
 
-__all__ = ["MAX_CHOICES", "CompletionHost", "create_chat_completion", "create_completion"]
+__all__ = ["MAX_CHOICES", "CompletionHost", "chat_prompt", "create_chat_completion", "create_completion"]
 
 
 class CompletionHost(GenerationHost, Protocol):
@@ -473,6 +473,14 @@ def _chat_prompt(
         grammar=gbnf,
         **kwargs,
     )
+
+
+def chat_prompt(llm: CompletionHost, messages: Sequence[Mapping[str, Any]], **kw: Any) -> str:
+    """The prompt ``create_chat_completion(llm, messages, **kw)`` generates from: the chat
+    template's, with the tools and reply format ``kw`` asks for."""
+    schema, gbnf = constraint(kw.get("response_format"), kw.get("json_schema"), kw.get("grammar"))
+    thinking = bool(kw.get("enable_thinking", True))
+    return _chat_prompt(llm, messages, kw.get("tools"), thinking, kw.get("chat_template_kwargs"), schema, gbnf).prompt
 
 
 def _generation_prompt_tokens(llm: CompletionHost, text: str) -> list[int]:

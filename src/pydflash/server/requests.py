@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, Valida
 from pydantic_core import PydanticCustomError
 
 from .._core import __version__
-from ..openai.completions import MAX_CHOICES
+from ..openai.completions import MAX_CHOICES, chat_prompt
 
 if TYPE_CHECKING:
     from ..llama import Llama
@@ -171,6 +171,7 @@ class _Request(BaseModel):
     return_progress: bool | None = None  # llama-server's: prompt_progress events in a stream
     timings_per_token: bool | None = None  # llama-server's: each chunk of a stream with its timings
     stream_options: dict[str, Any] | None = None  # OpenAI's: include_usage
+    verbose: bool | None = None  # llama-server's: the reply with its native view in "__verbose"
     mirostat: float | None = None
     xtc_probability: float | None = None
     dry_multiplier: float | None = None
@@ -195,6 +196,8 @@ class _Request(BaseModel):
         out = create(first, stream=bool(self.stream), model=model, cancel=cancel, **kw)
         if not self.stream:
             out["system_fingerprint"] = FINGERPRINT
+            if self.verbose:
+                out["__verbose"] = self._verbose(llm, out)
             return out
         chunks = _fingerprinted(out)
         return _usage_apart(chunks) if (self.stream_options or {}).get("include_usage") else chunks
@@ -202,6 +205,26 @@ class _Request(BaseModel):
     def prompt_bytes(self) -> int:
         """UTF-8 bytes of the prompt's text (0: none to bound)."""
         return 0
+
+    def _verbose(self, llm: Llama, out: dict[str, Any]) -> dict[str, Any]:
+        """llama-server's ``__verbose``: the reply as its native completion shows it (the
+        fields the OpenAI reply holds, and the prompt as the model read it)."""
+        choice, usage = out["choices"][0], out["usage"]
+        content = choice["text"] if "text" in choice else choice["message"].get("content") or ""
+        first, kw = self.arguments()  # type: ignore[attr-defined]  # each kind has its own
+        prompt = first if isinstance(self, CompletionRequest) else chat_prompt(llm, first, **kw)
+        return {
+            "index": 0,
+            "content": content,
+            "model": out["model"],
+            "prompt": llm.detokenize(llm.prompt_tokens(prompt), special=True).decode("utf-8", "replace"),
+            "stop": True,
+            "has_new_line": "\n" in content,
+            "tokens_predicted": usage["completion_tokens"],
+            "tokens_evaluated": usage["prompt_tokens"],
+            "tokens_cached": usage["total_tokens"],
+            "timings": out["timings"],
+        }
 
     def fill(self, defaults: Mapping[str, Any]) -> None:
         """The server's defaults (``-n``, ``--temp``, ...) for the fields the request leaves out."""

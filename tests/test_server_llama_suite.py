@@ -1,14 +1,17 @@
 """What llama.cpp's own server suite (issue #48) checks of the native completion:
 the JSON prompt object, prompts as token lists mixed with texts, ignore_eos's EOG
 biases in ``generation_settings``, the timings' decode rate (the first token costs no
-decode step), ``timings_per_token`` and the ``verbose`` debug field. A real server
-on 127.0.0.1 (the embedded pair, in this process)."""
+decode step) and numbers, ``timings_per_token``, ``include_usage``, the ``verbose``
+debug field and the streams recorded under ``X-Conversation-Id``. A real server on
+127.0.0.1 (the embedded pair, in this process)."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -165,3 +168,50 @@ def test_verbose_adds_the_native_view(server, embedded_dflash, path):
         choice = res["choices"][0]
         assert v["content"] == choice.get("text", (choice.get("message") or {}).get("content"))
         assert v["tokens_predicted"] == 3 and v["timings"] == res["timings"]
+
+
+CONV = "conv-1::org/model:Q8_0"  # a model name with a slash: the id travels in the query string
+QS = "conv_id=" + urllib.parse.quote(CONV, safe="")
+
+
+def request(srv: Server, method: str, path: str, data: dict | None = None, headers: dict | None = None):
+    raw = None if data is None else json.dumps(data).encode()
+    req = urllib.request.Request(
+        srv.url + path, raw, {"Content-Type": "application/json", **(headers or {})}, method=method
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_a_conversation_stream_is_replayed_and_stopped(server):
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "stream": True, **GREEDY}
+    status, sent = request(server, "POST", "/v1/chat/completions", chat, {"X-Conversation-Id": CONV})
+    assert status == 200 and sent.endswith(b"data: [DONE]\n\n")
+    status, again = request(server, "GET", f"/v1/stream?{QS}&from=0")
+    assert status == 200 and again == sent
+    status, tail = request(server, "GET", f"/v1/stream?{QS}&from=10")
+    assert tail == sent[10:]
+    status, found = request(server, "POST", "/v1/streams/lookup", {"conversation_ids": ["conv-1", "other"]})
+    [entry] = json.loads(found)
+    assert entry["conversation_id"] == CONV and entry["is_done"] and entry["total_bytes"] == len(sent)
+    assert request(server, "GET", f"/v1/stream?{QS}&from=x")[0] == 400
+    assert request(server, "GET", "/v1/stream")[0] == 400
+    assert request(server, "DELETE", f"/v1/stream?{QS}")[0] == 204
+    assert request(server, "GET", f"/v1/stream?{QS}&from=0")[0] == 404
+    assert request(server, "DELETE", f"/v1/stream?{QS}")[0] == 204  # idempotent
+
+
+def test_a_conversation_stream_goes_on_when_its_client_leaves(server):
+    body = json.dumps({"prompt": "def f(x):", "n_predict": 300, "stream": True, **GREEDY})
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=300)
+    conn.request("POST", "/completion", body, {"Content-Type": "application/json", "X-Conversation-Id": "left"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    resp.read1(10)  # the first bytes, then the client leaves
+    conn.close()
+    _, replay = request(server, "GET", "/v1/stream?conv_id=left&from=0")
+    evs = events(replay)
+    assert evs[-1]["stop"] is True and evs[-1]["tokens_predicted"] == 300  # the generation ran to its end

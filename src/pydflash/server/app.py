@@ -45,6 +45,7 @@ try:
     from .responses import ResponsesRequest
     from .routes_native import model_file, native_routes
     from .security import Guard, loopback_only
+    from .streams import StreamSessions, stream_routes
 except ImportError as e:  # the optional dependencies of the server extra
     raise ImportError(f"pydflash serve needs {e.name}: pip install pydflash[server]") from e
 
@@ -137,6 +138,7 @@ class Server:
         # each admitted request holds one thread: never wait for another request's
         self.threads = anyio.CapacityLimiter(self.parallel + self.queue_size)
         self.side_threads = anyio.CapacityLimiter(4)  # /slots, slot files, tokenizing: off the event loop
+        self.streams = StreamSessions()  # the streams recorded under a conversation id
         hosts = [host] if isinstance(host, str) else list(host)
         if not hosts:
             raise ValueError("host: give at least one address")
@@ -299,6 +301,7 @@ class Server:
         for paths, kind in kinds:
             routes += [Route(path, Generations(self, kind), methods=["POST"]) for path in paths]
         routes += native_routes(self)
+        routes += stream_routes(self.streams, self.timeout)
         return Starlette(
             routes=routes,
             middleware=[

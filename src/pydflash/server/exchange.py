@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 from anyio.abc import ObjectReceiveStream, ObjectSendStream
 from pydantic import ValidationError
+from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -25,6 +26,7 @@ from .http import error_body, error_response, json_response, read_body
 from .native import NativeRequest
 from .requests import BadRequest, ChatRequest, CompletionRequest, Unsupported, describe
 from .responses import ResponsesRequest
+from .streams import HEADER
 
 if TYPE_CHECKING:
     from .state import ServerState
@@ -34,6 +36,7 @@ __all__ = ["MAX_BODY", "Exchange", "Generations", "Kind"]
 log = logging.getLogger("pydflash.server")
 
 MAX_BODY = 32 * 1024 * 1024
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _Item = tuple[str, Any]  # what a worker hands to its request: ("result" | "head" | "chunk" | "error", payload)
 Kind = (
     type[CompletionRequest] | type[ChatRequest] | type[NativeRequest] | type[AnthropicRequest] | type[ResponsesRequest]
@@ -135,6 +138,10 @@ class Exchange:
         except _ClientGone:
             return
         if kind == "head":
+            conv_id = Headers(scope=self.scope).get(HEADER, "")
+            if conv_id:
+                await self._recorded(conv_id, payload, items)
+                return
             response: Response = _EventStream(self, payload, items)
         elif kind == "error":
             status, err = self.error(payload)
@@ -142,6 +149,42 @@ class Exchange:
         else:
             response = json_response(payload)
         await response(self.scope, self.receive, self.send)
+
+    async def _recorded(self, conv_id: str, head: list[dict[str, Any]], items: ObjectReceiveStream[_Item]) -> None:
+        """A stream recorded under its conversation id (streams.py): the client reads the
+        session, and the generation runs on, into it, when the client leaves."""
+        session = self.server.streams.open(conv_id, self.gone.set)
+
+        async def record() -> None:
+            try:
+                async for chunk in self.events(head, items):
+                    session.write(chunk)
+            finally:
+                session.finish()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(record)
+            response = StreamingResponse(session.read(0), media_type="text/event-stream", headers=_SSE_HEADERS)
+            await response(self.scope, self.receive, self.send)
+
+    async def events(
+        self, head: list[dict[str, Any]], items: ObjectReceiveStream[_Item], ended: Callable[[], None] = lambda: None
+    ) -> AsyncIterator[bytes]:
+        """A stream's server-sent events: the head chunks, each chunk as the worker hands
+        it over, then ``[DONE]``; an error after the start is one ``{"error": ...}`` event
+        that ends it. ``ended`` is called before the last bytes."""
+        for chunk in head:
+            yield _event(chunk, self.event_names)
+        async for kind, payload in items:
+            if kind == "error":
+                ended()
+                err = self.error(payload)[1]
+                yield _event({"type": "error", **err} if self.event_names else err, self.event_names)
+                return
+            yield _event(payload, self.event_names)
+        ended()
+        if self.done_marker:
+            yield b"data: [DONE]\n\n"
 
     async def _until_gone(self, fn: Callable[[], Awaitable[T]]) -> T:
         """``fn()``, unless the client disconnects first (then _ClientGone)."""
@@ -280,23 +323,11 @@ class _EventStream(StreamingResponse):
     def __init__(self, exchange: Exchange, head: list[dict[str, Any]], items: ObjectReceiveStream[_Item]):
         self.exchange = exchange
         self.finished = False
-        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        super().__init__(self._events(head, items), media_type="text/event-stream", headers=headers)
+        events = exchange.events(head, items, self._ended)
+        super().__init__(events, media_type="text/event-stream", headers=_SSE_HEADERS)
 
-    async def _events(self, head: list[dict[str, Any]], items: ObjectReceiveStream[_Item]) -> AsyncIterator[bytes]:
-        named = self.exchange.event_names
-        for chunk in head:
-            yield _event(chunk, named)
-        async for kind, payload in items:
-            if kind == "error":
-                self.finished = True
-                err = self.exchange.error(payload)[1]
-                yield _event({"type": "error", **err} if named else err, named)
-                return
-            yield _event(payload, named)
+    def _ended(self) -> None:
         self.finished = True
-        if self.exchange.done_marker:
-            yield b"data: [DONE]\n\n"
 
     async def listen_for_disconnect(self, receive: Receive) -> None:
         await super().listen_for_disconnect(receive)

@@ -5,10 +5,13 @@ exceeded", and the pair goes on."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import pydflash
 from pydflash import Llama, PyDFlashError
+from support.http import get, post, serve
 
 PROMPT = "def fibonacci(n):"
 
@@ -32,8 +35,18 @@ def test_a_full_shared_cache_fails_the_running_sequences_and_the_pair_goes_on(un
     assert len(unified.generate(PROMPT, max_tokens=100, ignore_eos=True).tokens) == 100
 
 
-def test_without_it_each_sequence_has_its_share(embedded_dflash):
+def test_without_it_each_sequence_has_its_share():
     target, draft = pydflash.embedded_pair()
     with Llama(str(target), str(draft), n_ctx=256, n_parallel=4) as llm:
         assert llm.n_ctx_slot == 64
         assert len(llm.generate(PROMPT, max_tokens=150, ignore_eos=True).tokens) < 64
+
+
+def test_serve_kv_unified_gives_each_slot_the_whole_context():
+    with serve("--kv-unified", "-c", "256", "-np", "4") as url:
+        status, body = get(url + "/props")
+        assert status == 200 and json.loads(body)["default_generation_settings"]["n_ctx"] == 256
+        status, res = post(
+            url, {"prompt": PROMPT, "n_predict": 100, "temperature": 0, "ignore_eos": True}, "/completion"
+        )
+        assert status == 200 and res["tokens_predicted"] == 100

@@ -332,6 +332,10 @@ void ContextPair::fail_decode(const std::string& what, int32_t rc) {
         throw Interrupted(what + " was interrupted; the context was reset");
     }
     std::string msg = what + " failed (llama.cpp returned " + std::to_string(rc) + ")";
+    // 1: no room in the KV cache, which only a unified one (shared by the sequences) runs out of
+    if (rc == 1 && params_.kv_unified) {
+        msg = "the context size has been exceeded: " + msg + ", the shared KV cache is full";
+    }
     const std::string logged = take_thread_errors();
     if (!logged.empty()) msg += ": " + logged;
     msg += "; the context was reset, call prefill() again";

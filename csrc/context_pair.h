@@ -164,7 +164,8 @@ public:
         return dflash_ ? dflash_->n_deferred(seq) : 0;
     }
     int32_t n_ctx() const { return params_.n_ctx; }
-    int32_t n_ctx_seq() const { return params_.n_ctx / params_.n_seq; }  // one sequence's limit
+    // one sequence's limit; unified: all cells, shared (a decode that finds none fails them all)
+    int32_t n_ctx_seq() const { return params_.kv_unified ? params_.n_ctx : params_.n_ctx / params_.n_seq; }
     int32_t block_size() const { return drafter_ ? spec_.block_size : 0; }
     // the longest model draft: the drafter's block, or the MTP head's length fixed at creation
     int32_t max_draft() const { return drafter_ ? spec_.max_draft() : mtp_n_max_; }

@@ -114,7 +114,7 @@ private:
     uint32_t drafter_n_ctx(uint32_t full) const;  // the drafter context's size under the ring
     // drops positions the ring no longer keeps; per span, the first position to inject
     std::vector<llama_pos> trim_window(const std::vector<Span>& spans);
-    int32_t n_ctx_seq() const { return params_.n_ctx / params_.n_seq; }
+    int32_t n_ctx_seq() const { return params_.kv_unified ? params_.n_ctx : params_.n_ctx / params_.n_seq; }
 
     std::shared_ptr<Model> model_;  // declared before ctx_: freed after it
     DraftSpec spec_;

@@ -36,7 +36,7 @@ void PairParams::validate() const {
     if (n_seq > kMaxSeq) {
         throw InvalidArgument("n_parallel must be <= " + std::to_string(kMaxSeq) + ", got " + std::to_string(n_seq));
     }
-    if (n_ctx / n_seq < 8) {
+    if (!kv_unified && n_ctx / n_seq < 8) {
         throw InvalidArgument("n_ctx " + std::to_string(n_ctx) + " split over n_parallel " + std::to_string(n_seq) +
                               " sequences leaves fewer than 8 tokens each");
     }

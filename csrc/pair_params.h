@@ -38,6 +38,7 @@ constexpr int32_t kDefaultDraftWindow = 4096;
 struct PairParams {
     int32_t n_ctx = 4096;             // all sequences together; each gets n_ctx / n_seq (llama.cpp's -c, -np)
     int32_t n_seq = 1;                // sequences decoded together (llama.cpp's -np)
+    bool kv_unified = false;          // each sequence may fill all n_ctx cells (llama.cpp's -kvu)
     int32_t n_batch = 512;            // largest single decode (prefill chunk)
     int32_t n_ubatch = 512;           // physical batch; also the drafter's injection chunk
     int32_t n_threads = 0;            // 0 = number of hardware threads

@@ -35,7 +35,7 @@ def main() -> int:
         assert last is not None
         t = last["timings"]
         print(f"\n\nfinish_reason={last['choices'][0]['finish_reason']} usage={last['usage']}")
-        print(f"accepted draft tokens per step: {t['accepted_lengths']}")
+        print(f"accepted draft tokens per step: {last['speculative']['accepted_lengths']}")
         print(f"tau = {t['predicted_n'] / max(t['n_steps'], 1):.2f} tokens per target pass")
     return 0
 

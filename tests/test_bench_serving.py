@@ -56,11 +56,11 @@ def test_token_counts_each_way():
     assert token_counts(server) == ([1, 2, 0], "server")
     # pydflash: one event per step; a step's tokens = its accepted drafts + 1 (the last cut by max_tokens)
     steps = [_chunk("x"), _chunk("yy"), _chunk("zzz"),
-             _chunk("", usage={"completion_tokens": 5}, timings={"accepted_lengths": [0, 1, 4]})]
+             _chunk("", usage={"completion_tokens": 5}, speculative={"accepted_lengths": [0, 1, 4]})]
     assert token_counts(steps) == ([1, 2, 2, 0], "steps")
     # a step whose text was held back: events and steps no longer line up
     held = [_chunk("x"), _chunk("yyyy"), _chunk("", usage={"completion_tokens": 7},
-                                               timings={"accepted_lengths": [0, 1, 2]})]
+                                               speculative={"accepted_lengths": [0, 1, 2]})]
     assert token_counts(held) == ([3, 4, 0], "even")
 
 
@@ -75,7 +75,7 @@ def test_one_step_counts_alike_in_both_event_shapes():
     per_token.append(_chunk("", usage={"completion_tokens": 5}, timings={"predicted_n": 5, "predicted_ms": 11.8}))
     token_times = [t0 + 0.050, t0 + 0.0503, t0 + 0.052, t0 + 0.060, t0 + 0.063, t0 + 0.0631]
     per_step = [_chunk("abc"), _chunk("de"),
-                _chunk("", usage={"completion_tokens": 5}, timings={"accepted_lengths": [2, 1]})]
+                _chunk("", usage={"completion_tokens": 5}, speculative={"accepted_lengths": [2, 1]})]
     step_times = [t0 + 0.050, t0 + 0.060, t0 + 0.0602]
     a = record_from_events(t0, t0 + 0.064, token_times, per_token)
     b = record_from_events(t0, t0 + 0.064, step_times, per_step)

@@ -110,7 +110,7 @@ def test_chat_completion_equals_generate(chat_llm):
     tm = res["timings"]
     assert set(tm) == set(Timings.__annotations__)
     assert tm["draft_n"] == want.stats.n_drafted and tm["draft_n_accepted"] == want.stats.n_accepted
-    assert tm["n_steps"] == want.stats.n_steps and sum(tm["accepted_lengths"]) == tm["draft_n_accepted"]
+    assert tm["n_steps"] == want.stats.n_steps and sum(res["speculative"]["accepted_lengths"]) == tm["draft_n_accepted"]
     assert tm["predicted_n"] == 20 and tm["prompt_n"] == want.stats.prompt_tokens
 
 

@@ -240,7 +240,7 @@ def test_the_server_reports_mtp_drafts_as_their_own_source(models):
             out = json.loads(r.read())
         m = metrics(url)
     assert out["usage"]["completion_tokens"] == N
-    source = out["timings"]["draft_sources"]["draft-mtp"]
+    source = out["speculative"]["draft_sources"]["draft-mtp"]
     assert source["draft_n"] == out["timings"]["draft_n"] > 0
     assert m['pydflash_draft_tokens_by_source_total{source="draft-mtp"}'] == source["draft_n"]
     assert m['pydflash_draft_tokens_accepted_by_source_total{source="draft-mtp"}'] == source["draft_n_accepted"]

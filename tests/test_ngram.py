@@ -232,7 +232,7 @@ def test_the_server_takes_spec_type_and_reports_each_source(embedded_target, cop
             out = json.loads(r.read())
         m = metrics(url)
     assert out["choices"][0]["text"] == embedded_target.detokenize(copy_reference).decode()
-    sources = out["timings"]["draft_sources"]
+    sources = out["speculative"]["draft_sources"]
     assert set(sources) == {"ngram-mod", "draft-dflash"}
     assert sum(s["draft_n"] for s in sources.values()) == out["timings"]["draft_n"]
     for name, s in sources.items():

@@ -65,7 +65,6 @@ _DROP_WITH_VALUE = {
 _DROP = {
     "--offline",
     "--cont-batching",
-    "--kv-unified",
     "--swa-full",
     "--no-ui",
     "--no-mmproj",

@@ -79,6 +79,7 @@ void register_options(py::module_& m) {
     py::class_<PairParams> pair(m, "PairParams", "Options of a ContextPair, fixed at creation.");
     pair.def_readwrite("n_ctx", &PairParams::n_ctx)
         .def_readwrite("n_seq", &PairParams::n_seq)
+        .def_readwrite("kv_unified", &PairParams::kv_unified)
         .def_readwrite("n_batch", &PairParams::n_batch)
         .def_readwrite("n_ubatch", &PairParams::n_ubatch)
         .def_readwrite("n_threads", &PairParams::n_threads)

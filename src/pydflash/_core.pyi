@@ -63,6 +63,7 @@ class NgramParams:
 class PairParams:
     n_ctx: int
     n_seq: int
+    kv_unified: bool
     n_batch: int
     n_ubatch: int
     n_threads: int

@@ -111,6 +111,9 @@ class ModelConfig:
 
     n_ctx: int = _PAIR.n_ctx  # all sequences together: each gets n_ctx // n_parallel (llama.cpp's -c)
     n_parallel: int = _PAIR.n_seq  # sequences decoded together (llama.cpp's -np)
+    # llama.cpp's --kv-unified: each sequence may fill all n_ctx cells, shared; when they
+    # run out, the decode fails every sequence in it ("the context size has been exceeded")
+    kv_unified: bool = False
     n_batch: int = _PAIR.n_batch
     n_ubatch: int | None = None  # the physical batch; None: min(n_batch, the core's)
     # target layers to offload; -1: all (the CUDA build's default: a GPU is why it was built)
@@ -211,6 +214,7 @@ class ModelConfig:
         return _core.PairParams(
             n_ctx=self.n_ctx,
             n_seq=self.n_parallel,
+            kv_unified=self.kv_unified,
             n_batch=self.n_batch,
             n_ubatch=min(self.n_batch, _PAIR.n_ubatch) if self.n_ubatch is None else self.n_ubatch,
             n_threads=self.n_threads or 0,

@@ -71,6 +71,7 @@ class Llama(LlamaCppApi):
         *,
         n_ctx: int = _DEFAULTS.n_ctx,
         n_parallel: int = _DEFAULTS.n_parallel,
+        kv_unified: bool = False,
         n_gpu_layers: int = _DEFAULTS.n_gpu_layers,
         draft_n_gpu_layers: int | None = None,
         main_gpu: int = _DEFAULTS.main_gpu,
@@ -95,14 +96,12 @@ class Llama(LlamaCppApi):
         chat_template: str | None = None,
         **llama_cpp: Unpack[LlamaCppKeywords],
     ):
-        """Options: see ``ModelConfig`` (devices: ``n_gpu_layers``/``draft_n_gpu_layers``
-        (-1 = all), ``main_gpu``, ``split_mode``, ``tensor_split``, ``rpc_servers``;
-        attention and KV cache: ``flash_attn``, ``type_k``/``type_v`` for the target and
-        ``draft_type_k``/``draft_type_v`` and ``draft_window`` (its context window) for the
-        drafter; draft length: ``draft_max`` None chooses each step's length,
-        ``draft_adaptive=False`` drafts block size - 1 instead, an int pins it; speculation:
-        ``speculative``, llama.cpp's ``--spec-type`` list such as ``["ngram-mod", "draft-dflash"]``,
-        with ``ngram`` its n-gram settings); ``seed`` -1: random; llama-cpp-python's keywords too."""
+        """Options: see ``ModelConfig`` (devices: ``n_gpu_layers``/``draft_n_gpu_layers`` (-1 = all), ``main_gpu``,
+        ``split_mode``, ``tensor_split``, ``rpc_servers``; KV cache: ``kv_unified``, ``flash_attn``, ``type_k``/
+        ``type_v`` (target), ``draft_type_k``/``draft_type_v``/``draft_window`` (drafter); draft length: ``draft_max``
+        None chooses each step's, ``draft_adaptive=False`` drafts block size - 1, an int pins it; ``speculative``:
+        llama.cpp's ``--spec-type`` list (``["ngram-mod", "draft-dflash"]``), ``ngram`` its n-gram settings); ``seed``
+        -1: random; llama-cpp-python's keywords too."""
         self._pair_core: _core.ContextPair | None = None
         self._target: _core.Model | None = None
         self._draft: _core.Model | None = None
@@ -112,6 +111,7 @@ class Llama(LlamaCppApi):
         self.config = ModelConfig(
             n_ctx=n_ctx,
             n_parallel=n_parallel,
+            kv_unified=kv_unified,
             n_batch=n_batch,
             n_gpu_layers=n_gpu_layers,
             draft_n_gpu_layers=draft_n_gpu_layers,
@@ -266,7 +266,8 @@ class Llama(LlamaCppApi):
 
     @property
     def n_ctx_slot(self) -> int:
-        """One sequence's context: ``n_ctx // n_parallel`` (llama-server's n_ctx_slot)."""
+        """One sequence's context: ``n_ctx // n_parallel``, ``n_ctx`` with ``kv_unified``
+        (llama-server's n_ctx_slot)."""
         return self.pair.n_ctx
 
     @property

@@ -21,6 +21,7 @@ __all__ = [
     "MemoryRow",
     "PromptProgress",
     "SourceStats",
+    "SpeculativeStats",
     "StepResult",
     "StreamStep",
     "Timings",
@@ -184,6 +185,8 @@ class StreamStep:
     draft_max: int = 0  # the draft length this step asked for (0: plain decoding)
     # a progress event (no tokens), for a generation made with progress=True
     prompt_progress: PromptProgress | None = None
+    # the generation's timings at this step, for one made with timings_per_token=True
+    timings: Timings | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,7 +271,8 @@ class DraftSourceTimings(TypedDict):
 
 
 class Timings(TypedDict):
-    """llama-server's ``timings`` object, plus the DFlash step counts."""
+    """llama-server's ``timings`` object (numbers only, as its clients read it), plus the
+    DFlash step count."""
 
     cache_n: int  # prompt tokens taken from the prompt cache
     prompt_n: int  # prompt tokens evaluated
@@ -282,5 +286,11 @@ class Timings(TypedDict):
     draft_n: int  # tokens the drafter proposed
     draft_n_accepted: int  # of those, tokens the target accepted
     n_steps: int  # target verification passes
+
+
+class SpeculativeStats(TypedDict):
+    """pydflash's ``speculative`` object, beside ``timings``: the per-step and per-source
+    draft counts (lists and objects, which llama-server's ``timings`` never holds)."""
+
     accepted_lengths: list[int]  # accepted draft tokens of each step
     draft_sources: dict[str, DraftSourceTimings]  # per source: "draft-dflash", "ngram-mod", ...

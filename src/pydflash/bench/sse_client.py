@@ -161,7 +161,7 @@ def token_counts(chunks: Sequence[Chunk]) -> tuple[list[int], str]:
 
     - "server": every event with text has ``timings.predicted_n``, the tokens
       generated so far (llama-server with ``timings_per_token``);
-    - "steps": the final event's ``timings.accepted_lengths`` has one entry per
+    - "steps": the final event's ``speculative.accepted_lengths`` has one entry per
       event with text (pydflash: an event per speculative step, whose tokens are
       its accepted drafts + 1);
     - "even": neither holds (text held back across a step): the completion's
@@ -177,7 +177,7 @@ def token_counts(chunks: Sequence[Chunk]) -> tuple[list[int], str]:
             seen = max(seen, int(n) if n is not None else 0)
         return counts, "server"
     with_text = [i for i, t in enumerate(texts) if t]
-    lengths = final_timings.get("accepted_lengths")
+    lengths = (chunks[-1].get("speculative") or {}).get("accepted_lengths")
     counts = [0] * len(chunks)
     if isinstance(lengths, list) and len(lengths) == len(with_text):
         left = total

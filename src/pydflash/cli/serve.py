@@ -98,6 +98,13 @@ def add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="generations the model runs at once (default: %(default)s)",
     )
     _add_serving_flags(s)
+    s.add_argument(
+        "-kvu",
+        "--kv-unified",
+        action="store_true",
+        help="one KV cache shared by the --parallel sequences: each may use all of -c, and a request "
+        "that finds it full fails with every request then running (default: -c / --parallel each)",
+    )
     _add_spec_flags(s)
     _add_template_flags(s)
     smp = s.add_argument_group("request defaults (a request's own fields override them)")
@@ -326,6 +333,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
         print(f"pydflash: serving {srv.alias} on {srv.url} (OpenAI API at {srv.url}/v1)", file=sys.stderr, flush=True)
 
     llama = llama_options(a)
+    llama["kv_unified"] = a.kv_unified
     serve(
         model,
         draft,

@@ -28,6 +28,7 @@ from ..results import (
     GenerationResult,
     GenerationStats,
     PromptProgress,
+    SpeculativeStats,
     StreamStep,
     Timings,
     TokenLogprob,
@@ -161,6 +162,7 @@ class Generation:
         *,
         slot: int | None = None,
         progress: bool = False,
+        timings_per_token: bool = False,
     ):
         self.host = host
         self.config = config
@@ -213,6 +215,9 @@ class Generation:
         # prompt starts and after each chunk of it is evaluated
         self.progress = progress
         self._processed = -1  # the last progress event's (a chunk that gave it none sends none)
+        # llama-server's timings_per_token: each step's event carries the timings as they stand
+        self.timings_per_token = timings_per_token
+        self.n_prompt_done = 0  # prompt tokens evaluated so far (the cache's not counted)
         self.cancelled = False  # the consumer left: the engine drops it
         self.cancel_check: Callable[[], bool] | None = None
         self.submitted = False
@@ -319,12 +324,16 @@ class Generation:
     def prefill_progress(self, n_left: int) -> None:
         """A chunk of its prompt is evaluated; ``n_left`` tokens wait (the last one is
         evaluated with the first step)."""
-        self._progress(len(self.prompt) - 1 - n_left)
+        processed = len(self.prompt) - 1 - n_left
+        self.prefill_s = time.perf_counter() - self.t_start
+        self.n_prompt_done = max(processed - self.n_cached, 0)
+        self._progress(processed)
 
     def prefilled(self) -> None:
         """Its prompt is evaluated (in chunks, between other sequences' steps)."""
         now = time.perf_counter()
         self.prefill_s = now - self.t_start
+        self.n_prompt_done = len(self.prompt) - self.n_cached
         self.t_decode = now
         self._progress(len(self.prompt))
 
@@ -333,7 +342,8 @@ class Generation:
             self._processed = processed
             ms = int((time.perf_counter() - self.t_start) * 1e3)
             event = PromptProgress(total=len(self.prompt), cache=self.n_cached, processed=processed, time_ms=ms)
-            self.channel.put(StreamStep([], "", 0, 0, [], prompt_progress=event))
+            timings = self.timings() if self.timings_per_token else None
+            self.channel.put(StreamStep([], "", 0, 0, [], prompt_progress=event, timings=timings))
 
     @property
     def max_tokens(self) -> int:
@@ -427,6 +437,7 @@ class Generation:
             finish_reason=self.finish,
             source=step.source if step else "",
             draft_max=step.draft_max if step else 0,
+            timings=self.timings() if self.timings_per_token else None,
         )
 
     def result(self) -> GenerationResult:
@@ -458,9 +469,12 @@ class Generation:
 
     def timings(self) -> Timings:
         """llama-server's: prompt_n counts the prompt tokens evaluated, cache_n
-        those taken from the prompt cache."""
-        n_p, n_g = len(self.prompt) - self.n_cached, len(self.tokens)
-        p_ms, g_ms = self.prefill_s * 1e3, self.decode_s * 1e3
+        those taken from the prompt cache; as they stand now, while it runs."""
+        n_p, n_g = self.n_prompt_done, len(self.tokens)
+        decode_s = self.decode_s or (time.perf_counter() - self.t_decode if self.t_decode else 0.0)
+        p_ms, g_ms = self.prefill_s * 1e3, decode_s * 1e3
+        # llama-server's rate is over the tokens after the first, which it counts as the prompt's
+        n_rate = max(n_g - 1, 0)
         return {
             "cache_n": self.n_cached,
             "prompt_n": n_p,
@@ -469,11 +483,16 @@ class Generation:
             "prompt_per_second": n_p / self.prefill_s if self.prefill_s > 0 else 0.0,
             "predicted_n": n_g,
             "predicted_ms": g_ms,
-            "predicted_per_token_ms": g_ms / n_g if n_g else 0.0,
-            "predicted_per_second": n_g / self.decode_s if self.decode_s > 0 else 0.0,
+            "predicted_per_token_ms": g_ms / n_rate if n_rate else 0.0,
+            "predicted_per_second": n_rate / decode_s if decode_s > 0 else 0.0,
             "draft_n": sum(s.n_drafted for s in self.steps),
             "draft_n_accepted": sum(s.n_accepted for s in self.steps),
             "n_steps": len(self.steps),
+        }
+
+    def speculative(self) -> SpeculativeStats:
+        """The draft counts of each step and of each draft source."""
+        return {
             "accepted_lengths": [s.n_accepted for s in self.steps],
             "draft_sources": {
                 k: {"n_drafts": v.n_drafts, "draft_n": v.n_drafted, "draft_n_accepted": v.n_accepted}

@@ -16,7 +16,7 @@ from typing import Any, Literal, Protocol, TypedDict, TypeVar
 from ..config import SamplingConfig
 from ..engine.generation import Generation, GenerationHost
 from ..errors import ChatTemplateError
-from ..results import FinishReason, PromptProgress, TokenLogprob
+from ..results import FinishReason, PromptProgress, StreamStep, TokenLogprob
 from .chat import ChatPrompt, ChatReply, ChatTemplate
 from .logprobs import chat_logprobs, completion_logprobs
 from .structured import chat_grammar, constraint
@@ -33,7 +33,7 @@ from .types import (
     PromptProgressJSON,
 )
 
-__all__ = ["MAX_CHOICES", "CompletionHost", "create_chat_completion", "create_completion"]
+__all__ = ["MAX_CHOICES", "CompletionHost", "chat_prompt", "create_chat_completion", "create_completion"]
 
 
 class CompletionHost(GenerationHost, Protocol):
@@ -152,16 +152,15 @@ def create_completion(
     cancel: Callable[[], bool] | None = None,
     verify: str | None = None,
     return_progress: bool = False,
+    timings_per_token: bool = False,
 ) -> Completion | Iterator[CompletionChunk]:
     """An OpenAI-style text completion of ``prompt`` (text or ids); defaults as llama-cpp-python's (``max_tokens=None``
-    fills the context). ``draft_*``, ``verify``: as ``Llama.generate``'s. ``logprobs=N``: each token's logprob and the
-    N likeliest (raw logits, or the chain's with ``post_sampling_probs``). ``response_format``, ``json_schema`` or
-    ``grammar`` (GBNF): the text follows it. ``id_slot``: that slot (-1/None: any). ``n`` choices run side by side
-    (seeds ``seed``, ``seed + 1``...). ``cancel``: asked after each step of a stream (else every 0.1 s); True raises
-    ``GenerationInterrupted``. ``return_progress`` (with ``stream``): llama-server's ``prompt_progress`` chunks."""
-    _unsupported(suffix=suffix)
-    if logprobs is not None and echo:
-        raise ValueError("logprobs with echo (the prompt's log-probabilities) are not supported")
+    fills the context). ``draft_*``, ``verify``: as ``Llama.generate``'s. ``logprobs=N``: each token's logprob and the N
+    likeliest (raw, or post_sampling_probs's). ``response_format``, ``json_schema``, ``grammar`` (GBNF): the text obeys
+    it. ``id_slot``: that slot (-1/None: any). ``n`` choices, seeds ``seed``, ``seed + 1``... ``cancel``: asked after
+    each step of a stream (else every 0.1 s); True raises ``GenerationInterrupted``. ``return_progress``,
+    ``timings_per_token``: llama-server's, with ``stream``."""
+    _unsupported(suffix=suffix, **{"logprobs with echo": logprobs is not None and echo})
     schema, gbnf = constraint(response_format, json_schema, grammar)
     tokens = llm.prompt_tokens(prompt)
     cfg = SamplingConfig.build(
@@ -190,7 +189,7 @@ def create_completion(
         json_schema=schema,
         verify=verify,
     )
-    gens = _generations(llm, tokens, cfg, id_slot, n, stream and return_progress)
+    gens = _generations(llm, tokens, cfg, id_slot, n, stream and return_progress, stream and timings_per_token)
     meta: _Meta = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or llm.model_name}
     head = _echo(llm, prompt, tokens) if echo else ""
     if stream:
@@ -206,18 +205,23 @@ def _echo(llm: CompletionHost, prompt: str | Sequence[int], tokens: list[int]) -
 
 
 def _generations(
-    llm: CompletionHost, tokens: list[int], cfg: SamplingConfig, slot: int | None, n: int, progress: bool
+    llm: CompletionHost, tokens: list[int], cfg: SamplingConfig, slot: int | None, n: int, progress: bool, timed: bool
 ) -> list[Generation]:
     """``n`` generations of one prompt, with seeds ``seed``, ``seed + 1``, ... (each
     its own draw; greedy choices are alike), all started before any is read."""
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CHOICES:
         raise ValueError(f"n must be an int in [1, {MAX_CHOICES}], got {n!r}")
     if n == 1:
-        return [Generation(llm, tokens, cfg, slot=slot, progress=progress)]
+        return [Generation(llm, tokens, cfg, slot=slot, progress=progress, timings_per_token=timed)]
     base = cfg.seed if cfg.seed is not None else llm.config.seed
     gens = [
         Generation(
-            llm, tokens, cfg if base < 0 else dataclasses.replace(cfg, seed=base + i), slot=slot, progress=progress
+            llm,
+            tokens,
+            cfg if base < 0 else dataclasses.replace(cfg, seed=base + i),
+            slot=slot,
+            progress=progress,
+            timings_per_token=timed,
         )
         for i in range(n)
     ]
@@ -273,8 +277,24 @@ def _completion(gen: Generation, cancel: Callable[[], bool] | None, meta: _Meta,
         "choices": [{"text": text, "index": 0, "logprobs": lps, "finish_reason": _finish(gen.finish)}],
         "usage": gen.usage(),
         "timings": gen.timings(),
+        "speculative": gen.speculative(),
     }
     return res
+
+
+def _timed(chunk: _Chunk, step: StreamStep) -> _Chunk:
+    """A stream's chunk, with its step's ``timings`` (llama-server's ``timings_per_token``)."""
+    if step.timings is not None:
+        chunk["timings"] = step.timings
+    return chunk
+
+
+def _counted(last: _Chunk, gen: Generation) -> _Chunk:
+    """A stream's last chunk, with the generation's ``usage``, ``timings`` and ``speculative``."""
+    last["usage"] = gen.usage()
+    last["timings"] = gen.timings()
+    last["speculative"] = gen.speculative()
+    return last
 
 
 def _completion_chunks(
@@ -304,13 +324,10 @@ def _completion_chunks(
             if step.prompt_progress is not None:
                 progress = chunk("", None)
                 progress["prompt_progress"] = _progress_json(step.prompt_progress)
-                yield progress
+                yield _timed(progress, step)
             elif step.text or step.logprobs:
-                yield chunk(step.text, None, step.logprobs)
-        last = chunk("", _finish(gen.finish))
-        last["usage"] = gen.usage()
-        last["timings"] = gen.timings()
-        yield last
+                yield _timed(chunk(step.text, None, step.logprobs), step)
+        yield _counted(chunk("", _finish(gen.finish)), gen)
     finally:
         it.close()
 
@@ -393,10 +410,12 @@ def create_chat_completion(
         grammar=chat_grammar(cp, (schema, gbnf), lambda text: _generation_prompt_tokens(llm, text)),
         verify=verify,
     )
-    gens = _generations(llm, llm.prompt_tokens(cp.prompt), cfg, id_slot, n, stream and return_progress)
+    gens = _generations(
+        llm, llm.prompt_tokens(cp.prompt), cfg, id_slot, n, stream and return_progress, stream and timings_per_token
+    )
     meta: _Meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or llm.model_name}
     if stream:
-        return _chained([_chat_chunks(g, cancel, cp, meta, timings_per_token) for g in gens], gens)
+        return _chained([_chat_chunks(g, cancel, cp, meta) for g in gens], gens)
     return _merged([_chat_completion(g, cancel, cp, meta) for g in gens])
 
 
@@ -424,6 +443,7 @@ def _chat_completion(gen: Generation, cancel: Callable[[], bool] | None, cp: Cha
         "choices": [{"index": 0, "message": msg, "logprobs": _chat_lps(gen, gen.logprobs), "finish_reason": finish}],
         "usage": gen.usage(),
         "timings": gen.timings(),
+        "speculative": gen.speculative(),
     }
     return res
 
@@ -477,6 +497,14 @@ def _text_only(cp: ChatPrompt, tools: Sequence[Mapping[str, Any]] | None) -> Cha
     )
 
 
+def chat_prompt(llm: CompletionHost, messages: Sequence[Mapping[str, Any]], **kw: Any) -> str:
+    """The prompt ``create_chat_completion(llm, messages, **kw)`` generates from: the chat
+    template's, with the tools and reply format ``kw`` asks for."""
+    schema, gbnf = constraint(kw.get("response_format"), kw.get("json_schema"), kw.get("grammar"))
+    thinking = bool(kw.get("enable_thinking", True))
+    return _chat_prompt(llm, messages, kw.get("tools"), thinking, kw.get("chat_template_kwargs"), schema, gbnf).prompt
+
+
 def _generation_prompt_tokens(llm: CompletionHost, text: str) -> list[int]:
     """The template's assistant prefix as tokens (llama.cpp's rule: without a leading
     space token that the text itself does not start with)."""
@@ -524,7 +552,7 @@ def _deltas(reply: ChatReply, sent: dict[str, str]) -> ChatCompletionChunkDelta 
 
 
 def _chat_chunks(
-    gen: Generation, cancel: Callable[[], bool] | None, cp: ChatPrompt, meta: _Meta, per_token: bool = False
+    gen: Generation, cancel: Callable[[], bool] | None, cp: ChatPrompt, meta: _Meta
 ) -> Iterator[ChatCompletionChunk]:
     # logprobs of tokens not yet sent: they ride on the next chunk (a step's text may
     # produce no delta until the template's parser sees more)
@@ -535,16 +563,13 @@ def _chat_chunks(
         if pending:
             lps = _chat_lps(gen, pending)
             pending.clear()
-        out: ChatCompletionChunk = {
+        return {
             "id": meta["id"],
             "object": "chat.completion.chunk",
             "created": meta["created"],
             "model": meta["model"],
             "choices": [{"index": 0, "delta": delta, "logprobs": lps, "finish_reason": finish}],
         }
-        if per_token and "role" not in delta:  # llama-server's: on each step's text, not on the role
-            out["timings"] = gen.timings()
-        return out
 
     sent = {"content": "", "reasoning_content": ""}
 
@@ -556,7 +581,7 @@ def _chat_chunks(
             if step.prompt_progress is not None:  # llama-server's progress delta: the role alone
                 progress = chunk({"role": "assistant", "content": None})
                 progress["prompt_progress"] = _progress_json(step.prompt_progress)
-                yield progress
+                yield _timed(progress, step)
                 continue
             if not started:  # after the first step: a prompt that fails fails before any chunk
                 started = True
@@ -568,14 +593,14 @@ def _chat_chunks(
             text += step.text
             if not cp.needs_parse:
                 sent["content"] = text
-                yield chunk({"content": step.text})
+                yield _timed(chunk({"content": step.text}), step)
                 continue
             try:
                 d = _deltas(ChatTemplate.parse(text, cp, partial=True), sent)
             except ChatTemplateError:
                 continue
             if d:
-                yield chunk(d)
+                yield _timed(chunk(d), step)
         if not started:
             yield chunk({"role": "assistant", "content": None})
         finish = _finish(gen.finish)
@@ -587,9 +612,6 @@ def _chat_chunks(
             if reply.tool_calls:
                 yield chunk({"tool_calls": [dict(tc, index=i) for i, tc in enumerate(_tool_calls(reply))]})
                 finish = "tool_calls"
-        last = chunk({}, finish)
-        last["usage"] = gen.usage()
-        last["timings"] = gen.timings()
-        yield last
+        yield _counted(chunk({}, finish), gen)
     finally:
         it.close()

@@ -13,7 +13,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - 3.10
     from typing_extensions import NotRequired, TypedDict
 
-from ..results import CompletionUsage, DraftSourceTimings, Timings  # noqa: F401  (re-exported: part of the OpenAI-shaped types)
+from ..results import CompletionUsage, DraftSourceTimings, SpeculativeStats, Timings  # noqa: F401  (re-exported: part of the OpenAI-shaped types)
 
 __all__ = [
     "ChatCompletion",
@@ -34,6 +34,7 @@ __all__ = [
     "CompletionLogprobs",
     "CompletionUsage",
     "FinishReasonOAI",
+    "SpeculativeStats",
     "Timings",
 ]
 
@@ -87,6 +88,7 @@ class Completion(TypedDict):
     choices: list[CompletionChoice]
     usage: CompletionUsage
     timings: Timings
+    speculative: SpeculativeStats
 
 
 class PromptProgressJSON(TypedDict):
@@ -108,6 +110,7 @@ class CompletionChunk(TypedDict):
     choices: list[CompletionChoice]
     usage: NotRequired[CompletionUsage]  # last chunk only
     timings: NotRequired[Timings]  # last chunk only
+    speculative: NotRequired[SpeculativeStats]  # last chunk only
     prompt_progress: NotRequired[PromptProgressJSON]  # return_progress's events, before any text
 
 
@@ -176,6 +179,7 @@ class ChatCompletion(TypedDict):
     choices: list[ChatCompletionChoice]
     usage: CompletionUsage
     timings: Timings
+    speculative: SpeculativeStats
 
 
 class ChatCompletionChunkDelta(TypedDict, total=False):
@@ -205,5 +209,6 @@ class ChatCompletionChunk(TypedDict):
     model: str
     choices: list[ChatCompletionChunkChoice]
     usage: NotRequired[CompletionUsage]  # last chunk only
-    timings: NotRequired[Timings]  # the last chunk; every chunk of text with timings_per_token
+    timings: NotRequired[Timings]  # the last chunk; every chunk with timings_per_token
+    speculative: NotRequired[SpeculativeStats]  # last chunk only
     prompt_progress: NotRequired[PromptProgressJSON]  # return_progress's events, before any text

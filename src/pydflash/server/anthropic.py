@@ -215,6 +215,7 @@ class AnthropicRequest(_Messages):
                 "cache_read_input_tokens": out["timings"]["cache_n"],
             },
             "timings": out["timings"],
+            "speculative": out["speculative"],  # for /metrics; dropped with the timings
         }
 
 
@@ -303,6 +304,7 @@ def _events(chunks: Iterator[dict[str, Any]], msg_id: str, model: str) -> Iterat
                         "cache_read_input_tokens": (chunk.get("timings") or {}).get("cache_n", 0),
                     },
                     "timings": chunk.get("timings"),
+                    "speculative": chunk.get("speculative"),
                 }
                 yield {"type": "message_stop"}
     finally:

@@ -47,6 +47,7 @@ try:
     from .routes_native import model_file, native_routes
     from .security import Guard, loopback_only
     from .sleep import Sleep, WakeOnUse
+    from .streams import StreamSessions, stream_routes
 except ImportError as e:  # the optional dependencies of the server extra
     raise ImportError(f"pydflash serve needs {e.name}: pip install pydflash[server]") from e
 
@@ -142,6 +143,7 @@ class Server:
         # each admitted request holds one thread: never wait for another request's
         self.threads = anyio.CapacityLimiter(self.parallel + self.queue_size)
         self.side_threads = anyio.CapacityLimiter(4)  # /slots, slot files, tokenizing: off the event loop
+        self.streams = StreamSessions()  # the streams recorded under a conversation id
         self.gcp = GcpConfig.from_env(os.environ)
         if self.gcp.enabled:  # llama-server's Vertex AI mode: AIP_HTTP_PORT wins over --port
             port = self.gcp.port
@@ -320,6 +322,7 @@ class Server:
         for paths, kind in kinds:
             routes += [Route(path, Generations(self, kind), methods=["POST"]) for path in paths]
         routes += native_routes(self)
+        routes += stream_routes(self.streams, self.timeout)
         app = Starlette(
             routes=routes,
             middleware=[

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 from anyio.abc import ObjectReceiveStream, ObjectSendStream
 from pydantic import ValidationError
+from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -25,6 +26,7 @@ from .http import error_body, error_response, json_response, read_body
 from .native import NativeRequest
 from .requests import BadRequest, ChatRequest, CompletionRequest, NoVision, Unsupported, describe
 from .responses import ResponsesRequest
+from .streams import HEADER
 
 if TYPE_CHECKING:
     from .state import ServerState
@@ -34,6 +36,7 @@ __all__ = ["MAX_BODY", "Exchange", "Generations", "Kind"]
 log = logging.getLogger("pydflash.server")
 
 MAX_BODY = 32 * 1024 * 1024
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _Item = tuple[str, Any]  # what a worker hands to its request: ("result" | "head" | "chunk" | "error", payload)
 Kind = (
     type[CompletionRequest] | type[ChatRequest] | type[NativeRequest] | type[AnthropicRequest] | type[ResponsesRequest]
@@ -135,6 +138,10 @@ class Exchange:
         except _ClientGone:
             return
         if kind == "head":
+            conv_id = Headers(scope=self.scope).get(HEADER, "")
+            if conv_id:
+                await self._recorded(conv_id, payload, items)
+                return
             response: Response = _EventStream(self, payload, items)
         elif kind == "error":
             status, err = self.error(payload)
@@ -142,6 +149,42 @@ class Exchange:
         else:
             response = json_response(payload)
         await response(self.scope, self.receive, self.send)
+
+    async def _recorded(self, conv_id: str, head: list[dict[str, Any]], items: ObjectReceiveStream[_Item]) -> None:
+        """A stream recorded under its conversation id (streams.py): the client reads the
+        session, and the generation runs on, into it, when the client leaves."""
+        session = self.server.streams.open(conv_id, self.gone.set)
+
+        async def record() -> None:
+            try:
+                async for chunk in self.events(head, items):
+                    session.write(chunk)
+            finally:
+                session.finish()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(record)
+            response = StreamingResponse(session.read(0), media_type="text/event-stream", headers=_SSE_HEADERS)
+            await response(self.scope, self.receive, self.send)
+
+    async def events(
+        self, head: list[dict[str, Any]], items: ObjectReceiveStream[_Item], ended: Callable[[], None] = lambda: None
+    ) -> AsyncIterator[bytes]:
+        """A stream's server-sent events: the head chunks, each chunk as the worker hands
+        it over, then ``[DONE]``; an error after the start is one ``{"error": ...}`` event
+        that ends it. ``ended`` is called before the last bytes."""
+        for chunk in head:
+            yield _event(chunk, self.event_names)
+        async for kind, payload in items:
+            if kind == "error":
+                ended()
+                err = self.error(payload)[1]
+                yield _event({"type": "error", **err} if self.event_names else err, self.event_names)
+                return
+            yield _event(payload, self.event_names)
+        ended()
+        if self.done_marker:
+            yield b"data: [DONE]\n\n"
 
     async def _until_gone(self, fn: Callable[[], Awaitable[T]]) -> T:
         """``fn()``, unless the client disconnects first (then _ClientGone)."""
@@ -216,7 +259,10 @@ class Exchange:
         self.keep_timings = getattr(req, "keep_timings", True)  # Anthropic's replies have none
         if not req.stream:
             for one in out if isinstance(out, list) else [out]:
-                srv.metrics.generation(one["timings"] if self.keep_timings else one.pop("timings"))
+                srv.metrics.generation(one["timings"], one.get("speculative"))
+                if not self.keep_timings:
+                    one.pop("timings")
+                    one.pop("speculative", None)
             emit(("result", out))
             return
         chunks = self._counted(out)
@@ -233,12 +279,13 @@ class Exchange:
         try:
             for chunk in chunks:
                 # the last chunk's timings (the Responses API's: in its final response object);
-                # with timings_per_token every chunk of text has them: counted once, at the end
+                # a chunk of timings_per_token's has no "speculative": the generation goes on
                 timings = chunk.get("timings") or (chunk.get("response") or {}).get("timings")
-                if timings and _last(chunk):
-                    self.server.metrics.generation(timings)
-                if timings and not self.keep_timings:
-                    chunk.pop("timings", None)
+                if timings and ("speculative" in chunk or "response" in chunk):
+                    self.server.metrics.generation(timings, chunk.get("speculative"))
+                    if not self.keep_timings:
+                        chunk.pop("timings", None)
+                        chunk.pop("speculative", None)
                 yield chunk
         finally:
             chunks.close()  # type: ignore[attr-defined]  # the completion functions return generators
@@ -250,14 +297,6 @@ class Exchange:
             self.running = True
             self.server.metrics.processing(1)
         return self.gone.is_set()
-
-
-def _last(chunk: dict[str, Any]) -> bool:
-    """Whether ``chunk`` ends its generation: a choice's finish reason, native's ``stop``,
-    the Responses API's final event, Anthropic's ``message_delta``."""
-    if chunk.get("stop") is True or "response" in chunk or chunk.get("type") == "message_delta":
-        return True
-    return any(c.get("finish_reason") is not None for c in chunk.get("choices") or ())
 
 
 def _failure(exc: BaseException) -> tuple[int, str, str | None]:
@@ -286,23 +325,11 @@ class _EventStream(StreamingResponse):
     def __init__(self, exchange: Exchange, head: list[dict[str, Any]], items: ObjectReceiveStream[_Item]):
         self.exchange = exchange
         self.finished = False
-        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        super().__init__(self._events(head, items), media_type="text/event-stream", headers=headers)
+        events = exchange.events(head, items, self._ended)
+        super().__init__(events, media_type="text/event-stream", headers=_SSE_HEADERS)
 
-    async def _events(self, head: list[dict[str, Any]], items: ObjectReceiveStream[_Item]) -> AsyncIterator[bytes]:
-        named = self.exchange.event_names
-        for chunk in head:
-            yield _event(chunk, named)
-        async for kind, payload in items:
-            if kind == "error":
-                self.finished = True
-                err = self.exchange.error(payload)[1]
-                yield _event({"type": "error", **err} if named else err, named)
-                return
-            yield _event(payload, named)
+    def _ended(self) -> None:
         self.finished = True
-        if self.exchange.done_marker:
-            yield b"data: [DONE]\n\n"
 
     async def listen_for_disconnect(self, receive: Receive) -> None:
         await super().listen_for_disconnect(receive)

@@ -14,7 +14,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from ..results import Timings
+from ..results import SpeculativeStats, Timings
 
 __all__ = ["Metrics"]
 
@@ -147,8 +147,8 @@ class Metrics:
         with self._lock:
             self._processing += n
 
-    def generation(self, timings: Timings) -> None:
-        """Count one finished generation from its response's ``timings``."""
+    def generation(self, timings: Timings, speculative: SpeculativeStats | None = None) -> None:
+        """Count one finished generation from its response's ``timings`` and ``speculative``."""
         row: Mapping[str, Any] = timings
         with self._lock:
             for field, scale, counter in self._counters:
@@ -157,11 +157,11 @@ class Metrics:
             n_prompt = float(row["prompt_n"]) + float(row["cache_n"])
             self._sums["n_tokens_max"] = max(self._sums["n_tokens_max"], n_prompt + float(row["predicted_n"]))
             self._sums["n_decode"] += float(row["n_steps"]) + (1.0 if row["prompt_n"] else 0.0)
-            sources = timings.get("draft_sources") or {}
+            sources = speculative["draft_sources"] if speculative else {}
             self._sums["n_drafts"] += sum(float(t["n_drafts"]) for t in sources.values())
-            for n in timings.get("accepted_lengths", []) or []:
+            for n in speculative["accepted_lengths"] if speculative else []:
                 self._accepted.observe(n)
-            for source, t in (timings.get("draft_sources") or {}).items():
+            for source, t in sources.items():
                 for field, counter in self._by_source.items():
                     counter.labels(source=source).inc(t[field])  # type: ignore[literal-required]
         if timings["cache_n"] > 0:

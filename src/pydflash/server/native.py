@@ -26,6 +26,33 @@ _STOP_TYPE = {"eos": "eos", "stop": "word", "length": "limit", None: "none"}
 Mixed = list[Annotated[str | int, Field(union_mode="left_to_right")]]
 
 
+class JsonPrompt(BaseModel):
+    """llama-server's prompt object: ``{"prompt_string": text or mixed ids,
+    "multimodal_data": [base64, ...]}`` (media refused: pydflash reads text)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    prompt_string: str | Mixed
+    multimodal_data: list[Any] | None = None
+
+    def text(self) -> str | Mixed:
+        if self.multimodal_data is not None:
+            raise BadRequest("Multimodal data provided, but model does not support multimodal requests.", "prompt")
+        return self.prompt_string
+
+
+def eog_tokens(llm: Llama) -> tuple[int, ...]:
+    """The vocabulary's end-of-generation tokens (llama-server's ``logit_bias_eog``)."""
+    model = llm.core_model
+    key = (model.path, llm.n_vocab())  # by file, so that the cache keeps no model alive
+    if key not in _EOG:
+        _EOG[key] = tuple(t for t in range(key[1]) if model.is_eog(t))
+    return _EOG[key]
+
+
+_EOG: dict[tuple[str, int], tuple[int, ...]] = {}
+
+
 def tokenize_mixed(llm: Llama, prompt: str | Sequence[str | int], add_special: bool, parse_special: bool) -> list[int]:
     """llama-server's ``tokenize_mixed``: text, ids, or a list of both (the first
     text part alone gets BOS)."""
@@ -77,7 +104,7 @@ class NativeRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    prompt: str | Mixed | list[str | Mixed] = ""
+    prompt: str | Mixed | JsonPrompt | list[str | Mixed | JsonPrompt] = ""
     n_predict: int | None = None
     # llama-server's aliases of n_predict, read in this order where it is absent (budget)
     max_completion_tokens: int | None = None
@@ -100,6 +127,7 @@ class NativeRequest(BaseModel):
     post_sampling_probs: bool = False
     return_tokens: bool = False
     return_progress: bool = False  # prompt_progress events in a stream
+    timings_per_token: bool = False  # each chunk of a stream with the timings as they stand
     cache_prompt: bool = True
     id_slot: int = -1
     logit_bias: list[list[Any]] | dict[str, Any] | None = None
@@ -158,21 +186,21 @@ class NativeRequest(BaseModel):
             raise BadRequest("a stream takes one prompt", "prompt")
 
     def _prompts(self) -> list[str | Mixed]:
-        """The prompts, as llama-server reads ``prompt``: a text, a list of ids and texts
-        (one prompt), or a list of texts or of such lists (one prompt each)."""
+        """The prompts, as llama-server reads ``prompt``: a text, a prompt object, a list of
+        ids and texts (one prompt), or a list of texts, objects or such lists (one prompt each)."""
         p = self.prompt
         if isinstance(p, str):
             return [p]
-        if any(isinstance(x, int) for x in p) and not any(isinstance(x, list) for x in p):
+        if isinstance(p, JsonPrompt):
+            return [p.text()]
+        if any(isinstance(x, int) for x in p) and not any(isinstance(x, (list, JsonPrompt)) for x in p):
             return [p]  # type: ignore[list-item]  # ids, or ids and texts: one prompt
-        return list(p)  # type: ignore[arg-type]
+        return [x.text() if isinstance(x, JsonPrompt) else x for x in p]  # type: ignore[misc]
 
     def _bias(self, llm: Llama) -> dict[int, float] | None:
         """llama-server's logit_bias: ``[[token or text, bias or false], ...]`` or ``{"token": bias}``."""
-        if not self.logit_bias:
-            return None
-        pairs = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
         out: dict[int, float] = {}
+        pairs = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias or []
         for pair in pairs:
             if len(pair) != 2:
                 raise BadRequest("logit_bias entries must be [token, bias]", "logit_bias")
@@ -186,7 +214,9 @@ class NativeRequest(BaseModel):
                 if not 0 <= t < llm.n_vocab():
                     raise BadRequest(f"logit_bias token {t} is out of range [0, {llm.n_vocab()})", "logit_bias")
                 out[t] = value
-        return out
+        if self.ignore_eos:  # llama-server's: the end-of-generation tokens are never sampled
+            out.update(dict.fromkeys(eog_tokens(llm), -math.inf))
+        return out or None
 
     def tokens(self, llm: Llama, prompt: str | Mixed) -> list[int]:
         tokens = tokenize_mixed(llm, prompt, True, True)
@@ -252,7 +282,7 @@ class NativeRequest(BaseModel):
             "adaptive_decay": 0.9,
             "n_keep": 0,
             "n_discard": 0,
-            "timings_per_token": False,
+            "timings_per_token": self.timings_per_token,
             "lora": [],
             "top_k": cfg.top_k,
             "top_p": cfg.top_p,
@@ -265,6 +295,8 @@ class NativeRequest(BaseModel):
             "frequency_penalty": cfg.frequency_penalty,
             "mirostat": 0,
             "stop": list(cfg.stop),
+            # -inf shows as null, as in llama-server's JSON
+            "logit_bias": [{"bias": b if math.isfinite(b) else None, "token": t} for t, b in cfg.logit_bias],
             "max_tokens": n,
             "n_probs": self.n_probs,
             "min_keep": 0,
@@ -287,7 +319,14 @@ class NativeRequest(BaseModel):
     def run(self, llm: Llama, model: str, cancel: Callable[[], bool], tokens: list[int]) -> Any:
         cfg = self.config(llm)
         slot = None if self.id_slot < 0 else self.id_slot
-        gen = Generation(llm, tokens, cfg, slot=slot, progress=self.stream and self.return_progress)
+        gen = Generation(
+            llm,
+            tokens,
+            cfg,
+            slot=slot,
+            progress=self.stream and self.return_progress,
+            timings_per_token=self.stream and self.timings_per_token,
+        )
         settings = self.settings(llm, cfg)
         if self.stream:
             return self._chunks(llm, gen, cancel, model, settings)
@@ -319,6 +358,7 @@ class NativeRequest(BaseModel):
             "stopping_word": "",
             "tokens_cached": n_prompt + n_gen,
             "timings": gen.timings(),
+            "speculative": gen.speculative(),
         }
 
     def _chunks(
@@ -342,6 +382,8 @@ class NativeRequest(BaseModel):
                 }
                 if step.prompt_progress is not None:
                     chunk["prompt_progress"] = dataclasses.asdict(step.prompt_progress)
+                if step.timings is not None:
+                    chunk["timings"] = step.timings
                 if step.logprobs and self.n_probs > 0:
                     chunk["completion_probabilities"] = _probs(llm, step.logprobs, self.post_sampling_probs)
                 yield chunk

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, Valida
 from pydantic_core import PydanticCustomError
 
 from .._core import __version__
-from ..openai.completions import MAX_CHOICES
+from ..openai.completions import MAX_CHOICES, chat_prompt
 
 if TYPE_CHECKING:
     from ..llama import Llama
@@ -140,6 +140,7 @@ _PASSED = (
     "logit_bias",
     "verify",
     "return_progress",
+    "timings_per_token",
 )
 
 
@@ -178,6 +179,9 @@ class _Request(BaseModel):
     logit_bias: dict[str, float] | None = None  # JSON keys are strings: token ids, checked below
     verify: str | None = None  # pydflash's: "rejection", "match" or "coupled" (Llama.generate's)
     return_progress: bool | None = None  # llama-server's: prompt_progress events in a stream
+    timings_per_token: bool | None = None  # llama-server's: each chunk of a stream with its timings
+    stream_options: dict[str, Any] | None = None  # OpenAI's: include_usage
+    verbose: bool | None = None  # llama-server's: the reply with its native view in "__verbose"
     mirostat: float | None = None
     xtc_probability: float | None = None
     dry_multiplier: float | None = None
@@ -203,12 +207,35 @@ class _Request(BaseModel):
         out = create(first, stream=bool(self.stream), model=model, cancel=cancel, **kw)
         if not self.stream:
             out["system_fingerprint"] = FINGERPRINT
+            if self.verbose:
+                out["__verbose"] = self._verbose(llm, out)
             return out
-        return _fingerprinted(out)
+        chunks = _fingerprinted(out)
+        return _usage_apart(chunks) if (self.stream_options or {}).get("include_usage") else chunks
 
     def prompt_bytes(self) -> int:
         """UTF-8 bytes of the prompt's text (0: none to bound)."""
         return 0
+
+    def _verbose(self, llm: Llama, out: dict[str, Any]) -> dict[str, Any]:
+        """llama-server's ``__verbose``: the reply as its native completion shows it (the
+        fields the OpenAI reply holds, and the prompt as the model read it)."""
+        choice, usage = out["choices"][0], out["usage"]
+        content = choice["text"] if "text" in choice else choice["message"].get("content") or ""
+        first, kw = self.arguments()  # type: ignore[attr-defined]  # each kind has its own
+        prompt = first if isinstance(self, CompletionRequest) else chat_prompt(llm, first, **kw)
+        return {
+            "index": 0,
+            "content": content,
+            "model": out["model"],
+            "prompt": llm.detokenize(llm.prompt_tokens(prompt), special=True).decode("utf-8", "replace"),
+            "stop": True,
+            "has_new_line": "\n" in content,
+            "tokens_predicted": usage["completion_tokens"],
+            "tokens_evaluated": usage["prompt_tokens"],
+            "tokens_cached": usage["total_tokens"],
+            "timings": out["timings"],
+        }
 
     def fill(self, defaults: Mapping[str, Any]) -> None:
         """The server's defaults (``-n``, ``--temp``, ...) for the fields the request leaves out."""
@@ -400,6 +427,24 @@ def describe(err: ValidationError) -> BadRequest:
         else:
             parts.append(f"'{where}' " + (f"must be {_TYPES[e['type']]}" if e["type"] in _TYPES else e["msg"]))
     return BadRequest("; ".join(parts), param)
+
+
+def _usage_apart(chunks: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """OpenAI's ``include_usage`` stream, as llama-server sends it: the ``usage`` (and the
+    timings) in a chunk of their own after the last, with no choices."""
+    try:
+        for chunk in chunks:
+            if "usage" not in chunk:
+                yield chunk
+                continue
+            tail: dict[str, Any] = {k: chunk.pop(k) for k in ("usage", "timings", "speculative") if k in chunk}
+            yield chunk
+            head: dict[str, Any] = {
+                k: chunk[k] for k in ("id", "object", "created", "model", "system_fingerprint") if k in chunk
+            }
+            yield {**head, "choices": [], **tail}
+    finally:
+        chunks.close()  # type: ignore[attr-defined]  # a generator: leaving early ends the generation
 
 
 def _fingerprinted(chunks: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:

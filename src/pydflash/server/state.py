@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from ..llama import Llama
     from .limits import PromptLimit
     from .metrics import Metrics
+    from .streams import StreamSessions
 
 __all__ = ["ServerState"]
 
@@ -31,5 +32,6 @@ class ServerState(Protocol):
     exchanges: set[Any]  # the admitted exchanges (exchange.Exchange, which reads this state)
     threads: anyio.CapacityLimiter
     side_threads: anyio.CapacityLimiter
+    streams: StreamSessions  # the recorded streams (X-Conversation-Id)
 
     def props(self) -> dict[str, Any]: ...

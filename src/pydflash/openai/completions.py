@@ -376,12 +376,10 @@ def create_chat_completion(
     timings_per_token: bool = False,
     template_format: bool = True,
 ) -> ChatCompletion | Iterator[ChatCompletionChunk]:
-    """An OpenAI-style chat completion of ``messages`` through the chat template (the GGUF's, or ``Llama``'s
-    ``chat_template``). Reasoning comes back in ``message["reasoning_content"]`` (``enable_thinking=False``: off where
-    the template has the switch). ``logprobs=True`` (``top_logprobs=N``): ``choices[0]["logprobs"]["content"]``, one
-    entry per generated token. ``response_format``, ``json_schema``, ``grammar``: framed in the template's reply format,
-    and ``tools``: its tool-call grammar once a call starts, as in llama-server (``template_format=False``: its
-    ``--no-jinja``, see ``_text_only``). ``timings_per_token``: a stream's text chunks carry the ``timings`` so far."""
+    """An OpenAI-style chat completion of ``messages`` through the chat template (the GGUF's or ``Llama``'s). Reasoning:
+    ``message["reasoning_content"]`` (``enable_thinking=False``: off where the template can). ``logprobs=True``: per
+    token. ``response_format``, ``json_schema``, ``grammar``: in the template's reply format; ``tools``: its grammar
+    once a call starts, as llama-server (``template_format=False``: its ``--no-jinja``). Others: create_completion's."""
     _check_top_logprobs(logprobs, top_logprobs)
     schema, gbnf = constraint(response_format, json_schema, grammar)
     cp = _chat_prompt(llm, messages, tools, enable_thinking, chat_template_kwargs, schema, gbnf, template_format)

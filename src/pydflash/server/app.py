@@ -74,6 +74,18 @@ ROUTES = {
 }
 
 
+def _bind(hosts: Sequence[str], port: int) -> list[socket.socket]:
+    """A listening socket per address; port 0: the first address's free port, for all of them."""
+    if not hosts:
+        raise ValueError("host: give at least one address")
+    sockets: list[socket.socket] = []
+    for h in hosts:
+        taken = sockets[0].getsockname()[1] if sockets else port
+        family = socket.AF_INET6 if ":" in h else socket.AF_INET
+        sockets.append(socket.create_server((h.strip("[]"), taken), family=family))
+    return sockets
+
+
 class Server:
     """One model pair behind an HTTP server. ``start()`` serves from a thread (for
     tests and embedding) and returns once it listens; ``serve_forever()`` serves in
@@ -148,13 +160,7 @@ class Server:
         if self.gcp.enabled:  # llama-server's Vertex AI mode: AIP_HTTP_PORT wins over --port
             port = self.gcp.port
         hosts = [host] if isinstance(host, str) else list(host)
-        if not hosts:
-            raise ValueError("host: give at least one address")
-        self._sockets: list[socket.socket] = []
-        for h in hosts:  # port 0: the first address's free port, for all of them
-            taken = self._sockets[0].getsockname()[1] if self._sockets else port
-            family = socket.AF_INET6 if ":" in h else socket.AF_INET
-            self._sockets.append(socket.create_server((h.strip("[]"), taken), family=family))
+        self._sockets = _bind(hosts, port)
         self.sleep = None if sleep_idle_seconds is None else Sleep(llm, sleep_idle_seconds, self._snapshot)
         app = self._app(api_keys, cors_origins, check_host=loopback_only(hosts))
         config = uvicorn.Config(

@@ -409,3 +409,10 @@ def test_cpp_scanner_balances_braces(path):
     # the scanner's view of every C++ file must balance, or its function lengths mean nothing
     code = _blank(path.read_text(encoding="utf-8"))
     assert code.count("{") == code.count("}")
+
+
+def test_the_draft_length_policy_stays_within_400_lines_with_its_cost_model():
+    """Issue #50's bound: the policy is a thing one can hold in one's head."""
+    files = sorted((SRC / "drafting").glob("*.py"))
+    assert {f.name for f in files} >= {"policy.py", "cost.py"}
+    assert sum(len(f.read_text().splitlines()) for f in files) <= 400

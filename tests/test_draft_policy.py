@@ -181,3 +181,21 @@ def test_the_cost_model_learns_what_steps_take():
     assert cost.step_ms(4, 8) == pytest.approx(25.0, rel=0.01)
     assert cost.step_ms(1, 0) == pytest.approx(15.5, rel=0.01)
     assert cost.verify_ms(8) > cost.verify_ms(4) > cost.verify_ms(1)  # unseen sizes follow their neighbours
+
+
+def test_the_joint_choice_of_many_sequences_is_a_local_best_at_least_as_good_as_its_starts():
+    """Whatever the search keeps track of, its answer for 16 sequences of mixed acceptance
+    beats every common length, every sequence at its lone best, and every one-sequence change."""
+    rng = random.Random(7)
+    cost = CostModel([1, 16, 32, 64, 128], [2.7, 6.0, 7.2, 10.3, 16.8], [8, 64, 128], [3.0, 6.1, 9.2], 128)
+    pol = DraftPolicy(cost, K, BLOCK)
+    for _ in range(20):
+        opts = [pol._option([rng.uniform(0.2, 0.95)] * K, [1.0] * K, 0, K) for _ in range(16)]
+        ks = pol._joint(opts)
+        best = pol._rate(opts, ks)
+        for k in range(K + 1):
+            assert best >= pol._rate(opts, [k] * 16) * (1 - 1e-9)
+        assert best >= pol._rate(opts, [pol._joint([o])[0] for o in opts]) * (1 - 1e-9)
+        for i in range(16):
+            for k in range(K + 1):
+                assert best >= pol._rate(opts, [*ks[:i], k, *ks[i + 1 :]]) * (1 - 1e-9)

@@ -1,6 +1,5 @@
-"""What a step costs: milliseconds by the rows of its target and drafter passes,
-calibrated once on the pair and corrected online, and the machine's speed that
-every timing is divided by before the model learns from it."""
+"""What a step costs: milliseconds by the rows of its target and drafter passes, calibrated once on
+the pair and corrected online, and the machine's speed that every timing is divided by first."""
 
 from __future__ import annotations
 
@@ -19,8 +18,7 @@ SPEED_CLIP = 4.0  # one step moves it as if at most this much slower or faster (
 
 
 def _table(rows: Sequence[int], ms: Sequence[float], n: int) -> list[float]:
-    """ms for 0..n rows: linear between the timed sizes, along the last slope beyond
-    them, non-decreasing (a pass of more rows never costs less; noise can say so)."""
+    """ms for 0..n rows: linear between the timed sizes, the last slope beyond, never decreasing."""
     if not rows or len(rows) != len(ms):
         raise ValueError("a cost table needs as many times as sizes, at least one")
     out = [0.0]

@@ -1,16 +1,13 @@
 """The adaptive draft length: how many tokens each running sequence drafts this step.
 
-A draft of k yields on average ``E(k) = 1 + sum_{j<=k} prod_{i<=j} c_i`` tokens, c_i
-the chance that position i is kept where the ones before it were: per sequence, a
-running average of its recent steps, each position shrunk toward the pair's own
-(the pooled prior). The chance that the confidence cut lets each position into the
-draft is estimated the same way: a length costs the target rows the cut leaves.
-
-The engine asks ``choose`` before a step and tells ``observe`` after it. The lengths
-maximise expected tokens per ms of the step the running sequences share (one target
-pass over all their rows, one drafter pass), priced by ``CostModel``. At 0 (plain
-decoding) a sequence probes now and then with a full draft, spaced so that probes
-lose at most ``PROBE_BUDGET`` of the time."""
+A draft of k yields on average ``E(k) = 1 + sum_{j<=k} prod_{i<=j} c_i`` tokens, c_i the chance
+that position i is kept where the ones before it were: per sequence, a running average of its
+recent steps, each position shrunk toward the pair's own (the pooled prior); the chance that the
+confidence cut lets a position in is estimated alike (a length costs the rows the cut leaves).
+``choose`` (before a step) picks the lengths that maximise expected tokens per ms of the step the
+sequences share (one target pass over all their rows, one drafter pass), priced by ``CostModel``;
+``observe`` learns from it. At 0 a sequence probes now and then with a full draft, spaced so that
+probes lose at most ``PROBE_BUDGET`` of the time."""
 
 from __future__ import annotations
 
@@ -55,8 +52,7 @@ class _Estimate:
 
     def __init__(self, n: int, decay: float, prior: float = PRIOR):
         self.n, self.decay, self.prior = n, decay, prior
-        self._hit = [0.0] * n
-        self._try = [0.0] * n
+        self._hit, self._try = [0.0] * n, [0.0] * n
 
     def observe(self, n_tried: int, n_ok: int, weight: float = 1.0) -> None:
         """Positions 1..n_ok passed, the next failed (if tried); all weigh less with age."""
@@ -67,8 +63,7 @@ class _Estimate:
 
     def forget(self, steps: int = 1) -> None:
         d = self.decay**steps
-        self._hit = [h * d for h in self._hit]
-        self._try = [t * d for t in self._try]
+        self._hit, self._try = [h * d for h in self._hit], [t * d for t in self._try]
 
     def rates(self, prior: Sequence[float] | None = None) -> list[float]:
         out: list[float] = []
@@ -173,9 +168,8 @@ class DraftPolicy:
         wall_ms: float,
         times: int = 1,
     ) -> None:
-        """A step's outcomes (one per sequence, as chosen) and timings: the target pass,
-        the drafter pass (0: none) and the whole step; ``times``: as many plain steps
-        in a row, these their mean timings."""
+        """A step's outcomes (one per sequence, as chosen) and timings: the target pass, the drafter
+        pass (0: none), the whole step; ``times``: as many plain steps in a row, these their means."""
         rows = sum(1 + o.drafted for o in outcomes)
         drows = sum(drafter_rows(o.asked, self.pass_rows) for o in outcomes) if draft_ms > 0 else 0
         self.speed.observe(rows, drows > 0, wall_ms, times)
@@ -206,31 +200,39 @@ class DraftPolicy:
     def _option(self, kept: list[float], passing: list[float], lo: int, cap: int) -> _Option:
         return _Option(gains([c * p for c, p in zip(kept, passing, strict=True)], cap), gains(passing, cap), lo, cap)
 
+    def _sums(self, opts: Sequence[_Option], ks: Sequence[int]) -> tuple[float, float, int]:
+        """A step's expected tokens, expected target rows and drafter rows."""
+        pairs = list(zip(opts, ks, strict=True))
+        tok, rows = sum(o.tokens[k] for o, k in pairs), sum(o.rows[k] for o, k in pairs)
+        return tok, rows, sum(drafter_rows(k, self.pass_rows) for k in ks)
+
     def _rate(self, opts: Sequence[_Option], ks: Sequence[int]) -> float:
-        rows = sum(o.rows[k] for o, k in zip(opts, ks, strict=True))
-        drows = sum(drafter_rows(k, self.pass_rows) for k in ks)
-        return sum(o.tokens[k] for o, k in zip(opts, ks, strict=True)) / max(self.cost.step_ms(rows, drows), 1e-9)
+        return (s := self._sums(opts, ks))[0] / max(self.cost.step_ms(s[1], s[2]), 1e-9)
 
     def _joint(self, opts: Sequence[_Option]) -> list[int]:
         """The lengths that maximise expected tokens per ms of the shared step: one
         sequence, every length; several, a coordinate ascent from two starts (the best
-        length common to all; each at its best alone), the better end."""
+        length common to all; each at its best alone), the better end; it keeps the
+        step's sums, one sequence's share changed (its cost is paid on every step)."""
         if len(opts) == 1:
             return [max(opts[0].lengths(), key=lambda k: (self._rate(opts, [k]), -k))]
         common = [
             [o.pinned if o.pinned is not None else (min(k, o.hi) if min(k, o.hi) >= o.lo else 0) for o in opts]
             for k in range(self.max_draft + 1)
         ]
-        ends = []
+        pr, ends = self.pass_rows, []
         for start in (max(common, key=lambda ks: self._rate(opts, ks)), [self._joint([o])[0] for o in opts]):
-            ks, best = start, self._rate(opts, start)
+            ks, best = list(start), self._rate(opts, start)
+            tok, rows, drows = self._sums(opts, ks)
             for _ in range(4):
                 changed = False
                 for i, o in enumerate(opts):
+                    k0 = ks[i]
+                    t0, r0, d0 = tok - o.tokens[k0], rows - o.rows[k0], drows - drafter_rows(k0, pr)
                     for k in o.lengths():
-                        trial = [*ks[:i], k, *ks[i + 1 :]]
-                        if (r := self._rate(opts, trial)) > best * (1 + 1e-9):
-                            ks, best, changed = trial, r, True
+                        t, r, d = t0 + o.tokens[k], r0 + o.rows[k], d0 + drafter_rows(k, pr)
+                        if (rate := t / max(self.cost.step_ms(r, d), 1e-9)) > best * (1 + 1e-9):
+                            ks[i], best, changed, tok, rows, drows = k, rate, True, t, r, d
                 if not changed:
                     break
             ends.append((best, ks))

@@ -7,6 +7,8 @@
 - docs/img/bench/speedup_vs_context.png, tau_vs_context.png, tok_s_vs_draft_max.png: the bench's
   own charts (pydflash.bench.report.write_charts) drawn from the committed bench results
   benchmarks/results/long-context-cpu-2core.json and cpu-2core.json (no bench run);
+- docs/img/bench/serving_sweep.png: aggregate tok/s against concurrent streams, drawn by
+  pydflash.bench.serving_chart from benchmarks/results/serving-sweep-{padded,shipped}-cpu-2core.json;
 - docs/img/bench/acceptance_per_position.png and
   benchmarks/results/acceptance-per-position-embedded.json: the conditional acceptance of each
   draft position, measured in-process on the embedded pair (draft_max 7, greedy; seconds).
@@ -25,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 from pydflash import Llama, embedded_pair
-from pydflash.bench import report
+from pydflash.bench import report, serving_chart
 
 ROOT = Path(__file__).resolve().parent.parent
 IMG = ROOT / "docs" / "img"
@@ -175,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     print(IMG / "step.svg")
     for p in bench_charts(IMG / "bench"):
         print(p)
+    sweeps = [RESULTS / f"serving-sweep-{pair}-cpu-2core.json" for pair in ("padded", "shipped")]
+    print(serving_chart.write_chart(IMG / "bench" / "serving_sweep.png", [serving_chart.panel_of(p) for p in sweeps]))
     print(acceptance_per_position(IMG / "bench"))
     return 0
 

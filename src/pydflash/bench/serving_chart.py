@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,7 @@ def write_chart(path: Path, panels: Sequence[Panel]) -> Path:
         ax.set_xticks(levels, [str(c) for c in levels])
         ax.set_xlabel("concurrent streams")
         ax.set_ylabel("aggregate output tok/s")
-        ax.set_title(title, fontsize=10)
+        ax.set_title(textwrap.fill(title, 56), fontsize=9)  # a target's description is long
         ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)

@@ -333,3 +333,20 @@ def test_side_by_side_with_llama_server(tmp_path, capsys):
     assert j.with_suffix(".png").stat().st_size > 0
     llama_turn2 = next(r for r in rows if r["engine"] == "llama-server" and r.get("turn") == 2)
     assert llama_turn2["cache_n"] > 0
+
+
+def test_steady_throughput_counts_only_while_every_stream_runs():
+    # 2 streams x 2 requests. Stream A: requests at 0 s and 1 s, 10 tokens each over 0.9 s
+    # (first token at 0.1 s); stream B: 0 s (first token at 0.2 s) and 2 s, a slow tail.
+    def rec(t_sent, ttft, n, gap):
+        d = [Delivery(ttft + k * gap, 1, "x") for k in range(n)]
+        return StreamRecord(t_sent, t_sent + d[-1].t_s, d, {}, {}, "server")
+
+    a1, a2 = rec(0.0, 0.1, 10, 0.1), rec(1.0, 0.1, 10, 0.1)
+    b1, b2 = rec(0.0, 0.2, 10, 0.2), rec(2.0, 0.2, 10, 0.2)
+    # the window: from the last first token of round one (0.2 s) to the first end of the last
+    # round (a2 at 2.0 s); tokens inside it: a1 at 0.3..1.0 (8), a2 at 1.1..2.0 (10), b1 at 0.4..2.0 (9)
+    got = serving_report.steady_tok_s([a1, b1, a2, b2], 2)
+    assert got == pytest.approx((8 + 10 + 9) / 1.8)
+    assert serving_report.steady_tok_s([a1, b1], 2) == pytest.approx((8 + 4) / (1.0 - 0.2))  # one round: a1 ends it
+    assert serving_report.steady_tok_s([rec(0.0, 0.5, 1, 0.1), rec(0.0, 0.1, 1, 0.1)], 2) is None  # ends before it fills

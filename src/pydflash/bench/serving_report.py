@@ -39,6 +39,25 @@ def _acceptance(records: Sequence[StreamRecord]) -> float | None:
     return accepted / drafted if drafted else None
 
 
+def steady_tok_s(records: Sequence[StreamRecord], streams: int) -> float | None:
+    """Output tok/s while every one of ``streams`` closed-loop streams is running: from the
+    last first token of the first round of requests to the first end of the last round (each
+    stream sends its requests one after another, so the first ``streams`` sent are the first
+    round, the last ``streams`` the last). The run's wall time also holds the ramp and the
+    tail, where speculation leaves streams that finished early waiting on slower ones.
+    None where no such window exists (one round that ends before it fills)."""
+    by_sent = sorted(records, key=lambda r: r.t_sent)
+    first, last = by_sent[:streams], by_sent[-streams:]
+    if len(records) < streams or any(not r.deliveries for r in first):
+        return None
+    t0 = max(r.t_sent + r.deliveries[0].t_s for r in first)
+    t1 = min(r.t_done for r in last)
+    if t1 <= t0:
+        return None
+    n = sum(d.n_tokens for r in records for d in r.deliveries if t0 < r.t_sent + d.t_s <= t1)
+    return n / (t1 - t0)
+
+
 def sweep_rows(runs: Sequence[dict[str, Any]], isl: int, osl: int) -> list[Row]:
     """One row per (engine, concurrency): output tok/s per run (all streams'
     tokens over the run's wall time; median, min, max over repeats), and over
@@ -50,6 +69,7 @@ def sweep_rows(runs: Sequence[dict[str, Any]], isl: int, osl: int) -> list[Row]:
     for (engine, n), group in sorted(groups.items(), key=lambda kv: (kv[0][1], ENGINES.index(kv[0][0]))):
         records: list[StreamRecord] = [r for run in group for r in run["records"]]
         out_tok_s = [sum(r.n_tokens for r in run["records"]) / run["wall_s"] for run in group]
+        steady = [x for run in group if (x := steady_tok_s(run["records"], n)) is not None]
         ttft = [r.ttft_s for r in records]
         itl = [x for r in records for x in r.itl_s]
         rows.append(
@@ -64,6 +84,7 @@ def sweep_rows(runs: Sequence[dict[str, Any]], isl: int, osl: int) -> list[Row]:
                 "output_tok_s": statistics.median(out_tok_s),
                 "output_tok_s_min": min(out_tok_s),
                 "output_tok_s_max": max(out_tok_s),
+                "steady_tok_s": statistics.median(steady) if steady else None,
                 "ttft_ms_p50": _ms(percentile(ttft, 50)),
                 "ttft_ms_p99": _ms(percentile(ttft, 99)),
                 "itl_ms_p50": _ms(percentile(itl, 50)),
@@ -134,7 +155,15 @@ def same_outputs(
     return out
 
 
-_SWEEP_RATIOS = ("output_tok_s", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99", "request_tok_s_p50")
+_SWEEP_RATIOS = (
+    "output_tok_s",
+    "steady_tok_s",
+    "ttft_ms_p50",
+    "ttft_ms_p99",
+    "itl_ms_p50",
+    "itl_ms_p99",
+    "request_tok_s_p50",
+)
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -161,7 +190,7 @@ def ratios(rows: Sequence[Row], same: Mapping[str, Mapping[str, list[int]]]) -> 
         entry: Row = {"workload": workload, "concurrency" if workload == "concurrency" else "turn": key}
         for e, other in others.items():
             if workload == "concurrency":
-                part: Row = {m: _ratio(p[m], other[m]) for m in _SWEEP_RATIOS}
+                part: Row = {m: _ratio(p.get(m), other.get(m)) for m in _SWEEP_RATIOS}
             else:
                 part = {"ttft_ms": _ratio(p["ttft_ms"], other["ttft_ms"]), "cache_n": [p["cache_n"], other["cache_n"]]}
             part["same_outputs"] = same.get(e, {}).get(tag)
@@ -172,6 +201,12 @@ def ratios(rows: Sequence[Row], same: Mapping[str, Mapping[str, list[int]]]) -> 
         if workload == "concurrency":
             best = max(others, key=lambda e: others[e]["output_tok_s"])
             entry["vs_best"] = {"engine": best, "output_tok_s": _ratio(p["output_tok_s"], others[best]["output_tok_s"])}
+            if all(o.get("steady_tok_s") for o in others.values()):  # the same, while every stream runs
+                sbest = max(others, key=lambda e: others[e]["steady_tok_s"])
+                entry["vs_best"]["steady"] = {
+                    "engine": sbest,
+                    "steady_tok_s": _ratio(p.get("steady_tok_s"), others[sbest]["steady_tok_s"]),
+                }
         out.append(entry)
     return out
 
@@ -213,6 +248,12 @@ def ratio_lines(entries: Sequence[Row]) -> list[str]:
                 f"concurrency {e['concurrency']}: pydflash / the better llama-server ({best['engine']}) output tok/s "
                 f"{_f(best['output_tok_s'], '.3f')}{verdict}"
             )
+            if "steady" in best:
+                st = best["steady"]
+                lines.append(
+                    f"concurrency {e['concurrency']}: while every stream runs, pydflash / the better llama-server "
+                    f"({st['engine']}) output tok/s {_f(st['steady_tok_s'], '.3f')}"
+                )
     return lines
 
 
@@ -223,24 +264,27 @@ def table(rows: Sequence[Row]) -> str:
     sweep = [r for r in rows if r["workload"] == "concurrency"]
     if sweep:
         lines.append(
-            f"{'engine':18} {'conc':>4} {'reqs':>4} {'out tok/s':>9} {'(min-max)':>15} {'ttft p50':>8} {'p99 ms':>8} "
+            f"{'engine':18} {'conc':>4} {'reqs':>4} {'out tok/s':>9} {'(min-max)':>15} {'steady':>9} {'ttft p50':>8} "
+            f"{'p99 ms':>8} "
             f"{'itl p50':>7} {'p99 ms':>7} {'req t/s':>7} {'tok/dlv':>7} {'accept':>6}"
         )
         for r in sweep:
             spread = f"({r['output_tok_s_min']:.1f}-{r['output_tok_s_max']:.1f})"
             lines.append(
                 f"{r['engine']:18} {r['concurrency']:4d} {r['requests']:4d} {r['output_tok_s']:9.1f} {spread:>15} "
-                f"{_f(r['ttft_ms_p50'], '8.1f'):>8} {_f(r['ttft_ms_p99'], '8.1f'):>8} "
+                f"{_f(r.get('steady_tok_s'), '9.1f'):>9} {_f(r['ttft_ms_p50'], '8.1f'):>8} "
+                f"{_f(r['ttft_ms_p99'], '8.1f'):>8} "
                 f"{_f(r['itl_ms_p50'], '7.2f'):>7} {_f(r['itl_ms_p99'], '7.2f'):>7} "
                 f"{_f(r['request_tok_s_p50'], '7.1f'):>7} {r['tokens_per_delivery']:7.2f} "
                 f"{_f(r['acceptance_rate'], '6.3f'):>6}"
             )
             p = _pydflash_row(sweep, r, "concurrency")
             if p is not None:
-                q = {m: _f(_ratio(p[m], r[m]), ".3f") for m in _SWEEP_RATIOS}
+                q = {m: _f(_ratio(p.get(m), r.get(m)), ".3f") for m in _SWEEP_RATIOS}
                 lines.append(
                     f"{_RATIO_LABEL[r['engine']]:18} {'':4} {'':4} {q['output_tok_s']:>9} {'':15} "
-                    f"{q['ttft_ms_p50']:>8} {q['ttft_ms_p99']:>8} {q['itl_ms_p50']:>7} {q['itl_ms_p99']:>7} "
+                    f"{q['steady_tok_s']:>9} {q['ttft_ms_p50']:>8} {q['ttft_ms_p99']:>8} "
+                    f"{q['itl_ms_p50']:>7} {q['itl_ms_p99']:>7} "
                     f"{q['request_tok_s_p50']:>7}"
                 )
     turns = [r for r in rows if r["workload"] == "multi-turn"]

@@ -232,7 +232,8 @@ void register_context_pair(py::module_& m) {
              "Prompt tokens the last prefill of `seq` took from the cache (prefill(reuse=True)).")
         .def_property_readonly("n_seq", &ContextPair::n_seq)
         .def_property_readonly("n_ctx", &ContextPair::n_ctx)
-        .def_property_readonly("n_ctx_seq", &ContextPair::n_ctx_seq, "One sequence's context: n_ctx / n_seq (n_ctx with kv_unified).")
+        .def_property_readonly("n_ctx_seq", &ContextPair::n_ctx_seq,
+                               "One sequence's context: n_ctx / n_seq (n_ctx with kv_unified).")
         .def_property_readonly("n_batch", [](const ContextPair& s) { return s.params().n_batch; })
         .def_property_readonly("block_size", &ContextPair::block_size)
         .def_property_readonly("max_draft", &ContextPair::max_draft)

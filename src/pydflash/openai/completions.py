@@ -289,6 +289,14 @@ def _timed(chunk: _Chunk, step: StreamStep) -> _Chunk:
     return chunk
 
 
+def _timed_now(chunk: _Chunk, gen: Generation) -> _Chunk:
+    """A chunk after the last step (the reply's final parse), with the timings as they
+    stand where the generation sends them per token: every chunk of text carries them."""
+    if gen.timings_per_token:
+        chunk["timings"] = gen.timings()
+    return chunk
+
+
 def _counted(last: _Chunk, gen: Generation) -> _Chunk:
     """A stream's last chunk, with the generation's ``usage``, ``timings`` and ``speculative``."""
     last["usage"] = gen.usage()
@@ -606,9 +614,10 @@ def _chat_chunks(
             reply = _parse_final(text, cp)
             d = _deltas(reply, sent)
             if d:
-                yield chunk(d)
+                yield _timed_now(chunk(d), gen)
             if reply.tool_calls:
-                yield chunk({"tool_calls": [dict(tc, index=i) for i, tc in enumerate(_tool_calls(reply))]})
+                calls = [dict(tc, index=i) for i, tc in enumerate(_tool_calls(reply))]
+                yield _timed_now(chunk({"tool_calls": calls}), gen)
                 finish = "tool_calls"
         yield _counted(chunk({}, finish), gen)
     finally:

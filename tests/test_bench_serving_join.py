@@ -112,7 +112,7 @@ TINY = ["--pad-ffn", "0", "--repeats", "1", "--warmup", "0", "--isl", "24", "--t
 def test_cli_join_runs_pydflash(tmp_path, capsys):
     j = tmp_path / "join.json"
     rc = cli(["bench", "--serving", "--engines", "pydflash-serve", "--concurrency", "", "--turns", "0", "--join", "2",
-              "--join-prompt", "300", "--join-osl", "256", *TINY, "--json", str(j)])  # fmt: skip
+              "--join-prompt", "300", "--join-osl", "1500", *TINY, "--json", str(j)])  # fmt: skip
     assert rc == 0
     out = capsys.readouterr().out
     assert "joiner ttft" in out and "in window" in out

@@ -22,7 +22,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Scope
 
-from .http import error_body, error_response, json_response, read_body
+from .http import error_body, error_response, json_response, read_json_object
 
 __all__ = ["MAX_INSTANCES", "GcpConfig", "gcp_alias", "predict_routes"]
 
@@ -79,15 +79,9 @@ def predict_routes(config: GcpConfig, app: ASGIApp, routes: list[Route], health:
             targets.setdefault(gcp_alias(r.path), r)  # the first registration wins, as llama-server's
 
     async def predict(request: Request) -> Response:
-        raw = await read_body(request, _MAX_PREDICT_BODY, 60.0)
-        if isinstance(raw, Response):
-            return raw
-        try:
-            data = json.loads(raw)
-        except ValueError as e:
-            return error_response(400, str(e))
-        if not isinstance(data, dict):
-            return error_response(400, "request body must be a JSON object")
+        data = await read_json_object(request, _MAX_PREDICT_BODY, 60.0)
+        if isinstance(data, Response):
+            return data
         instances = data.get("instances")
         if not isinstance(instances, list):
             return error_response(400, "request body must include an array field named instances")

@@ -250,3 +250,20 @@ async def read_body(request: Request, limit: int, timeout: float) -> bytes | Res
         msg = f"the request body did not arrive within {timeout:g} s"
         return error_response(408, msg, headers={"Connection": "close"})
     return bytes(body)
+
+
+async def read_json_object(
+    request: Request, limit: int, timeout: float, empty_ok: bool = False
+) -> dict[str, Any] | Response:
+    """A request's body as a JSON object (``empty_ok``: no body reads as ``{}``), or the
+    error response: read_body's, or a 400 for JSON that does not parse or is no object."""
+    raw = await read_body(request, limit, timeout)
+    if isinstance(raw, Response):
+        return raw
+    try:
+        body = json.loads(raw or (b"{}" if empty_ok else raw))
+    except ValueError as e:
+        return error_response(400, f"request body is not valid JSON: {e}")
+    if not isinstance(body, dict):
+        return error_response(400, "request body must be a JSON object")
+    return body

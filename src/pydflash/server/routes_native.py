@@ -5,7 +5,6 @@ request's work runs off the event loop, in a bounded pool of threads."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -18,7 +17,7 @@ from starlette.routing import Route
 
 from ..errors import PyDFlashError
 from .anthropic import CountTokensRequest
-from .http import error_response, json_response, read_body
+from .http import error_response, json_response, read_json_object
 from .native import piece, tokenize_mixed
 from .requests import Unsupported, describe
 from .responses import ResponsesRequest
@@ -131,15 +130,9 @@ def _endpoint(srv: ServerState, work: Callable[[dict[str, Any]], Any]) -> Callab
     """A JSON endpoint: the body read (capped, timed), ``work`` run in a thread, its errors as 400s."""
 
     async def handle(request: Request) -> Response:
-        raw = await read_body(request, MAX_SMALL_BODY, srv.timeout)
-        if isinstance(raw, Response):
-            return raw
-        try:
-            body = json.loads(raw or b"{}")
-        except ValueError as e:
-            return error_response(400, f"request body is not valid JSON: {e}")
-        if not isinstance(body, dict):
-            return error_response(400, "request body must be a JSON object")
+        body = await read_json_object(request, MAX_SMALL_BODY, srv.timeout, empty_ok=True)
+        if isinstance(body, Response):
+            return body
         try:
             return json_response(await anyio.to_thread.run_sync(work, body, limiter=srv.side_threads))
         except ValidationError as e:

@@ -102,7 +102,8 @@ def run(cfg: ServingConfig, log: Log = print) -> dict[str, Any]:
         target, draft, source = prepare_models(cfg.target, cfg.draft, cfg.pad_ffn, Path(td), log)
         settings: dict[str, Any] = dict(
             target=target, draft=draft, threads=threads, flash_attn=cfg.flash_attn,
-            draft_max=cfg.draft_max or _max_draft(target, draft), pin_draft=cfg.draft_max is not None,
+            draft_max=_max_draft(target, draft) if cfg.draft_max is None else cfg.draft_max,
+            pin_draft=cfg.draft_max is not None,
             llama_server=find_llama_server(cfg.llama_server),
         )  # fmt: skip
         engines, skipped = _available(cfg, settings, log)

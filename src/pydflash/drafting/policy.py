@@ -6,8 +6,8 @@ recent steps, each position shrunk toward the pair's own (the pooled prior); the
 confidence cut lets a position in is estimated alike (a length costs the rows the cut leaves).
 ``choose`` (before a step) picks the lengths that maximise expected tokens per ms of the step the
 sequences share (one target pass over all their rows, one drafter pass), priced by ``CostModel``;
-``observe`` learns from it. At 0 a sequence probes now and then with a full draft, spaced so that
-probes lose at most ``PROBE_BUDGET`` of the time."""
+``observe`` learns from it. While every sequence is at 0, one (the longest off) probes now and then
+with a full draft, spaced so that probes lose at most ``PROBE_BUDGET`` of the time."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ PROBE_ROOM = 0.5  # ... where a whole block kept would save this share of a prob
 PROBE_MIN, PROBE_MAX = 4, 4096  # steps off between probes
 PROBE_WEIGHT = 2.0  # a probe counts as this many steps (it is the only news while off)
 PROBE_ALPHA = 0.25  # weight of each probe's measured time
-RECHECK = 8  # a lone sequence that is off but could drift on is weighed again this often
+RECHECK = 8  # sequences that are off but could drift on are weighed again this often
 PROBE_NEWS = 16  # drafting steps seen before probes keep to the budget (until then a doubling wait)
 CONFIDENCE_CUT = 0.5  # a DFlash draft ends below this probability (draft_p_min, where a generation sets none)
 
@@ -91,7 +91,10 @@ class SequenceDraft:
     kept: _Estimate  # c_i: a drafted token kept
     passing: _Estimate  # a position let into the draft by the confidence cut
     quiet: int = 0  # steps (this one included) that stay plain without a weighing
-    probing: bool = False  # this step is a probe
+    off: int = 0  # its steps since its last draft: the longest off probes first
+
+
+Step = Sequence[SequenceDraft | None]  # the sequences of a step (None: a pinned length)
 
 
 @dataclasses.dataclass
@@ -118,8 +121,9 @@ class DraftPolicy:
         self.pooled_pass = _Estimate(max_draft, POOLED_DECAY, prior=1.0)
         self.speed = MachineSpeed()
         self.probe_ms = 0.0  # a probe's measured wall time (it injects the rows deferred while off)
-        self._off = 0  # sequence steps off since the last drafting step or probe: the probes' clock
+        self._off = 0  # steps with no draft since the last drafting step or probe: the probes' clock
         self._news = self._probes = 0  # drafting steps observed, probes chosen
+        self._probing: SequenceDraft | None = None  # this step's probe
 
     def new_sequence(self) -> SequenceDraft:
         """A generation's state, its estimates the pair's. Where the pair's say off and no
@@ -130,11 +134,11 @@ class DraftPolicy:
             st.quiet = max(self._spacing(o) - self._off, 0)
         return st
 
-    def choose(self, seqs: Sequence[SequenceDraft | None], caps: Sequence[int], floors: Sequence[int]) -> list[int]:
+    def choose(self, seqs: Step, caps: Sequence[int], floors: Sequence[int]) -> list[int]:
         """This step's length per sequence: ``seqs[i]`` None is pinned to ``caps[i]``;
         otherwise one of 0 and ``floors[i]..caps[i]``."""
-        if len(seqs) == 1 and seqs[0] is not None and seqs[0].quiet > 0:
-            return [0]
+        if seqs and all(st is not None and st.quiet > 0 for st in seqs):
+            return [0] * len(seqs)
         pk, pp = self.pooled.rates(), self.pooled_pass.rates()
         opts: list[_Option] = []
         for st, cap, lo in zip(seqs, caps, floors, strict=True):
@@ -143,30 +147,25 @@ class DraftPolicy:
                 opts.append(_Option(gains(pk, cap), [1.0 + k for k in range(cap + 1)], 0, cap, pinned=cap))
             else:
                 opts.append(self._option(st.kept.rates(pk), st.passing.rates(pp), lo, cap))
-        ks = self._joint(opts)
-        for i, (st, o) in enumerate(zip(seqs, opts, strict=True)):
-            if st is None:
-                continue
-            st.probing = False
-            if ks[i] > 0 or o.hi < max(o.lo, 1):
-                continue
-            spacing = self._spacing(o)
-            if self._off >= spacing:
-                ks[i], st.probing, self._probes = o.hi, True, self._probes + 1
-            elif len(seqs) == 1:
-                # where even the pair's estimate (this one's drift while off) says 0, nothing changes
-                settled = self._joint([self._option(pk, pp, o.lo, o.hi)]) == [0]
-                st.quiet = spacing - self._off if settled else min(RECHECK, spacing - self._off)
+        ks, self._probing = self._joint(opts), None
+        # a probe where the step drafts nothing: one sequence's, which makes it a drafting step
+        off = [(st, o, i) for i, (st, o) in enumerate(zip(seqs, opts, strict=True)) if st and o.hi >= max(o.lo, 1)]
+        if any(ks) or not off:
+            return ks
+        st, o, i = max(off, key=lambda c: c[0].off)
+        spacing = self._spacing(o, *self._sums(opts, ks)[:2])
+        if self._off >= spacing:
+            ks[i], self._probing, self._probes = o.hi, st, self._probes + 1
+            return ks
+        # where even the pair's estimates (each one's drift while off) say 0, nothing changes
+        pooled = [self._option(pk, pp, o.lo, o.hi) if s else o for s, o in zip(seqs, opts, strict=True)]
+        quiet = spacing - self._off if not any(self._joint(pooled)) else min(RECHECK, spacing - self._off)
+        for s in filter(None, seqs):
+            s.quiet = quiet
         return ks
 
     def observe(
-        self,
-        seqs: Sequence[SequenceDraft | None],
-        outcomes: Sequence[Outcome],
-        verify_ms: float,
-        draft_ms: float,
-        wall_ms: float,
-        times: int = 1,
+        self, seqs: Step, outcomes: Sequence[Outcome], verify_ms: float, draft_ms: float, wall_ms: float, times: int = 1
     ) -> None:
         """A step's outcomes (one per sequence, as chosen) and timings: the target pass, the drafter
         pass (0: none), the whole step; ``times``: as many plain steps in a row, these their means."""
@@ -175,26 +174,25 @@ class DraftPolicy:
         self.speed.observe(rows, drows > 0, wall_ms, times)
         s = self.speed.value
         self.cost.observe(rows, verify_ms / s, drows, draft_ms / s, (wall_ms - verify_ms - draft_ms) / s, times)
+        self._off = 0 if any(st and o.asked > 0 for st, o in zip(seqs, outcomes, strict=True)) else self._off + times
         for st, o in zip(seqs, outcomes, strict=True):
             if st is None:
                 continue
-            st.quiet = max(st.quiet - times, 0)
+            st.quiet, st.off = max(st.quiet - times, 0), 0 if o.asked > 0 else st.off + times
             if o.asked <= 0:  # off: its estimates return toward the pair's
-                self._off += times
                 st.kept.forget(times)
                 st.passing.forget(times)
                 continue
-            self._off = 0
             if not o.counts:
                 continue
             self._news += 1
-            w = PROBE_WEIGHT if st.probing else 1.0
+            w = PROBE_WEIGHT if st is self._probing else 1.0
             st.passing.observe(o.asked, o.drafted, w)
             self.pooled_pass.observe(o.asked, o.drafted)
             if o.drafted > 0:
                 st.kept.observe(o.drafted, o.accepted, w)
                 self.pooled.observe(o.drafted, o.accepted)
-            if st.probing and len(seqs) == 1:
+            if st is self._probing and len(seqs) == 1:
                 self.probe_ms += PROBE_ALPHA * (wall_ms / s - self.probe_ms) if self.probe_ms else wall_ms / s
 
     def _option(self, kept: list[float], passing: list[float], lo: int, cap: int) -> _Option:
@@ -238,14 +236,16 @@ class DraftPolicy:
             ends.append((best, ks))
         return max(ends, key=lambda e: e[0])[1]
 
-    def _spacing(self, o: _Option) -> int:
-        """Steps off per probe that keep its expected loss against plain steps within the
-        budget, which shrinks with the time a whole block kept would save (none: never)."""
-        plain = max(self.cost.step_ms(1, 0), 1e-9)
-        probe = max(self.cost.step_ms(o.rows[o.hi], drafter_rows(o.hi, self.pass_rows)), self.probe_ms)
-        room = 1.0 - probe / ((1 + o.hi) * plain)
+    def _spacing(self, o: _Option, tokens: float = 1.0, rows: float = 1.0) -> int:
+        """Steps off per probe of ``o`` in a plain step of ``tokens`` and ``rows`` (its own
+        among them) that keep the probe's expected loss against that step within the budget,
+        which shrinks with the time a whole block kept would save (none: never)."""
+        plain = max(self.cost.step_ms(rows, 0), 1e-9)
+        lone = self.probe_ms - self.cost.step_ms(1, 0)  # a lone probe's measured time, its injection too
+        probe = max(self.cost.step_ms(rows - 1 + o.rows[o.hi], drafter_rows(o.hi, self.pass_rows)), plain + lone)
+        room = 1.0 - probe / (plain * (tokens + o.hi) / tokens)
         budget = PROBE_BUDGET * min(room / PROBE_ROOM, 1.0) * plain
-        loss = probe - o.tokens[o.hi] * plain
+        loss = probe - plain * (tokens - 1 + o.tokens[o.hi]) / tokens
         spacing = min(max(math.ceil(loss / budget), PROBE_MIN), PROBE_MAX) if budget > 0 else PROBE_MAX
         # a new pair's first drafts come at a generation's first positions, where drafters keep least
         early = self._news < PROBE_NEWS and room >= PROBE_ROOM

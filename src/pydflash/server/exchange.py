@@ -5,6 +5,7 @@ server stops, and the errors as llama-server's JSON error objects."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import logging
@@ -13,7 +14,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Itera
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
-from anyio.abc import ObjectReceiveStream, ObjectSendStream
 from pydantic import ValidationError
 from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect, Request
@@ -22,6 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 from ..errors import ContextLimitError, GenerationInterrupted, PyDFlashError
 from .anthropic import AnthropicRequest
+from .handoff import Handoff, HandoffClosed
 from .http import error_body, error_response, json_response, read_body
 from .native import NativeRequest
 from .requests import BadRequest, ChatRequest, CompletionRequest, NoVision, Unsupported, describe
@@ -108,13 +109,14 @@ class Exchange:
         self.gone.set()
 
     async def _exchange(self, body: bytes) -> None:
-        sender, items = anyio.create_memory_object_stream[_Item](0)
+        items = Handoff[_Item](asyncio.get_running_loop())
         try:
-            async with anyio.create_task_group() as tg, items:
-                tg.start_soon(self._worker, body, sender)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._worker, body, items)
                 try:
                     await self._answer(items)
                 finally:
+                    items.close()
                     self.gone.set()  # whatever ended the answer ends the generation (at its next step)
         finally:
             if self.left:
@@ -132,10 +134,10 @@ class Exchange:
             return None
         return body
 
-    async def _answer(self, items: ObjectReceiveStream[_Item]) -> None:
+    async def _answer(self, items: Handoff[_Item]) -> None:
         try:
-            kind, payload = await self._until_gone(items.receive)
-        except _ClientGone:
+            kind, payload = await self._until_gone(items.get)
+        except (_ClientGone, StopAsyncIteration):  # (the worker hands over something unless its client left)
             return
         if kind == "head":
             conv_id = Headers(scope=self.scope).get(HEADER, "")
@@ -150,7 +152,7 @@ class Exchange:
             response = json_response(payload)
         await response(self.scope, self.receive, self.send)
 
-    async def _recorded(self, conv_id: str, head: list[dict[str, Any]], items: ObjectReceiveStream[_Item]) -> None:
+    async def _recorded(self, conv_id: str, head: list[dict[str, Any]], items: Handoff[_Item]) -> None:
         """A stream recorded under its conversation id (streams.py): the client reads the
         session, and the generation runs on, into it, when the client leaves."""
         session = self.server.streams.open(conv_id, self.gone.set)
@@ -168,7 +170,7 @@ class Exchange:
             await response(self.scope, self.receive, self.send)
 
     async def events(
-        self, head: list[dict[str, Any]], items: ObjectReceiveStream[_Item], ended: Callable[[], None] = lambda: None
+        self, head: list[dict[str, Any]], items: Handoff[_Item], ended: Callable[[], None] = lambda: None
     ) -> AsyncIterator[bytes]:
         """A stream's server-sent events: the head chunks, each chunk as the worker hands
         it over, then ``[DONE]``; an error after the start is one ``{"error": ...}`` event
@@ -219,15 +221,17 @@ class Exchange:
 
     # -- the worker thread -----------------------------------------------------------
 
-    async def _worker(self, body: bytes, sender: ObjectSendStream[_Item]) -> None:
+    async def _worker(self, body: bytes, items: Handoff[_Item]) -> None:
         def emit(item: _Item) -> None:
             try:
-                anyio.from_thread.run(sender.send, item)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                items.put(item)
+            except HandoffClosed:
                 raise _ClientGone from None  # the answer ended: the response is done or the client left
 
-        async with sender:
+        try:
             await anyio.to_thread.run_sync(self._work, body, emit, limiter=self.server.threads)
+        finally:
+            items.end()
 
     def _work(self, body: bytes, emit: Callable[[_Item], None]) -> None:
         """Parse, check, generate; hand over the result, a stream's chunks or the error."""
@@ -322,7 +326,7 @@ class _EventStream(StreamingResponse):
     then ``[DONE]``. An error after the start is one ``{"error": ...}`` event that
     ends the stream (the status line is already sent)."""
 
-    def __init__(self, exchange: Exchange, head: list[dict[str, Any]], items: ObjectReceiveStream[_Item]):
+    def __init__(self, exchange: Exchange, head: list[dict[str, Any]], items: Handoff[_Item]):
         self.exchange = exchange
         self.finished = False
         events = exchange.events(head, items, self._ended)

@@ -109,6 +109,10 @@ public:
     // step that failed, one that brought the tokens to `n_tokens`, or one with an
     // end-of-generation token (`stop_at_eog`), and before the context is full.
     std::vector<StepResult> step_run(const SeqStep& step, int32_t n_steps, int32_t n_tokens, bool stop_at_eog);
+    // step_run of several sequences stepping together (each drops out as it stops;
+    // the others go on); the results per sequence, in the order of `steps`.
+    std::vector<std::vector<StepResult>> step_runs(const std::vector<SeqStep>& steps, int32_t n_steps,
+                                                   const std::vector<int32_t>& n_tokens, bool stop_at_eog);
 
     // Target logits for every position of `tokens` (row-major n x n_vocab),
     // evaluated from an empty cache; every sequence is left reset.

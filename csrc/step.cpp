@@ -115,25 +115,46 @@ std::vector<StepResult> ContextPair::step_batch(const std::vector<SeqStep>& step
 
 std::vector<StepResult> ContextPair::step_run(const SeqStep& step, int32_t n_steps, int32_t n_tokens,
                                               bool stop_at_eog) {
+    return std::move(step_runs({step}, n_steps, {n_tokens}, stop_at_eog)[0]);
+}
+
+std::vector<std::vector<StepResult>> ContextPair::step_runs(const std::vector<SeqStep>& steps, int32_t n_steps,
+                                                            const std::vector<int32_t>& n_tokens, bool stop_at_eog) {
     // The caller's work per step is a noticeable share of a plain step of a small
     // target, and what it touches evicts the target's weights from the caches: a
     // run of steps it would take one by one runs here.
     if (n_steps < 1) throw InvalidArgument("n_steps must be at least 1, got " + std::to_string(n_steps));
-    if (n_tokens < 1) throw InvalidArgument("n_tokens must be at least 1, got " + std::to_string(n_tokens));
-    std::vector<StepResult> out;
-    SeqStep st = step;
-    int32_t taken = 0;
-    for (int32_t i = 0; i < n_steps && taken < n_tokens; ++i) {
-        if (i > 0 && seq_at(st.seq).n_past >= n_ctx_seq()) break;  // full: the caller ends it
-        if (step.control.budget >= 0) st.control.budget = std::max(0, step.control.budget - taken);
-        std::vector<StepResult> rs = step_batch({st});
-        out.push_back(std::move(rs[0]));
-        const StepResult& r = out.back();
-        if (!r.error.empty()) break;
-        taken += static_cast<int32_t>(r.tokens.size());
-        if (stop_at_eog &&
-            std::any_of(r.tokens.begin(), r.tokens.end(), [this](llama_token t) { return target_->is_eog(t); })) {
-            break;
+    if (n_tokens.size() != steps.size()) {
+        throw InvalidArgument("n_tokens needs one count per step (" + std::to_string(steps.size()) + "), got " +
+                              std::to_string(n_tokens.size()));
+    }
+    for (int32_t n : n_tokens) {
+        if (n < 1) throw InvalidArgument("n_tokens must be at least 1, got " + std::to_string(n));
+    }
+    std::vector<std::vector<StepResult>> out(steps.size());
+    std::vector<int32_t> taken(steps.size(), 0);
+    std::vector<bool> live(steps.size(), true);
+    for (int32_t i = 0; i < n_steps; ++i) {
+        std::vector<SeqStep> batch;
+        std::vector<size_t> which;
+        for (size_t j = 0; j < steps.size(); ++j) {
+            if (live[j] && i > 0 && seq_at(steps[j].seq).n_past >= n_ctx_seq()) live[j] = false;  // full: the caller ends it
+            if (!live[j]) continue;
+            SeqStep st = steps[j];
+            if (st.control.budget >= 0) st.control.budget = std::max(0, st.control.budget - taken[j]);
+            batch.push_back(std::move(st));
+            which.push_back(j);
+        }
+        if (batch.empty()) break;
+        std::vector<StepResult> rs = step_batch(batch);
+        for (size_t m = 0; m < rs.size(); ++m) {
+            const size_t j = which[m];
+            out[j].push_back(std::move(rs[m]));
+            const StepResult& r = out[j].back();
+            taken[j] += static_cast<int32_t>(r.tokens.size());
+            const bool eog = stop_at_eog && std::any_of(r.tokens.begin(), r.tokens.end(),
+                                                        [this](llama_token t) { return target_->is_eog(t); });
+            if (!r.error.empty() || taken[j] >= n_tokens[j] || eog) live[j] = false;
         }
     }
     return out;

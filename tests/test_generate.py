@@ -77,11 +77,14 @@ def test_generate_sleeps_until_the_end(dflash, monkeypatch):
     out = dflash.create_completion("import os", max_tokens=40, temperature=0.0, ignore_eos=True, draft_max=0,
                                    cancel=lambda: False)
     assert out["choices"][0]["text"] == res.text and notified == [1]
-    # a stream's reader is woken for each of its steps
+    # a stream's reader is woken for each run of its plain steps (here the shortest: two steps)
+    from pydflash.engine import engine as _engine
+
+    monkeypatch.setattr(_engine, "STREAM_RUN_MS", 1e-3)
     notified.clear()
     events.clear()
     steps = list(dflash.stream("import os", max_tokens=40, ignore_eos=True, draft_max=0))
-    assert len(steps) == 40 and len(notified) == 40 and len(events) == 40
+    assert len(steps) == 20 and len(notified) == 20 and len(events) == 20
     assert sum((s.tokens for s in steps), []) == res.tokens
 
 
@@ -274,9 +277,9 @@ def test_nested_generation_on_one_thread_waits_its_turn(dflash_b8):
     it = dflash_b8.stream("a", max_tokens=20, ignore_eos=True)
     first = next(it)
     assert dflash_b8.generate("b", max_tokens=3, ignore_eos=True).tokens == want_b
-    rest = list(it)
-    assert rest[-1].finish_reason == "length"
-    assert first.tokens + sum((s.tokens for s in rest), []) == want_a
+    steps = [first, *it]  # (the first may hold them all: a run of plain steps)
+    assert steps[-1].finish_reason == "length"
+    assert sum((s.tokens for s in steps), []) == want_a
 
 
 def test_memory_report(dflash, baseline, model_dir):
@@ -301,14 +304,16 @@ class _CountingCore:
     def __init__(self, core):
         self._c = core
         self.runs: list[int] = []
+        self.widths: list[int] = []  # the sequences of each run
         self.steps = 0
 
     def __getattr__(self, name):
         return getattr(self._c, name)
 
-    def step_run(self, *args):
-        out = self._c.step_run(*args)
-        self.runs.append(len(out))
+    def step_runs(self, steps, *args):
+        out = self._c.step_runs(steps, *args)
+        self.runs.append(max(len(r) for r in out))
+        self.widths.append(len(steps))
         return out
 
     def step_batch(self, steps):
@@ -317,9 +322,9 @@ class _CountingCore:
 
 
 def test_a_lone_generation_that_drafts_nothing_steps_in_runs(baseline, dflash_b8, monkeypatch):
-    # where one sequence drafts nothing and its reader waits for the end, the engine hands
-    # its steps to the core in runs, one call for many (its own work per step cost the
-    # embedded target ~10% of its step): the same tokens as a stream's, taken one by one
+    # where one sequence drafts nothing, the engine hands its steps to the core in runs,
+    # one call for many (its own work per step cost the embedded target ~10% of its step);
+    # a stream gets each run's tokens at once: the same tokens as those taken one by one
     from pydflash.engine import engine as _engine
 
     counting = _CountingCore(baseline._engine._core)
@@ -328,10 +333,13 @@ def test_a_lone_generation_that_drafts_nothing_steps_in_runs(baseline, dflash_b8
     res = baseline.generate("import os", max_tokens=300, ignore_eos=True)
     assert counting.runs == [_engine.RUN_MAX_STEPS, 300 - _engine.RUN_MAX_STEPS] and counting.steps == 0
     counting.runs.clear()
+    monkeypatch.setattr(_engine, "STREAM_RUN_MS", 1e-3)  # the shortest runs: two steps
     streamed = list(baseline.stream("import os", max_tokens=300, ignore_eos=True))
-    assert counting.runs == [] and counting.steps == 300
+    assert counting.runs == [2] * 150 and counting.steps == 0
+    assert len(streamed) <= 151  # an event per run (a token whose text is incomplete waits for the next)
     assert sum((s.tokens for s in streamed), []) == res.tokens
     # a stop string is searched after every step: no runs
+    counting.runs.clear()
     stopped = baseline.generate("import os", max_tokens=300, ignore_eos=True, stop=[res.text[-20:-15]])
     assert counting.runs == [] and stopped.finish_reason == "stop"
     # an adaptive pair whose drafting does not pay (random drafter weights) goes off and
@@ -353,6 +361,26 @@ def test_a_lone_generation_that_drafts_nothing_steps_in_runs(baseline, dflash_b8
     # sequence is not weighed)
     assert sum(pair_core.runs) > 400
     assert sum(observed) == sum(pair_core.runs) + pair_core.steps
+
+
+def test_sequences_that_draft_nothing_step_together_in_runs(target_path, monkeypatch):
+    # four streams of the target alone: their steps go to the core in runs of all four (a
+    # sequence that ends drops out, the others go on), and each gets the tokens it gets alone
+    from pydflash import Llama
+    from pydflash.engine import engine as _engine
+
+    prompts = ["import os", "def f(x):", "hello", "class A:"]
+    lengths = [40, 90, 60, 120]
+    with Llama(target_path, n_ctx=1024) as alone:
+        want = [alone.generate(p, max_tokens=n, ignore_eos=True).tokens for p, n in zip(prompts, lengths)]
+    monkeypatch.setattr(_engine, "STREAM_RUN_MS", 1e5)
+    with Llama(target_path, n_ctx=4096, n_parallel=4) as llm:
+        counting = _CountingCore(llm._engine._core)
+        monkeypatch.setattr(llm._engine, "_core", counting)
+        subs = [llm.submit(p, max_tokens=n, ignore_eos=True) for p, n in zip(prompts, lengths)]
+        got = [[t for step in sub for t in step.tokens] for sub in subs]
+    assert got == want
+    assert 4 in counting.widths and sum(counting.runs) + counting.steps <= max(lengths) + 8
 
 
 def test_a_pinned_plain_generation_on_an_adaptive_pair_steps_in_runs(baseline, dflash_b8, monkeypatch):

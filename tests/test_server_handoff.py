@@ -67,3 +67,14 @@ def test_a_cancelled_read_leaves_the_handoff_usable():
         return await asyncio.wait_for(h.get(), 5)
 
     assert asyncio.run(main()) == "late"
+
+
+def test_drain_takes_what_waits_without_waiting():
+    async def main() -> tuple[list[int], list[int]]:
+        h = Handoff[int](asyncio.get_running_loop())
+        for i in range(3):
+            h.put(i)
+        first = [await h.get(), *h.drain()]
+        return first, h.drain()
+
+    assert asyncio.run(main()) == ([0, 1, 2], [])

@@ -193,6 +193,20 @@ def test_a_run_of_steps_is_its_steps_one_by_one(baseline, reference):
     assert list(pair.step().tokens) == reference[:1]
 
 
+def test_runs_of_several_sequences_check_their_counts(baseline):
+    from pydflash import _core
+
+    pair = baseline.pair
+    core = pair._core
+    pair.prefill(baseline.tokenize(PROMPT))
+    with pytest.raises(ValueError, match="one count per step"):
+        core.step_runs([_core.SeqStep(0, 0)], 3, [3, 3], True)
+    with pytest.raises(ValueError, match="n_tokens must be at least 1"):
+        core.step_runs([_core.SeqStep(0, 0)], 3, [0], True)
+    assert [len(r) for r in core.step_runs([_core.SeqStep(0, 0)], 3, [2], True)] == [2]  # still usable
+    pair.reset()
+
+
 def test_a_run_ends_at_the_end_of_generation_and_before_the_context_is_full(model_dir):
     from pydflash import Llama, _core
 

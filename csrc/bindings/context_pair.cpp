@@ -155,6 +155,10 @@ void register_context_pair(py::module_& m) {
              py::arg("stop_at_eog"), release(),
              "Up to `n_steps` steps of one sequence in one call: stops after a failed step, at `n_tokens` "
              "tokens, after an end-of-generation token (`stop_at_eog`) and before the context is full.")
+        .def("step_runs", &ContextPair::step_runs, py::arg("steps"), py::arg("n_steps"), py::arg("n_tokens"),
+             py::arg("stop_at_eog"), release(),
+             "step_run of several sequences stepping together, `n_tokens` one count per sequence: each "
+             "drops out where it stops, the others go on. The results per sequence, in the order of `steps`.")
         .def(
             "score",
             [](ContextPair& self, const std::vector<llama_token>& tokens) {

@@ -33,9 +33,11 @@ __all__ = ["Engine"]
 
 IDLE_EXIT_S = 1.0  # an idle thread ends after this long; the next submission starts another
 CALIBRATION_REPS = 3  # timed passes per size when the draft policy calibrates
-# a lone sequence's run of steps in one call (Engine._step_run) takes about this long
-# at most: a generation submitted meanwhile waits for it to join
+# a run of plain steps in one call (Engine._step_run) takes about this long at most: a
+# generation submitted meanwhile waits for it to join; a streamed one's tokens come in
+# bursts of at most STREAM_RUN_MS (under a display's frame)
 RUN_MS = 20.0
+STREAM_RUN_MS = 8.0
 RUN_MAX_STEPS = 256
 RUN_ALPHA = 0.25  # weight of each run's time per step in the estimate that sizes runs
 
@@ -69,7 +71,7 @@ class Engine:
         self._aborting = False  # a cancel interrupted its lone generation's decode
         self._policy: DraftPolicy | None = None  # made (calibrated) before the first adaptive generation
         self._pooled = False  # this thread computed since it last released its OpenMP pool
-        self._run_step_ms = 1.0  # a step's time in a lone sequence's runs (_step_run), averaged
+        self._run_step_ms: dict[int, float] = {}  # a step's time in runs (_step_run) by sequences, averaged
 
     # -- any thread --------------------------------------------------------------
 
@@ -335,18 +337,14 @@ class Engine:
             floors = [s.gen.config.draft_min if s.gen is not None else 0 for s in stepping]
             chosen = policy.choose(drafts, caps, floors)
             lengths = [k if d is not None else a for d, k, a in zip(drafts, chosen, asked, strict=True)]
-        if len(stepping) == 1:
-            # alone with nothing to draft for a while (the policy's off, or a pinned 0) and a
-            # reader that waits for the end: several plain steps in one call
-            lone = drafts[0]
-            n = self._run_max(stepping[0])
-            if lone is not None:
-                n = min(n, lone.quiet) if lengths[0] == 0 else 1
-            elif caps[0] != 0:
-                n = 1
-            if n > 1:
-                self._step_run(stepping[0], n, budgets[0], t0)
-                return
+        # nothing to draft for a while (the policy's off, or a pinned 0) and readers that
+        # can wait for a few steps: several plain steps in one call
+        n = self._run_max(stepping)
+        for d, k, cap in zip(drafts, lengths, caps, strict=True):
+            n = min(n, d.quiet if k == 0 else 1) if d is not None else n if cap == 0 else 1
+        if n > 1:
+            self._step_run(stepping, n, budgets, t0)
+            return
         steps = []
         for s, k, b in zip(stepping, lengths, budgets, strict=True):
             assert s.gen is not None
@@ -366,49 +364,57 @@ class Engine:
             ]
             policy.observe(drafts, out, results[0].t_verify_ms, max(r.t_draft_ms for r in results), wall)
 
-    def _run_max(self, slot: _Slot) -> int:
-        """The steps a lone sequence may take in one call (``_step_run``): 1 where its
-        reader follows every step, a stop string must be searched after each, or a
-        generation waits to join or is still reading its prompt; else as many as take
-        about RUN_MS."""
-        gen = slot.gen
-        assert gen is not None
-        if not gen.channel.quiet or gen.text.stop_strings or self._queue or any(s.prefilling for s in self._slots):
+    def _run_max(self, slots: list[_Slot]) -> int:
+        """The steps these sequences may take in one call (``_step_run``): 1 where a stop
+        string must be searched after each step, or a generation waits to join or is still
+        reading its prompt; else as many as take about RUN_MS (STREAM_RUN_MS where a reader
+        follows the steps)."""
+        gens = [s.gen for s in slots if s.gen is not None]
+        if any(g.text.stop_strings for g in gens) or self._queue or any(s.prefilling for s in self._slots):
             return 1
+        budget = RUN_MS if all(g.channel.quiet for g in gens) else STREAM_RUN_MS
         # at least 2: only runs measure a run's step, and one slow run must not end runs for good
-        return max(2, min(RUN_MAX_STEPS, int(RUN_MS / self._run_step_ms)))
+        return max(2, min(RUN_MAX_STEPS, int(budget / self._run_step_ms.get(len(slots), 1.0))))
 
-    def _take(self, s: _Slot, r: _core.StepResult) -> bool:
-        """One step's result to its generation; True (its slot freed) where that ended it."""
+    def _take(self, s: _Slot, r: _core.StepResult, deliver: bool = True) -> bool:
+        """One step's result to its generation (``deliver``: handed to its reader now); True
+        (its slot freed) where that ended it."""
         gen = s.gen
         assert gen is not None
         if r.error:
             gen.fail(GrammarError(r.error))
         else:
-            gen.take_step(r)
+            gen.take_step(r, deliver)
         if not gen.done:
             return False
         with self._cv:
             self._release(s)
         return True
 
-    def _step_run(self, s: _Slot, n: int, budget: int, t0: float) -> None:
-        """``n`` plain steps of one sequence in one call to the core: the engine's own
-        work per step is a sizable share of a small target's plain step."""
-        gen = s.gen
-        assert gen is not None
-        st = s.draft  # before a release clears it
-        step = _core.SeqStep(s.seq, 0, gen.config.draft_min, gen.config.draft_p_min, budget=budget)
-        results = self._core.step_run(step, n, budget + 1, not gen.config.ignore_eos)
-        for r in results:
-            if self._take(s, r):
-                break
+    def _step_run(self, slots: list[_Slot], n: int, budgets: list[int], t0: float) -> None:
+        """``n`` plain steps of these sequences in one call to the core: the engine's own
+        work per step is a sizable share of a small target's plain step; a reader gets
+        each run's tokens at once."""
+        drafts = [s.draft for s in slots]  # before a release clears them
+        steps, eog = [], False
+        for s, b in zip(slots, budgets, strict=True):
+            assert s.gen is not None
+            steps.append(_core.SeqStep(s.seq, 0, s.gen.config.draft_min, s.gen.config.draft_p_min, budget=b))
+            eog = eog or not s.gen.config.ignore_eos
+        runs = self._core.step_runs(steps, n, [b + 1 for b in budgets], eog)
+        for s, results in zip(slots, runs, strict=True):
+            for i, r in enumerate(results):
+                if self._take(s, r, deliver=i == len(results) - 1):
+                    break
         wall = (time.perf_counter() - t0) * 1e3
-        n = len(results)
-        self._run_step_ms += RUN_ALPHA * (wall / n - self._run_step_ms)
+        longest = max(runs, key=len)
+        n, k = len(longest), len(slots)
+        self._run_step_ms[k] = self._run_step_ms.get(k, wall / n) + RUN_ALPHA * (
+            wall / n - self._run_step_ms.get(k, wall / n)
+        )
         if self._policy is not None:
-            verify = sum(r.t_verify_ms for r in results) / n
-            self._policy.observe([st], [Outcome(0, 0, 0)], verify, 0.0, wall / n, n)
+            verify = sum(r.t_verify_ms for r in longest) / n
+            self._policy.observe(drafts, [Outcome(0, 0, 0)] * k, verify, 0.0, wall / n, n)
 
 
 MODEL_SOURCES = ("draft-dflash", "draft-dspark", "draft-mtp", "")  # "": nothing drafted this step

@@ -191,6 +191,7 @@ class Generation:
         self.n_released = 0  # tokens already handed to a stream consumer
         self._held: list[tuple[str, int]] = []  # text and tokens released, not handed yet
         self.steps: list[_core.StepResult] = []
+        self.n_drafted = self.n_accepted = 0  # over its steps (timings() is read after each, per token)
         self.finish: FinishReason | None = None
         self.prefill_s = 0.0
         self.decode_s = 0.0
@@ -371,14 +372,17 @@ class Generation:
         # kept of any draft is cut to the tokens left (the step's budget)
         return -1 if self.config.draft_max is None else self.config.draft_max
 
-    def take_step(self, step: _core.StepResult) -> None:
+    def take_step(self, step: _core.StepResult, deliver: bool = True) -> None:
         """One step's tokens: EOS, max_tokens, stop strings; delivered as a StreamStep
         (to a reader that waits for the end only, one at the end, with every token and
         all the text not delivered before: one per step would cost the engine's thread
-        more than a small model's plain step can spare)."""
+        more than a small model's plain step can spare; so too, ``deliver`` False, with
+        the next step delivered, where the engine ran several in one call)."""
         self.steps.append(step)
+        self.n_drafted += step.n_drafted
+        self.n_accepted += step.n_accepted
         self._take(step.tokens, step.logprobs)
-        if self.finish is None and self.channel.quiet:
+        if self.finish is None and (self.channel.quiet or not deliver):
             if self.text.stop_strings:  # released step by step all the same: each stop-string
                 self._held.append(self.text.release(final=False))  # search covers new text only
             return
@@ -446,8 +450,8 @@ class Generation:
             prompt_tokens=len(self.prompt),
             n_tokens=len(self.tokens),
             n_steps=len(self.steps),
-            n_drafted=sum(s.n_drafted for s in self.steps),
-            n_accepted=sum(s.n_accepted for s in self.steps),
+            n_drafted=self.n_drafted,
+            n_accepted=self.n_accepted,
             prefill_seconds=self.prefill_s,
             decode_seconds=self.decode_s,
             steps=tuple(self.steps),
@@ -485,8 +489,8 @@ class Generation:
             "predicted_ms": g_ms,
             "predicted_per_token_ms": g_ms / n_rate if n_rate else 0.0,
             "predicted_per_second": n_rate / decode_s if decode_s > 0 else 0.0,
-            "draft_n": sum(s.n_drafted for s in self.steps),
-            "draft_n_accepted": sum(s.n_accepted for s in self.steps),
+            "draft_n": self.n_drafted,
+            "draft_n_accepted": self.n_accepted,
             "n_steps": len(self.steps),
         }
 

@@ -173,17 +173,22 @@ class Exchange:
         self, head: list[dict[str, Any]], items: Handoff[_Item], ended: Callable[[], None] = lambda: None
     ) -> AsyncIterator[bytes]:
         """A stream's server-sent events: the head chunks, each chunk as the worker hands
-        it over, then ``[DONE]``; an error after the start is one ``{"error": ...}`` event
-        that ends it. ``ended`` is called before the last bytes."""
+        it over (those that waited while the loop was busy in one write), then ``[DONE]``;
+        an error after the start is one ``{"error": ...}`` event that ends it. ``ended`` is
+        called before the last bytes."""
         for chunk in head:
             yield _event(chunk, self.event_names)
-        async for kind, payload in items:
-            if kind == "error":
-                ended()
-                err = self.error(payload)[1]
-                yield _event({"type": "error", **err} if self.event_names else err, self.event_names)
-                return
-            yield _event(payload, self.event_names)
+        async for item in items:
+            out = []
+            for kind, payload in [item, *items.drain()]:
+                if kind == "error":
+                    ended()
+                    err = self.error(payload)[1]
+                    out.append(_event({"type": "error", **err} if self.event_names else err, self.event_names))
+                    yield b"".join(out)
+                    return
+                out.append(_event(payload, self.event_names))
+            yield b"".join(out)
         ended()
         if self.done_marker:
             yield b"data: [DONE]\n\n"

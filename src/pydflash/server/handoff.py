@@ -69,6 +69,13 @@ class Handoff(Generic[T]):
                 fut = self._waiter = self._loop.create_future()
             await fut
 
+    def drain(self) -> list[T]:
+        """The items that wait now, without waiting for more."""
+        with self._lock:
+            items = list(self._items)
+            self._items.clear()
+            return items
+
     def __aiter__(self) -> Handoff[T]:
         return self
 

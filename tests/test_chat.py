@@ -169,18 +169,21 @@ def test_stream_closed_early_frees_the_model(dflash_b8, baseline):
     assert dflash_b8.generate("y", max_tokens=8, ignore_eos=True).tokens == want.tokens
 
 
-def test_cancel_stops_between_steps(dflash_b8, target_path):
+def test_cancel_stops_between_steps(dflash_b8, target_path, monkeypatch):
     from pydflash import GenerationInterrupted
+    from pydflash.engine import engine as _engine
     from pydflash.engine.generation import CANCEL_POLL_S
 
-    # a stream's cancel is asked before its prompt is evaluated, then after each step
+    # a stream's cancel is asked before its prompt is evaluated, then after each event it
+    # reads: a step, or a run of plain steps (here the shortest: two steps)
+    monkeypatch.setattr(_engine, "STREAM_RUN_MS", 1e-3)
     calls = []
     it = dflash_b8.create_completion("def f():", max_tokens=64, temperature=0.0, ignore_eos=True, stream=True,
                                      cancel=lambda: calls.append(1) or len(calls) >= 3)
     with pytest.raises(GenerationInterrupted):
         for _ in it:
             pass
-    assert len(calls) == 3  # stopped after its second step
+    assert len(calls) == 3  # stopped after its second event
     # a whole reply is not read step by step (its reader sleeps until the end): its cancel
     # is asked before the prompt is evaluated, then every CANCEL_POLL_S while it runs (4,000
     # plain steps, ~2.5 s here; CI once saw 400 drafted tokens end before the second poll)

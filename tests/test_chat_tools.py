@@ -86,7 +86,7 @@ def test_without_tools_the_call_is_plain_content(llm, phrase_files):
     assert (msg["reasoning_content"].strip(), msg["content"]) == ("The user wants the weather.", "It is sunny.")
 
 
-def test_reasoning_content_whole_and_streamed_agree_over_many_steps(phrase_files):
+def test_reasoning_content_whole_and_streamed_agree_over_many_steps(phrase_files, monkeypatch):
     # reasoning forced open by the template; two biased words and, a little
     # lower, the end of reasoning: a presence penalty makes the greedy model
     # write " alpha beta", then end the reasoning, then answer. The expected
@@ -108,7 +108,11 @@ def test_reasoning_content_whole_and_streamed_agree_over_many_steps(phrase_files
         chunks = list(m.create_chat_completion(MSGS, stream=True, **opts))
         reasoning, content, calls, finish = stream_parts(chunks)
         assert (reasoning, content, calls, finish) == (msg["reasoning_content"], msg["content"], [], "length")
-        # one token per step: both arrive over several chunks, as they are generated
+        # one token per step, each its own event (no runs of plain steps): both arrive over
+        # several chunks, as they are generated
+        from pydflash.engine.engine import Engine
+
+        monkeypatch.setattr(Engine, "_run_max", lambda self, slots: 1)
         chunks = list(m.create_chat_completion(MSGS, stream=True, draft_max=0, **opts))
         assert stream_parts(chunks) == (reasoning, content, [], "length")
         assert sum(1 for c in chunks if c["choices"][0]["delta"].get("reasoning_content")) > 1

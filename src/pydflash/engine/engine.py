@@ -35,9 +35,9 @@ IDLE_EXIT_S = 1.0  # an idle thread ends after this long; the next submission st
 CALIBRATION_REPS = 3  # timed passes per size when the draft policy calibrates
 # a run of plain steps in one call (Engine._step_run) takes about this long at most: a
 # generation submitted meanwhile waits for it to join; a streamed one's tokens come in
-# bursts of at most STREAM_RUN_MS (under a display's frame)
+# bursts of at most STREAM_RUN_MS (a 60 Hz display's frame)
 RUN_MS = 20.0
-STREAM_RUN_MS = 8.0
+STREAM_RUN_MS = 16.0
 RUN_MAX_STEPS = 256
 RUN_ALPHA = 0.25  # weight of each run's time per step in the estimate that sizes runs
 
@@ -341,7 +341,10 @@ class Engine:
         # can wait for a few steps: several plain steps in one call
         n = self._run_max(stepping)
         for d, k, cap in zip(drafts, lengths, caps, strict=True):
-            n = min(n, d.quiet if k == 0 else 1) if d is not None else n if cap == 0 else 1
+            if d is not None:
+                n = min(n, d.quiet if k == 0 else 1)
+            elif cap != 0:
+                n = 1
         if n > 1:
             self._step_run(stepping, n, budgets, t0)
             return
@@ -409,9 +412,8 @@ class Engine:
         wall = (time.perf_counter() - t0) * 1e3
         longest = max(runs, key=len)
         n, k = len(longest), len(slots)
-        self._run_step_ms[k] = self._run_step_ms.get(k, wall / n) + RUN_ALPHA * (
-            wall / n - self._run_step_ms.get(k, wall / n)
-        )
+        seen = self._run_step_ms.get(k, wall / n)
+        self._run_step_ms[k] = seen + RUN_ALPHA * (wall / n - seen)
         if self._policy is not None:
             verify = sum(r.t_verify_ms for r in longest) / n
             self._policy.observe(drafts, [Outcome(0, 0, 0)] * k, verify, 0.0, wall / n, n)

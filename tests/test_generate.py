@@ -84,7 +84,8 @@ def test_generate_sleeps_until_the_end(dflash, monkeypatch):
     notified.clear()
     events.clear()
     steps = list(dflash.stream("import os", max_tokens=40, ignore_eos=True, draft_max=0))
-    assert len(steps) == 20 and len(notified) == 20 and len(events) == 20
+    assert len(steps[0].tokens) == 1  # the first token alone (a time to first token), then runs
+    assert len(steps) == 21 and len(notified) == 21 and len(events) == 21
     assert sum((s.tokens for s in steps), []) == res.tokens
 
 
@@ -331,11 +332,13 @@ def test_a_lone_generation_that_drafts_nothing_steps_in_runs(baseline, dflash_b8
     monkeypatch.setattr(baseline._engine, "_core", counting)
     monkeypatch.setattr(_engine, "RUN_MS", 1e5)  # runs as long as allowed, whatever the machine's speed
     res = baseline.generate("import os", max_tokens=300, ignore_eos=True)
-    assert counting.runs == [_engine.RUN_MAX_STEPS, 300 - _engine.RUN_MAX_STEPS] and counting.steps == 0
+    # (the first token comes alone: runs wait for it, so as not to hold up a time to first token)
+    assert counting.runs == [_engine.RUN_MAX_STEPS, 299 - _engine.RUN_MAX_STEPS] and counting.steps == 1
     counting.runs.clear()
     monkeypatch.setattr(_engine, "STREAM_RUN_MS", 1e-3)  # the shortest runs: two steps
+    counting.steps = 0
     streamed = list(baseline.stream("import os", max_tokens=300, ignore_eos=True))
-    assert counting.runs == [2] * 150 and counting.steps == 0
+    assert counting.runs == [2] * 149 + [1] and counting.steps == 1
     assert len(streamed) <= 151  # an event per run (a token whose text is incomplete waits for the next)
     assert sum((s.tokens for s in streamed), []) == res.tokens
     # a stop string is searched after every step: no runs
@@ -395,4 +398,4 @@ def test_a_pinned_plain_generation_on_an_adaptive_pair_steps_in_runs(baseline, d
     want = baseline.generate("import os", max_tokens=300, ignore_eos=True).tokens
     got = dflash_b8.generate("import os", max_tokens=300, ignore_eos=True, draft_max=0)
     assert got.tokens == want and got.stats.n_drafted == 0
-    assert pair_core.runs == [_engine.RUN_MAX_STEPS, 300 - _engine.RUN_MAX_STEPS] and pair_core.steps == 0
+    assert pair_core.runs == [_engine.RUN_MAX_STEPS, 299 - _engine.RUN_MAX_STEPS] and pair_core.steps == 1

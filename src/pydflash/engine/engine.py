@@ -369,15 +369,19 @@ class Engine:
 
     def _run_max(self, slots: list[_Slot]) -> int:
         """The steps these sequences may take in one call (``_step_run``): 1 where a stop
-        string must be searched after each step, or a generation waits to join or is still
-        reading its prompt; else as many as take about RUN_MS (STREAM_RUN_MS where a reader
-        follows the steps)."""
+        string must be searched after each step, a generation waits to join or is still
+        reading its prompt, or one has no token yet (its first comes alone); else as many as
+        take about RUN_MS (STREAM_RUN_MS where a reader follows the steps)."""
         gens = [s.gen for s in slots if s.gen is not None]
-        if any(g.text.stop_strings for g in gens) or self._queue or any(s.prefilling for s in self._slots):
+        if any(g.text.stop_strings or not g.tokens for g in gens) or self._queue:
+            return 1
+        if any(s.prefilling for s in self._slots):
             return 1
         budget = RUN_MS if all(g.channel.quiet for g in gens) else STREAM_RUN_MS
-        # at least 2: only runs measure a run's step, and one slow run must not end runs for good
-        return max(2, min(RUN_MAX_STEPS, int(budget / self._run_step_ms.get(len(slots), 1.0))))
+        # at least 2: only runs measure a run's step (2 where none of this many sequences was
+        # measured yet), and one slow run must not end runs for good
+        step_ms = self._run_step_ms.get(len(slots), budget / 2)
+        return max(2, min(RUN_MAX_STEPS, int(budget / step_ms)))
 
     def _take(self, s: _Slot, r: _core.StepResult, deliver: bool = True) -> bool:
         """One step's result to its generation (``deliver``: handed to its reader now); True

@@ -138,7 +138,8 @@ std::vector<std::vector<StepResult>> ContextPair::step_runs(const std::vector<Se
         std::vector<SeqStep> batch;
         std::vector<size_t> which;
         for (size_t j = 0; j < steps.size(); ++j) {
-            if (live[j] && i > 0 && seq_at(steps[j].seq).n_past >= n_ctx_seq()) live[j] = false;  // full: the caller ends it
+            // full: the caller ends it
+            if (live[j] && i > 0 && seq_at(steps[j].seq).n_past >= n_ctx_seq()) live[j] = false;
             if (!live[j]) continue;
             SeqStep st = steps[j];
             if (st.control.budget >= 0) st.control.budget = std::max(0, st.control.budget - taken[j]);

@@ -168,7 +168,9 @@ def test_sigterm_drains_and_ends_streams_well(sig, tmp_path):
     # the pydflash this test imported (site-packages, or src/ with a built _core)
     env = {**os.environ, "PYTHONPATH": str(Path(pydflash.__file__).resolve().parents[1])}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pydflash", "serve", "--port", "0", "--n-ctx", "2048", "--shutdown-grace", "1"],
+        # a stream that outlasts the grace on a fast machine too (runs of plain steps make the
+        # shipped pair's 2,000 tokens take under a second)
+        [sys.executable, "-m", "pydflash", "serve", "--port", "0", "--n-ctx", "4096", "--shutdown-grace", "0.1"],
         stderr=subprocess.PIPE, env=env, text=True,
     )
     try:
@@ -179,7 +181,7 @@ def test_sigterm_drains_and_ends_streams_well(sig, tmp_path):
             assert line and time.monotonic() < deadline, "the server did not start"
         port = int(line.split("http://127.0.0.1:")[1].split()[0])
         with socket.create_connection(("127.0.0.1", port), timeout=60) as s, s.makefile("rb") as f:
-            data = completion(max_tokens=2000, stream=True)
+            data = completion(max_tokens=4000, stream=True)
             s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                       b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
             assert f.readline().split()[1] == b"200"

@@ -423,7 +423,8 @@ class Llama(LlamaCppApi):
         **options: Unpack[GenerateOptions],
     ) -> Iterator[StreamStep]:
         """Like ``generate`` (same options), one ``StreamStep`` per speculative
-        step. The last step carries the finish_reason."""
+        step (where nothing is drafted for a while, one per run of plain steps, up
+        to ~16 ms of them). The last step carries the finish_reason."""
         cfg = _sampling("stream", max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos, options)
         return iter(Generation(self, prompt, cfg))
 

@@ -126,9 +126,10 @@ def record_from_events(t_sent: float, t_done: float, times: Sequence[float], chu
     """A record from the events' arrival times (perf_counter) and objects.
 
     A delivery is one speculative step's tokens, counted from the arrival of
-    its first event: pydflash sends a step as one event; llama-server sends a
-    token per event, and with ``timings_per_token`` the events of one step
-    carry the same ``timings.predicted_ms`` (its clock is read once a step)."""
+    its first event: pydflash sends a step (or a run of plain steps) as one
+    event; llama-server sends a token per event, and with ``timings_per_token``
+    the events of one step carry the same ``timings.predicted_ms`` (its clock
+    is read once a step)."""
     if not chunks:
         raise ServingError("the stream ended without an event")
     counts, how = token_counts(chunks)
@@ -163,7 +164,7 @@ def token_counts(chunks: Sequence[Chunk]) -> tuple[list[int], str]:
       generated so far (llama-server with ``timings_per_token``);
     - "steps": the final event's ``speculative.accepted_lengths`` has one entry per
       event with text (pydflash: an event per speculative step, whose tokens are
-      its accepted drafts + 1);
+      its accepted drafts + 1, where no run of plain steps came as one event);
     - "even": neither holds (text held back across a step): the completion's
       tokens spread evenly over the events with text."""
     texts = [_text(c) for c in chunks]

@@ -144,9 +144,10 @@ def _wake(fut: asyncio.Future[None]) -> None:
 
 class Generation:
     """One generation of ``config`` after ``prompt``; iterate it (or ``async
-    for``) for one ``StreamStep`` per speculative step (the last carries the
-    finish reason). Iterating submits it to the host's engine; leaving the
-    iteration early cancels it.
+    for``) for one ``StreamStep`` per speculative step, or per run of plain
+    steps that the engine took in one call (the last carries the finish reason).
+    Iterating submits it to the host's engine; leaving the iteration early
+    cancels it.
 
     The prompt is tokenized and checked (its length against one sequence's
     context, the draft options against the pair) here, in the caller's thread,

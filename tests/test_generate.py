@@ -330,7 +330,7 @@ def test_a_lone_generation_that_drafts_nothing_steps_in_runs(baseline, dflash_b8
 
     counting = _CountingCore(baseline._engine._core)
     monkeypatch.setattr(baseline._engine, "_core", counting)
-    monkeypatch.setattr(_engine, "RUN_MS", 1e5)  # runs as long as allowed, whatever the machine's speed
+    monkeypatch.setattr(_engine, "RUN_MS", 1e9)  # runs as long as allowed, whatever the machine's speed
     res = baseline.generate("import os", max_tokens=300, ignore_eos=True)
     # (the first token comes alone: runs wait for it, so as not to hold up a time to first token)
     assert counting.runs == [_engine.RUN_MAX_STEPS, 299 - _engine.RUN_MAX_STEPS] and counting.steps == 1
@@ -376,11 +376,12 @@ def test_sequences_that_draft_nothing_step_together_in_runs(target_path, monkeyp
     lengths = [40, 90, 60, 120]
     with Llama(target_path, n_ctx=1024) as alone:
         want = [alone.generate(p, max_tokens=n, ignore_eos=True).tokens for p, n in zip(prompts, lengths)]
-    monkeypatch.setattr(_engine, "STREAM_RUN_MS", 1e5)
+    monkeypatch.setattr(_engine, "STREAM_RUN_MS", 1e9)
     with Llama(target_path, n_ctx=4096, n_parallel=4) as llm:
         counting = _CountingCore(llm._engine._core)
         monkeypatch.setattr(llm._engine, "_core", counting)
-        subs = [llm.submit(p, max_tokens=n, ignore_eos=True) for p, n in zip(prompts, lengths)]
+        with llm._engine._cv:  # all four wait before the engine admits any (they start together)
+            subs = [llm.submit(p, max_tokens=n, ignore_eos=True) for p, n in zip(prompts, lengths)]
         got = [[t for step in sub for t in step.tokens] for sub in subs]
     assert got == want
     assert 4 in counting.widths and sum(counting.runs) + counting.steps <= max(lengths) + 8
@@ -394,7 +395,7 @@ def test_a_pinned_plain_generation_on_an_adaptive_pair_steps_in_runs(baseline, d
 
     pair_core = _CountingCore(dflash_b8._engine._core)
     monkeypatch.setattr(dflash_b8._engine, "_core", pair_core)
-    monkeypatch.setattr(_engine, "RUN_MS", 1e5)
+    monkeypatch.setattr(_engine, "RUN_MS", 1e9)
     want = baseline.generate("import os", max_tokens=300, ignore_eos=True).tokens
     got = dflash_b8.generate("import os", max_tokens=300, ignore_eos=True, draft_max=0)
     assert got.tokens == want and got.stats.n_drafted == 0

@@ -358,8 +358,10 @@ class Engine:
         results = core.step_batch(steps)
         for s, r in zip(stepping, results, strict=True):
             self._take(s, r)
+        wall = (time.perf_counter() - t0) * 1e3
+        if not any(r.n_drafted for r in results):  # a plain step: it sizes the first run of as many
+            self._run_step_ms.setdefault(len(stepping), wall)
         if policy is not None:
-            wall = (time.perf_counter() - t0) * 1e3
             # n-gram drafts say nothing about the drafter's acceptance
             out = [
                 Outcome(r.draft_max, r.n_drafted, r.n_accepted, not r.error and r.source in MODEL_SOURCES)
@@ -378,8 +380,8 @@ class Engine:
         if any(s.prefilling for s in self._slots):
             return 1
         budget = RUN_MS if all(g.channel.quiet for g in gens) else STREAM_RUN_MS
-        # at least 2: only runs measure a run's step (2 where none of this many sequences was
-        # measured yet), and one slow run must not end runs for good
+        # at least 2: only runs measure a run's step (2 where no step of this many sequences
+        # was timed yet), and one slow run must not end runs for good
         step_ms = self._run_step_ms.get(len(slots), budget / 2)
         return max(2, min(RUN_MAX_STEPS, int(budget / step_ms)))
 

@@ -118,14 +118,24 @@ def test_a_busy_batch_drafts_less_than_one_sequence_and_no_worse_than_any_common
     assert min(fixed) / t8 > 0.95
 
 
+def learnt(table: list[float], draft: float, c: list[float], n_seq: int) -> tuple[Machine, DraftPolicy]:
+    """A machine and a policy that has run ``n_seq`` sequences on it for a while."""
+    m = Machine(table, draft, c)
+    pol = DraftPolicy(m.cost(), K, BLOCK)
+    run(m, 100, n_seq=n_seq, policy=pol)
+    return m, pol
+
+
+def drafting_per_step(lengths: list[int], n_seq: int) -> list[int]:
+    """How many of ``n_seq`` sequences drafted, step by step (``run``'s lengths)."""
+    return [sum(k > 0 for k in lengths[i : i + n_seq]) for i in range(0, len(lengths), n_seq)]
+
+
 def test_a_busy_batch_where_drafting_cannot_pay_probes_within_the_budget():
     # sixteen sequences whose drafter is right, on a machine where every row costs and a
     # drafter pass costs more than any draft saves: off, and the probes (of the batch, not
     # of each sequence) lose no more than PROBE_BUDGET of the plain steps' time
-    table = [0.0] + [10.0 + 1.0 * r for r in range(1, 129)]
-    m = Machine(table, 40.0, [0.9] * K)
-    pol = DraftPolicy(m.cost(), K, BLOCK)
-    run(m, 100, n_seq=16, policy=pol)  # it learns
+    m, pol = learnt([0.0] + [10.0 + 1.0 * r for r in range(1, 129)], 40.0, [0.9] * K, 16)
     adaptive, lengths = run(m, 1000, n_seq=16, policy=pol)
     alone, _ = run(m, 1000, fixed=0, n_seq=16)
     assert adaptive / alone - 1.0 <= PROBE_BUDGET * 1.5
@@ -135,16 +145,11 @@ def test_a_busy_batch_where_drafting_cannot_pay_probes_within_the_budget():
 def test_a_busy_batch_probes_one_sequence_at_a_time_and_finds_a_drafter_that_recovers():
     # drafting pays on this machine once the drafter is right again; eight sequences that
     # learnt it was wrong find that out through probes, one sequence's at a time
-    table = [0.0] + [10.0 + 0.3 * r for r in range(1, 129)]
-    m = Machine(table, 2.0, [0.0] * K)
-    pol = DraftPolicy(m.cost(), K, BLOCK)
-    run(m, 100, n_seq=8, policy=pol)  # it learns
-    _, lengths = run(m, 300, n_seq=8, policy=pol)
-    drafting = [sum(k > 0 for k in lengths[i : i + 8]) for i in range(0, len(lengths), 8)]
+    m, pol = learnt([0.0] + [10.0 + 0.3 * r for r in range(1, 129)], 2.0, [0.0] * K, 8)
+    drafting = drafting_per_step(run(m, 300, n_seq=8, policy=pol)[1], 8)
     assert sum(drafting) > 0 and max(drafting) == 1
     m.c = [0.9] * K
-    _, lengths = run(m, 2000, n_seq=8, policy=pol)
-    drafting = [sum(k > 0 for k in lengths[i : i + 8]) for i in range(0, len(lengths), 8)]
+    drafting = drafting_per_step(run(m, 2000, n_seq=8, policy=pol)[1], 8)
     found = drafting.index(8)  # then every sequence drafts, until sequences finish
     assert found < 0.5 * len(drafting) and sum(n == 8 for n in drafting[found : found + 100]) >= 95
 

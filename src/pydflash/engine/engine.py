@@ -339,13 +339,13 @@ class Engine:
             lengths = [k if d is not None else a for d, k, a in zip(drafts, chosen, asked, strict=True)]
         # nothing to draft for a while (the policy's off, or a pinned 0) and readers that
         # can wait for a few steps: several plain steps in one call
-        n = self._run_max(stepping)
+        n = RUN_MAX_STEPS
         for d, k, cap in zip(drafts, lengths, caps, strict=True):
             if d is not None:
                 n = min(n, d.quiet if k == 0 else 1)
             elif cap != 0:
                 n = 1
-        if n > 1:
+        if n > 1 and (n := min(n, self._run_max(stepping))) > 1:
             self._step_run(stepping, n, budgets, t0)
             return
         steps = []
@@ -375,9 +375,8 @@ class Engine:
         reading its prompt, or one has no token yet (its first comes alone); else as many as
         take about RUN_MS (STREAM_RUN_MS where a reader follows the steps)."""
         gens = [s.gen for s in slots if s.gen is not None]
-        if any(g.text.stop_strings or not g.tokens for g in gens) or self._queue:
-            return 1
-        if any(s.prefilling for s in self._slots):
+        waiting = self._queue or any(s.prefilling for s in self._slots)
+        if waiting or any(g.text.stop_strings or not g.tokens for g in gens):
             return 1
         budget = RUN_MS if all(g.channel.quiet for g in gens) else STREAM_RUN_MS
         # at least 2: only runs measure a run's step (2 where no step of this many sequences

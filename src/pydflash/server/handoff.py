@@ -38,22 +38,22 @@ class Handoff(Generic[T]):
 
     def put(self, item: T) -> None:
         """Queue ``item``; HandoffClosed when the reader has left."""
-        self._push(item, end=False)
-
-    def end(self) -> None:
-        self._push(None, end=True)
-
-    def _push(self, item: T | None, end: bool) -> None:
         with self._lock:
             if self._closed:
-                if end:
-                    return
                 raise HandoffClosed
-            if not end:
-                self._items.append(item)  # type: ignore[arg-type]
-            self._ended = self._ended or end
+            self._items.append(item)
             waiter, self._waiter = self._waiter, None
-        if waiter is not None:
+        self._wake(waiter)
+
+    def end(self) -> None:
+        """After the last item (a reader that left has nothing more to learn)."""
+        with self._lock:
+            self._ended = True
+            waiter, self._waiter = self._waiter, None
+        self._wake(waiter)
+
+    def _wake(self, waiter: asyncio.Future[None] | None) -> None:
+        if waiter is not None:  # the loop waits for this item: the one wake-up
             self._loop.call_soon_threadsafe(_wake, waiter)
 
     # -- the reader (the event loop) --

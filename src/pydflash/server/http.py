@@ -261,7 +261,7 @@ async def read_json_object(
     if isinstance(raw, Response):
         return raw
     try:
-        body = json.loads(raw or (b"{}" if empty_ok else raw))
+        body = json.loads(b"{}" if empty_ok and not raw else raw)
     except ValueError as e:
         return error_response(400, f"request body is not valid JSON: {e}")
     if not isinstance(body, dict):

@@ -212,6 +212,17 @@ def test_ratio_to_the_better_llama_server_at_each_level():
     lines = serving_report.ratio_lines([c1, c8])
     assert "concurrency 8: pydflash / llama-server-plain output tok/s 0.900" in "\n".join(lines)
     assert lines[-1].endswith("(llama-server-plain) output tok/s 0.900 (below)")
+    # the noise band: the engine of that level that differed most from itself
+    c8["vs_best"]["noise"] = 0.05
+    assert lines[-1].endswith("0.900 (below)") and "(below) (noise band 5.0%)" in serving_report.ratio_lines([c8])[-1]
+    c8["vs_best"]["noise"] = 0.12
+    assert "0.900 (below 1, inside the noise band: an engine differed from itself by 12.0%)" in (
+        serving_report.ratio_lines([c8])[-1]
+    )
+    noisy = [r | {"output_tok_s_self": x} for r, x in zip(rows, [1.02, 0.9, 1.1, 1.0, 0.95, 1.04], strict=True)]
+    n1, n8 = serving_report.ratios(noisy, same)
+    assert n1["vs_best"]["noise"] == pytest.approx(1 / 0.9 - 1)
+    assert n8["vs_best"]["noise"] == pytest.approx(1 / 0.95 - 1)
     # without llama-server with DFlash, plain alone is the better one
     only_plain = serving_report.ratios([r for r in rows if r["engine"] != "llama-server"], {})
     assert [e["vs_best"]["engine"] for e in only_plain] == ["llama-server-plain"] * 2
@@ -239,6 +250,9 @@ def test_sweep_rows_aggregate_and_percentiles():
     ]  # fmt: skip
     (row,) = serving_report.sweep_rows(runs, 8, 4)
     assert row["output_tok_s"] == pytest.approx(6.0) and (row["output_tok_s_min"], row["output_tok_s_max"]) == (4, 8)
+    assert row["output_tok_s_self"] == pytest.approx(2.0)  # the engine against itself: repeat 0 over repeat 1
+    assert serving_report.self_ratio([10.0, 8.0, 12.0, 9.0, 11.0]) == pytest.approx(11 / 8.5)
+    assert serving_report.self_ratio([10.0]) is None
     assert row["ttft_ms_p50"] == pytest.approx(250.0)
     assert row["ttft_ms_p99"] == pytest.approx(percentile([100.0, 200.0, 300.0, 400.0], 99))
     assert row["itl_ms_p50"] == pytest.approx(20.0)  # 6 gaps of 10 ms, 6 of 30 ms

@@ -84,6 +84,7 @@ def sweep_rows(runs: Sequence[dict[str, Any]], isl: int, osl: int) -> list[Row]:
                 "output_tok_s": statistics.median(out_tok_s),
                 "output_tok_s_min": min(out_tok_s),
                 "output_tok_s_max": max(out_tok_s),
+                "output_tok_s_self": self_ratio(out_tok_s),
                 "steady_tok_s": statistics.median(steady) if steady else None,
                 "ttft_ms_p50": _ms(percentile(ttft, 50)),
                 "ttft_ms_p99": _ms(percentile(ttft, 99)),
@@ -100,6 +101,13 @@ def sweep_rows(runs: Sequence[dict[str, Any]], isl: int, osl: int) -> list[Row]:
             }
         )
     return rows
+
+
+def self_ratio(values: Sequence[float]) -> float | None:
+    """An engine against itself in one run: the median of its even repeats over that of its
+    odd ones (alternated with the other engines, each half saw the same stretches of a shared
+    machine); None under 2 repeats."""
+    return statistics.median(values[0::2]) / statistics.median(values[1::2]) if len(values) > 1 else None
 
 
 def turn_rows(conversations: Sequence[dict[str, Any]], osl: int) -> list[Row]:
@@ -201,6 +209,9 @@ def ratios(rows: Sequence[Row], same: Mapping[str, Mapping[str, list[int]]]) -> 
         if workload == "concurrency":
             best = max(others, key=lambda e: others[e]["output_tok_s"])
             entry["vs_best"] = {"engine": best, "output_tok_s": _ratio(p["output_tok_s"], others[best]["output_tok_s"])}
+            # the noise band: how far an engine of this level differed from itself
+            if selves := [r for x in (p, *others.values()) if (r := x.get("output_tok_s_self"))]:
+                entry["vs_best"]["noise"] = max(max(r, 1 / r) for r in selves) - 1
             if all(o.get("steady_tok_s") for o in others.values()):  # the same, while every stream runs
                 sbest = max(others, key=lambda e: others[e]["steady_tok_s"])
                 entry["vs_best"]["steady"] = {
@@ -241,12 +252,9 @@ def ratio_lines(entries: Sequence[Row]) -> list[str]:
                 )
         if "vs_best" in e:
             best = e["vs_best"]
-            verdict = (
-                "" if best["output_tok_s"] is None else (" (goal met)" if best["output_tok_s"] >= 1 else " (below)")
-            )
             lines.append(
                 f"concurrency {e['concurrency']}: pydflash / the better llama-server ({best['engine']}) output tok/s "
-                f"{_f(best['output_tok_s'], '.3f')}{verdict}"
+                f"{_f(best['output_tok_s'], '.3f')}{_verdict(best)}"
             )
             if "steady" in best:
                 st = best["steady"]
@@ -255,6 +263,18 @@ def ratio_lines(entries: Sequence[Row]) -> list[str]:
                     f"({st['engine']}) output tok/s {_f(st['steady_tok_s'], '.3f')}"
                 )
     return lines
+
+
+def _verdict(best: Row) -> str:
+    """The goal (>= 1), where a ratio below it lies inside the noise band, or beyond it."""
+    r, noise = best["output_tok_s"], best.get("noise")
+    if r is None:
+        return ""
+    if r >= 1:
+        return " (goal met)"
+    if noise is not None and r >= 1 / (1 + noise):
+        return f" (below 1, inside the noise band: an engine differed from itself by {noise:.1%})"
+    return " (below)" + ("" if noise is None else f" (noise band {noise:.1%})")
 
 
 def table(rows: Sequence[Row]) -> str:

@@ -274,7 +274,7 @@ def _verdict(best: Row) -> str:
         return " (goal met)"
     if noise is not None and r >= 1 / (1 + noise):
         return f" (below 1, inside the noise band: an engine differed from itself by {noise:.1%})"
-    return " (below)" + ("" if noise is None else f" (noise band {noise:.1%})")
+    return " (below)" if noise is None else f" (below, beyond the noise band of {noise:.1%})"
 
 
 def table(rows: Sequence[Row]) -> str:

@@ -359,8 +359,9 @@ class Engine:
         for s, r in zip(stepping, results, strict=True):
             self._take(s, r)
         wall = (time.perf_counter() - t0) * 1e3
-        if not any(r.n_drafted for r in results):  # a plain step: it sizes the first run of as many
-            self._run_step_ms.setdefault(len(stepping), wall)
+        # the first plain step of this many sequences sizes their first run
+        if len(stepping) not in self._run_step_ms and not any(r.n_drafted for r in results):
+            self._run_step_ms[len(stepping)] = wall
         if policy is not None:
             # n-gram drafts say nothing about the drafter's acceptance
             out = [

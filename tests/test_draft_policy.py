@@ -219,6 +219,19 @@ def test_the_cost_model_learns_what_steps_take():
     assert cost.verify_ms(8) > cost.verify_ms(4) > cost.verify_ms(1)  # unseen sizes follow their neighbours
 
 
+def test_pass_sizes_seen_once_each_teach_the_sizes_about_them():
+    """Drafting steps of many sequences rarely repeat a row count: a correction kept per
+    exact size would stay near the plain steps' while every big pass runs slower."""
+    table = ([1, 8, 16, 32, 64, 128], [10.0, 12.0, 20.0, 30.0, 50.0, 90.0], [8], [2.0], 128)
+    calibrated, cost = CostModel(*table), CostModel(*table)
+    for _ in range(50):
+        cost.observe(16, 24.0, 0, 0.0, 0.0)  # plain steps: 1.2x their calibration
+    for rows in random.Random(3).sample(range(66, 100), 12):  # drafting steps: 1.5x, no size twice
+        cost.observe(rows, 1.5 * calibrated.verify_ms(rows), 8, 2.0, 0.0)
+    assert cost.verify_ms(80) == pytest.approx(1.5 * calibrated.verify_ms(80), rel=0.08)
+    assert cost.verify_ms(16) == pytest.approx(24.0, rel=0.01)  # the plain steps' own size keeps its own
+
+
 def test_the_joint_choice_of_many_sequences_is_a_local_best_at_least_as_good_as_its_starts():
     """Whatever the search keeps track of, its answer for 16 sequences of mixed acceptance
     beats every common length, every sequence at its lone best, and every one-sequence change."""

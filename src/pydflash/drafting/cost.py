@@ -10,11 +10,21 @@ from .._core import Calibration
 
 __all__ = ["CostModel", "MachineSpeed"]
 
-COST_ALPHA = 0.1  # weight of each step's timings in the online correction
+COST_ALPHA = 0.1  # weight of each step's timings in the online correction (at least; a mean before)
 SPEED_ALPHA = 0.3  # weight of each step in the machine's speed (a busy stretch shows within steps)
 SPEED_SLOW = 0.005  # ... in a kind of step's usual time
 SPEED_GATE = 20  # steps of a kind seen before it moves the speed
 SPEED_CLIP = 4.0  # one step moves it as if at most this much slower or faster (a pause is not a speed)
+
+
+def correction_sizes(max_rows: int) -> list[int]:
+    """The pass sizes a target pass's correction is kept at: every size to 16 rows, then
+    steps of a quarter (the sizes the core calibrates)."""
+    out, r = [], 1
+    while r < max_rows:
+        out.append(r)
+        r = r + 1 if r < 16 else r + max(1, r // 4)
+    return [*out, max_rows]
 
 
 def _table(rows: Sequence[int], ms: Sequence[float], n: int) -> list[float]:
@@ -38,8 +48,10 @@ def _table(rows: Sequence[int], ms: Sequence[float], n: int) -> list[float]:
 class CostModel:
     """Milliseconds of one step: a target pass over its rows, a drafter pass (or none)
     and the rest, which differs with and without a drafter pass. ``observe`` corrects
-    each target pass size by its own ratio (llama.cpp reuses a graph for a run of one
-    size), the drafter by one scale, each rest as a running average from 0."""
+    the target pass by a ratio kept at ``correction_sizes``, linear between them: a size
+    among them learns alone (llama.cpp reuses a graph for a run of one size), one between
+    teaches both (a batch's drafting steps seldom repeat a row count); the drafter by one
+    scale, each rest as a running average from 0."""
 
     def __init__(
         self,
@@ -57,8 +69,10 @@ class CostModel:
         self.draft_scale = 1.0
         self.overhead_ms = 0.0  # a step with a drafter pass, beside its passes
         self.plain_overhead_ms = 0.0  # one without
-        self._ratio: dict[int, float] = {}  # measured / calibrated per target pass size seen
-        self._sizes: list[int] = []  # its keys, sorted
+        self._grid = correction_sizes(max_rows)
+        self._ratio: dict[int, float] = {}  # measured / calibrated by index in _grid, where seen
+        self._weight: dict[int, float] = {}  # the passes behind each (its starting value counts one)
+        self._seen: list[int] = []  # its keys, sorted
 
     @classmethod
     def from_calibration(cls, cal: Calibration, max_rows: int) -> CostModel:
@@ -75,13 +89,24 @@ class CostModel:
         slope = table[self.max_rows] - table[self.max_rows - 1] if self.max_rows > 1 else 0.0
         return table[self.max_rows] + slope * (rows - self.max_rows)
 
+    def _point(self, i: int) -> float:
+        """The ratio at grid index ``i``: its own, else the nearest seen one's (1 before any)."""
+        if i in self._ratio or not self._seen:
+            return self._ratio.get(i, 1.0)
+        j = bisect.bisect_left(self._seen, i)
+        return self._ratio[min(self._seen[max(j - 1, 0) : j + 1], key=lambda k: abs(k - i))]
+
+    def _between(self, rows: int) -> tuple[int, float]:
+        """The grid index at or below ``rows`` and the weight of the one above it."""
+        g = self._grid
+        if rows >= g[-1]:
+            return len(g) - 1, 0.0
+        i = max(bisect.bisect_right(g, rows) - 1, 0)
+        return i, (rows - g[i]) / (g[i + 1] - g[i])
+
     def _verify_ratio(self, rows: int) -> float:
-        """The size's own ratio, else the nearest seen size's (1 before any)."""
-        if not self._sizes:
-            return 1.0
-        i = bisect.bisect_left(self._sizes, rows)
-        near = min(self._sizes[max(i - 1, 0) : i + 1], key=lambda r: abs(r - rows))
-        return self._ratio[near]
+        i, w = self._between(rows)
+        return self._point(i) if w == 0 else (1 - w) * self._point(i) + w * self._point(i + 1)
 
     def verify_ms(self, rows: int) -> float:
         return self._at(self._v, rows) * self._verify_ratio(rows)
@@ -107,10 +132,15 @@ class CostModel:
         a = 1.0 - (1.0 - COST_ALPHA) ** times
         base = self._at(self._v, rows)
         if base > 0 and verify_ms > 0:
-            if rows not in self._ratio:
-                bisect.insort(self._sizes, rows)
-            seen = self._ratio.get(rows, 1.0)
-            self._ratio[rows] = seen + a * (verify_ms / base - seen)
+            i, w = self._between(rows)
+            for j, share in ((i, (1 - w) * times), (i + 1, w * times)):
+                if share > 0:
+                    seen = self._point(j)
+                    if j not in self._ratio:
+                        bisect.insort(self._seen, j)
+                    n = self._weight[j] = self._weight.get(j, 1.0) + share
+                    rate = max(share / n, 1.0 - (1.0 - COST_ALPHA) ** share)
+                    self._ratio[j] = seen + rate * (verify_ms / base - seen)
         if draft_rows > 0:
             base = self._at(self._d, draft_rows)
             if base > 0 and draft_ms > 0:

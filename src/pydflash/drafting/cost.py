@@ -17,16 +17,6 @@ SPEED_GATE = 20  # steps of a kind seen before it moves the speed
 SPEED_CLIP = 4.0  # one step moves it as if at most this much slower or faster (a pause is not a speed)
 
 
-def correction_sizes(max_rows: int) -> list[int]:
-    """The pass sizes a target pass's correction is kept at: every size to 16 rows, then
-    steps of a quarter (the sizes the core calibrates)."""
-    out, r = [], 1
-    while r < max_rows:
-        out.append(r)
-        r = r + 1 if r < 16 else r + max(1, r // 4)
-    return [*out, max_rows]
-
-
 def _table(rows: Sequence[int], ms: Sequence[float], n: int) -> list[float]:
     """ms for 0..n rows: linear between the timed sizes, the last slope beyond, never decreasing."""
     if not rows or len(rows) != len(ms):
@@ -46,12 +36,9 @@ def _table(rows: Sequence[int], ms: Sequence[float], n: int) -> list[float]:
 
 
 class CostModel:
-    """Milliseconds of one step: a target pass over its rows, a drafter pass (or none)
-    and the rest, which differs with and without a drafter pass. ``observe`` corrects
-    the target pass by a ratio kept at ``correction_sizes``, linear between them: a size
-    among them learns alone (llama.cpp reuses a graph for a run of one size), one between
-    teaches both (a batch's drafting steps seldom repeat a row count); the drafter by one
-    scale, each rest as a running average from 0."""
+    """Milliseconds of one step: a target pass over its rows, a drafter pass (or none) and the
+    rest, with and without a drafter pass. ``observe`` corrects the target pass by ratios kept at
+    some sizes, linear between them (a busy batch's drafting steps seldom repeat a row count)."""
 
     def __init__(
         self,
@@ -69,10 +56,10 @@ class CostModel:
         self.draft_scale = 1.0
         self.overhead_ms = 0.0  # a step with a drafter pass, beside its passes
         self.plain_overhead_ms = 0.0  # one without
-        self._grid = correction_sizes(max_rows)
-        self._ratio: dict[int, float] = {}  # measured / calibrated by index in _grid, where seen
-        self._weight: dict[int, float] = {}  # the passes behind each (its starting value counts one)
-        self._seen: list[int] = []  # its keys, sorted
+        # the target pass's correction: at every size to 16 rows and the timed ones, linear between
+        self._grid = sorted({*range(1, min(max_rows, 16) + 1), *verify_rows})
+        self._ratio = [1.0] * len(self._grid)  # a size's own ratio, else the nearest seen one's
+        self._own: dict[int, tuple[float, float]] = {}  # where seen: (measured / calibrated, passes)
 
     @classmethod
     def from_calibration(cls, cal: Calibration, max_rows: int) -> CostModel:
@@ -89,27 +76,15 @@ class CostModel:
         slope = table[self.max_rows] - table[self.max_rows - 1] if self.max_rows > 1 else 0.0
         return table[self.max_rows] + slope * (rows - self.max_rows)
 
-    def _point(self, i: int) -> float:
-        """The ratio at grid index ``i``: its own, else the nearest seen one's (1 before any)."""
-        if i in self._ratio or not self._seen:
-            return self._ratio.get(i, 1.0)
-        j = bisect.bisect_left(self._seen, i)
-        return self._ratio[min(self._seen[max(j - 1, 0) : j + 1], key=lambda k: abs(k - i))]
-
-    def _between(self, rows: int) -> tuple[int, float]:
-        """The grid index at or below ``rows`` and the weight of the one above it."""
-        g = self._grid
-        if rows >= g[-1]:
-            return len(g) - 1, 0.0
-        i = max(bisect.bisect_right(g, rows) - 1, 0)
-        return i, (rows - g[i]) / (g[i + 1] - g[i])
-
-    def _verify_ratio(self, rows: int) -> float:
-        i, w = self._between(rows)
-        return self._point(i) if w == 0 else (1 - w) * self._point(i) + w * self._point(i + 1)
+    def _between(self, rows: int) -> tuple[int, int, float, float]:
+        """The correction's sizes about ``rows`` (indices), the upper one's weight, the ratio there."""
+        i = min(max(bisect.bisect_right(self._grid, rows) - 1, 0), len(self._grid) - 1)
+        g, r, j = self._grid, self._ratio, min(i + 1, len(self._grid) - 1)
+        w = (min(max(rows, g[i]), g[j]) - g[i]) / max(g[j] - g[i], 1)
+        return i, j, w, r[i] + w * (r[j] - r[i])
 
     def verify_ms(self, rows: int) -> float:
-        return self._at(self._v, rows) * self._verify_ratio(rows)
+        return self._at(self._v, rows) * self._between(rows)[3]
 
     def draft_ms(self, rows: int) -> float:
         return self._at(self._d, rows) * self.draft_scale if rows > 0 else 0.0
@@ -121,9 +96,7 @@ class CostModel:
         verify = self.verify_ms(lo)
         if rows > lo:
             verify += (rows - lo) * (self.verify_ms(lo + 1) - verify)
-        if draft_rows > 0:
-            return verify + self.draft_ms(draft_rows) + self.overhead_ms
-        return verify + self.plain_overhead_ms
+        return verify + (self.draft_ms(draft_rows) + self.overhead_ms if draft_rows > 0 else self.plain_overhead_ms)
 
     def observe(
         self, rows: int, verify_ms: float, draft_rows: int, draft_ms: float, other_ms: float, times: int = 1
@@ -132,15 +105,12 @@ class CostModel:
         a = 1.0 - (1.0 - COST_ALPHA) ** times
         base = self._at(self._v, rows)
         if base > 0 and verify_ms > 0:
-            i, w = self._between(rows)
-            for j, share in ((i, (1 - w) * times), (i + 1, w * times)):
-                if share > 0:
-                    seen = self._point(j)
-                    if j not in self._ratio:
-                        bisect.insort(self._seen, j)
-                    n = self._weight[j] = self._weight.get(j, 1.0) + share
-                    rate = max(share / n, 1.0 - (1.0 - COST_ALPHA) ** share)
-                    self._ratio[j] = seen + rate * (verify_ms / base - seen)
+            i, j, w, _ = self._between(rows)
+            for k, share in ((i, (1 - w) * times), (j, w * times)) if w > 0 else ((i, times),):
+                n = self._own.get(k, (1.0, 1.0))[1] + share  # its start counts one pass: a mean first
+                rate = max(share / n, 1.0 - (1.0 - COST_ALPHA) ** share)
+                self._own[k] = (self._ratio[k] + rate * (verify_ms / base - self._ratio[k]), n)
+            self._ratio = [self._own[min(self._own, key=lambda s: abs(s - k))][0] for k in range(len(self._grid))]
         if draft_rows > 0:
             base = self._at(self._d, draft_rows)
             if base > 0 and draft_ms > 0:
@@ -163,10 +133,9 @@ class MachineSpeed:
     def observe(self, rows: int, drafting: bool, wall_ms: float, times: int = 1) -> None:
         if wall_ms <= 0:
             return
-        key = (rows, drafting)
-        usual, seen = self._usual.get(key, (wall_ms, 0.0))
+        usual, seen = self._usual.get((rows, drafting), (wall_ms, 0.0))
         if seen >= SPEED_GATE:
             ratio = min(max(wall_ms / usual, 1.0 / SPEED_CLIP), SPEED_CLIP)
             self.value += (1.0 - (1.0 - SPEED_ALPHA) ** times) * (ratio - self.value)
         a = times / (seen + times) if seen < SPEED_GATE else 1.0 - (1.0 - SPEED_SLOW) ** times
-        self._usual[key] = (usual + a * (wall_ms - usual), seen + times)
+        self._usual[rows, drafting] = (usual + a * (wall_ms - usual), seen + times)

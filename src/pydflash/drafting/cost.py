@@ -60,6 +60,7 @@ class CostModel:
         self._grid = sorted({*range(1, min(max_rows, 16) + 1), *verify_rows})
         self._ratio = [1.0] * len(self._grid)  # a size's own ratio, else the nearest seen one's
         self._own: dict[int, tuple[float, float]] = {}  # where seen: (measured / calibrated, passes)
+        self._near: list[int] = []  # by size: the nearest seen one
 
     @classmethod
     def from_calibration(cls, cal: Calibration, max_rows: int) -> CostModel:
@@ -71,10 +72,8 @@ class CostModel:
         return cls([1, max_rows], [1.0, 1.0 + 0.02 * (max_rows - 1)], [1, max_rows], [0.2, 0.3], max_rows)
 
     def _at(self, table: list[float], rows: int) -> float:
-        if rows <= self.max_rows:
-            return table[rows]
-        slope = table[self.max_rows] - table[self.max_rows - 1] if self.max_rows > 1 else 0.0
-        return table[self.max_rows] + slope * (rows - self.max_rows)
+        m = self.max_rows  # beyond it, the last slope
+        return table[rows] if rows <= m else table[m] + (table[m] - table[m - 1] if m > 1 else 0.0) * (rows - m)
 
     def _between(self, rows: int) -> tuple[int, int, float, float]:
         """The correction's sizes about ``rows`` (indices), the upper one's weight, the ratio there."""
@@ -110,7 +109,9 @@ class CostModel:
                 n = self._own.get(k, (1.0, 1.0))[1] + share  # its start counts one pass: a mean first
                 rate = max(share / n, 1.0 - (1.0 - COST_ALPHA) ** share)
                 self._own[k] = (self._ratio[k] + rate * (verify_ms / base - self._ratio[k]), n)
-            self._ratio = [self._own[min(self._own, key=lambda s: abs(s - k))][0] for k in range(len(self._grid))]
+            if len(set(self._near)) != len(self._own):  # a size seen first (each seen one is its own nearest)
+                self._near = [min(self._own, key=lambda s: abs(s - k)) for k in range(len(self._grid))]
+            self._ratio = [self._own[s][0] for s in self._near]
         if draft_rows > 0:
             base = self._at(self._d, draft_rows)
             if base > 0 and draft_ms > 0:

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,7 @@ struct DraftSpec {
 // Target architectures whose llama.cpp graph exposes layer inputs (needed for
 // feature extraction); others would abort inside llama.cpp.
 bool target_exposes_layer_inputs(const std::string& architecture);
+const std::set<std::string>& layer_input_architectures();  // the architectures above
 
 // Load a drafter: its GGUF header is checked first (architecture, the kind and
 // what the kind needs), so a wrong file fails before any weights load.

@@ -14,6 +14,8 @@ common), the server a few more.
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -23,10 +25,21 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ["llama-speculative-simple", "llama-server"]
 
 
+def _launcher() -> list[str]:
+    cache = shutil.which("ccache")
+    if cache is None or os.environ.get("PYDFLASH_CCACHE") == "0":
+        return []
+    return [f"-DCMAKE_C_COMPILER_LAUNCHER={cache}", f"-DCMAKE_CXX_COMPILER_LAUNCHER={cache}"]
+
+
 def build(src: Path, build_dir: Path, jobs: int | None = None, targets: list[str] | None = None) -> Path:
     if not (src / "CMakeLists.txt").is_file():
         raise SystemExit(f"{src} is not a llama.cpp tree (run tools/fetch_llama_cpp.py or pip install . first)")
+    subprocess.run([sys.executable, str(ROOT / "tools" / "patch_llama_cpp.py"), "--src", str(src)], check=True)
     configure = ["cmake", "-S", str(src), "-B", str(build_dir), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+                 # the extension's flags where they do not matter here, so that a compiler
+                 # cache serves this build from the extension's objects
+                 "-DCMAKE_POSITION_INDEPENDENT_CODE=ON", "-DGGML_RPC=ON", *_launcher(),
                  "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_COMMON=ON",
                  "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_TOOLS=ON",
                  "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_OPENSSL=OFF",

@@ -26,5 +26,6 @@ void register_chat(pybind11::module_& m);
 void register_grammar(pybind11::module_& m);
 void register_coupled(pybind11::module_& m);
 void register_embedder(pybind11::module_& m);
+void register_feature_capture(pybind11::module_& m);
 
 }  // namespace pydflash::bindings

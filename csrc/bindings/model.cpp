@@ -28,6 +28,14 @@ void register_model(py::module_& m) {
         },
         py::arg("path"), "Read a GGUF header (no weights): architecture, metadata, tensor names.");
 
+    m.def(
+        "layer_input_architectures",
+        []() {
+            const auto& a = layer_input_architectures();
+            return std::vector<std::string>(a.begin(), a.end());
+        },
+        "Target architectures whose llama.cpp graph records layer inputs (DFlash's features).");
+
     py::class_<Model, std::shared_ptr<Model>>(m, "Model")
         .def_static(
             "load",

@@ -19,4 +19,5 @@ PYBIND11_MODULE(_core, m) {
     pydflash::bindings::register_grammar(m);
     pydflash::bindings::register_coupled(m);
     pydflash::bindings::register_embedder(m);
+    pydflash::bindings::register_feature_capture(m);
 }

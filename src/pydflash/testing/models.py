@@ -35,8 +35,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FIM_TOKENS", "THINKING_TEMPLATE", "DrafterSpec", "DrafterVariant", "Hparams", "HybridSpec", "TargetSpec",
-    "Tokenizer", "tokenizer", "write_dflash_gguf", "write_drafter", "write_hybrid_pair", "write_hybrid_target",
-    "write_pair", "write_qwen3_gguf", "write_target",
+    "Tokenizer", "add_hparams", "tokenizer", "write_dflash_gguf", "write_drafter", "write_hybrid_pair",
+    "write_hybrid_target", "write_pair", "write_qwen3_gguf", "write_target",
 ]  # fmt: skip
 
 EOS = "<|endoftext|>"
@@ -282,7 +282,7 @@ def write_gguf(
 
     w = gguf.GGUFWriter(str(path), architecture)
     w.add_name(name)
-    _add_hparams(w, architecture, hp)
+    add_hparams(w, architecture, hp)
     if arch_keys is not None:
         arch_keys(w)
     _add_tokenizer(w, tok, mask=mask_token)
@@ -300,7 +300,8 @@ def write_gguf(
     return Path(path)
 
 
-def _add_hparams(w: gguf.GGUFWriter, arch: str, hp: Hparams) -> None:
+def add_hparams(w: gguf.GGUFWriter, arch: str, hp: Hparams) -> None:
+    """The shape keys both the qwen3 and the dflash layouts carry."""
     w.add_uint32(f"{arch}.context_length", hp.n_ctx)
     w.add_uint32(f"{arch}.embedding_length", hp.n_embd)
     w.add_uint32(f"{arch}.block_count", hp.n_layer)

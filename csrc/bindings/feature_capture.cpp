@@ -1,0 +1,45 @@
+// FeatureCapture: a target's layer inputs for whole sequences, as numpy arrays.
+#include "feature_capture.h"
+
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+
+#include "bindings.h"
+
+namespace py = pybind11;
+
+namespace pydflash::bindings {
+
+void register_feature_capture(py::module_& m) {
+    py::class_<FeatureCapture>(m, "FeatureCapture",
+                               "A context of the target that records the inputs of chosen layers (DFlash's "
+                               "features) for whole sequences.")
+        .def(py::init<std::shared_ptr<Model>, std::vector<int32_t>, int32_t, int32_t, int32_t>(), py::arg("model"),
+             py::arg("layer_ids"), py::arg("n_ctx"), py::arg("n_batch") = 512, py::arg("n_threads") = 0,
+             py::call_guard<py::gil_scoped_release>())
+        .def(
+            "capture",
+            [](FeatureCapture& self, const std::vector<llama_token>& tokens, bool with_argmax) {
+                CapturedSequence c;
+                {
+                    py::gil_scoped_release nogil;
+                    c = self.capture(tokens, with_argmax);
+                }
+                const auto rows = static_cast<py::ssize_t>(tokens.size());
+                py::array_t<float> feats({rows, static_cast<py::ssize_t>(self.width())});
+                std::copy(c.features.begin(), c.features.end(), feats.mutable_data());
+                py::array_t<int32_t> argmax(static_cast<py::ssize_t>(c.argmax.size()));
+                std::copy(c.argmax.begin(), c.argmax.end(), argmax.mutable_data());
+                return py::make_tuple(feats, argmax);
+            },
+            py::arg("tokens"), py::arg("with_argmax") = false,
+            "(features float32 (len(tokens), width), argmax int32 (len(tokens),) or empty) for one sequence from "
+            "position 0.")
+        .def_property_readonly("n_ctx", &FeatureCapture::n_ctx)
+        .def_property_readonly("width", &FeatureCapture::width)
+        .def_property_readonly("layer_ids", &FeatureCapture::layer_ids);
+}
+
+}  // namespace pydflash::bindings

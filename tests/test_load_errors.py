@@ -166,7 +166,7 @@ def test_incomplete_dflash2_refused(tmp_path, target_path):
 
 def test_target_without_layer_inputs(tmp_path, model_dir):
     # a llama.cpp architecture whose graph exposes no layer inputs cannot feed a drafter
-    t = testing.write_target(tmp_path / "qwen2.gguf", TARGET, architecture="qwen2")
+    t = testing.write_target(tmp_path / "xverse.gguf", TARGET, architecture="xverse")
     with Llama(t, n_ctx=256) as plain:  # the target alone decodes fine
         assert len(plain.generate("hi", max_tokens=3, ignore_eos=True).tokens) == 3
     load_error(DraftCompatibilityError, "does not expose layer inputs", t, model_dir / "drafter-b8.gguf")

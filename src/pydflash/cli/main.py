@@ -1,4 +1,4 @@
-"""The ``pydflash`` command line: generate, demo, bench, serve, info, rpc-server."""
+"""The ``pydflash`` command line: generate, demo, bench, serve, info, rpc-server, train-drafter."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from ..errors import PyDFlashError
 from ..llama import Llama
 from . import bench as bench_command
 from . import demo as demo_command
+from . import train as train_command
 from .common import DRAFT_MAX_HELP, add_common, llama_options, stats_line
 from .serve import add_serve, cmd_serve
 
@@ -39,6 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     add_serve(sub)
     _add_info(sub)
     _add_rpc_server(sub)
+    train_command.add_parser(sub)
     return ap
 
 
@@ -404,6 +406,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "serve": cmd_serve,
             "info": _cmd_info,
             "rpc-server": _cmd_rpc_server,
+            "train-drafter": train_command.run,
         }[a.command](a)
     except (PyDFlashError, ValueError, TypeError, OSError) as e:  # OSError: a file named by a flag
         print(f"pydflash: error: {e}", file=sys.stderr)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .archs import NO_QK_NORM, arch_tensors
 from .drafters import DrafterVariant, variant_keys, variant_tensors
 
 if TYPE_CHECKING:
@@ -407,14 +408,15 @@ def _head(rng: np.random.Generator, s: TargetSpec, tok: Tokenizer) -> np.ndarray
 
 
 def write_target(path: str | Path, spec: TargetSpec = TargetSpec(), *, architecture: str = "qwen3") -> Path:
-    """Write a tiny random ``qwen3`` target GGUF."""
+    """Write a tiny random ``qwen3`` target GGUF (or another llama-style ``architecture``: qwen2, llama,
+    smollm3, phi3, gemma3, xverse)."""
     s = spec
     rng = np.random.default_rng(s.seed)
     tok = tokenizer(s.n_vocab, [FIM_TOKENS[part] for part in s.fim])
     hp = Hparams(s.n_ctx, s.n_embd, s.n_layer, s.n_head, s.n_head_kv, s.head_dim, s.n_ff)
     tensors = {"token_embd.weight": _token_embd(rng, s)}
     for i in range(s.n_layer):
-        # qwen2 (also llama-style) has no per-head q/k norms
+        # qwen2 and other llama-style graphs have no per-head q/k norms
         tensors.update(
             _attention_layer(
                 rng,
@@ -424,16 +426,24 @@ def write_target(path: str | Path, spec: TargetSpec = TargetSpec(), *, architect
                 s.n_head_kv,
                 s.head_dim,
                 s.n_ff,
-                qk_norm=architecture not in ("qwen2", "llama"),
+                qk_norm=architecture not in NO_QK_NORM,
             )
         )
+    tensors = arch_tensors(architecture, tensors, s.n_layer, np.random.default_rng(s.seed + 4099))
     tensors["output_norm.weight"] = _norm(rng, s.n_embd)
     tensors["output.weight"] = _head(rng, s, tok)
     extra: dict[str, str | int] = {"tokenizer.chat_template": s.chat_template} if s.chat_template is not None else {}
     if s.fim:
         extra.update({f"tokenizer.ggml.fim_{part}_token_id": tok.tokens.index(FIM_TOKENS[part]) for part in s.fim})
     return write_qwen3_gguf(
-        path, hp, tok, tensors, name=f"pydflash tiny {architecture} target", architecture=architecture, extra_kv=extra
+        path,
+        hp,
+        tok,
+        tensors,
+        # not "phi3" in the name: llama.cpp would then look for Phi-3's own special tokens
+        name=f"pydflash tiny {architecture.replace('phi3', 'phi-three')} target",
+        architecture=architecture,
+        extra_kv=extra,
     )
 
 

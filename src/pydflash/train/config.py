@@ -19,61 +19,103 @@ def default_cache_dir() -> Path:
     return Path(base) / "pydflash" / "train"
 
 
-def _opt(flag: str, help: str, **kw: Any) -> Any:
-    """A field's command-line flag and help, kept beside its default."""
-    default = kw.pop("default", None)
-    factory = kw.pop("default_factory", None)
-    meta = {"flag": flag, "help": help, **kw}
-    if factory is not None:
-        return dataclasses.field(default_factory=factory, metadata=meta)
-    return dataclasses.field(default=default, metadata=meta)
+def flag(name: str, help: str, **argparse: Any) -> dict[str, Any]:
+    """A field's command-line flag, help and further argparse settings (its metadata)."""
+    return {"flag": name, "help": help, **argparse}
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """Options of ``train_drafter`` (and of ``pydflash train-drafter``, flag for flag)."""
 
-    target: Path = _opt("-m", "the target model (GGUF) the drafter is for", required=True)
-    output: Path = _opt("-o", "where the drafter GGUF is written (the best one by online tau)", required=True)
-    prompts: Path | None = _opt(
-        "--prompts",
-        "prompts: plain text (one per line), JSONL with OpenAI 'messages', or JSONL with 'prompt'; "
-        "default: the target writes its own",
+    target: Path = dataclasses.field(metadata=flag("-m", "the target model (GGUF) the drafter is for", required=True))
+    output: Path = dataclasses.field(
+        metadata=flag("-o", "where the drafter GGUF is written (the best by online tau)", required=True)
     )
-    time_budget: float | None = _opt(
-        "--time-budget", "minutes for the whole run (data, training, checks); it ends on time", metavar="MINUTES"
+    prompts: Path | None = dataclasses.field(
+        default=None,
+        metadata=flag(
+            "--prompts",
+            "prompts: plain text (one per line), JSONL with OpenAI 'messages', or JSONL with 'prompt'; "
+            "default: the target writes its own",
+        ),
     )
-    resume: bool = _opt("--resume", "continue the run that writes --output where it stopped (same data, same state)")
-    init: Path | None = _opt("--init", "start from this dflash drafter (GGUF), e.g. a published one to fine-tune")
-    device: str = _opt("--device", "where torch trains (the target runs on the GPU too with cuda)", default="cpu",
-                       choices=("cpu", "cuda"))  # fmt: skip
-    steps: int | None = _opt("--steps", "optimizer steps (default: what the time budget fits, else 3 epochs)")
-    layers: int | None = _opt("--layers", "drafter layers (default: from the target's depth, 1 to 5)")
-    block_size: int = _opt("--block-size", "the drafter's block: it drafts up to block size - 1 tokens", default=8)
-    taps: int | None = _opt("--taps", "target layers the drafter reads (default: as many as its layers, 3 to 5)")
-    draft_vocab: int | None = _opt(
-        "--draft-vocab",
-        "tokens the drafter can propose (its own head, llama.cpp's d2t): the most frequent in the replies; "
-        "0: the whole vocabulary; default: 8192 when the vocabulary is larger than 16384, else all",
+    time_budget: float | None = dataclasses.field(
+        default=None,
+        metadata=flag("--time-budget", "minutes for the whole run (data, training, checks)", metavar="MINUTES"),
     )
-    max_prompts: int = _opt("--max-prompts", "training prompts at most", default=4096)
-    max_prompt_tokens: int = _opt("--max-prompt-tokens", "longer prompts are left out", default=1024)
-    max_response: int = _opt("--max-response", "tokens of the target's reply to each prompt", default=256)
-    eval_prompts: int = _opt("--eval-prompts", "held-out prompts for the online tau", default=16)
-    eval_tokens: int = _opt("--eval-tokens", "tokens generated per held-out prompt", default=64)
-    eval_every: int | None = _opt("--eval-every", "steps between online tau checks (default: 10 per run)")
-    draft_max: int = _opt("--draft-max", "draft length of the online tau check", default=7)
-    lr: float = _opt("--lr", "peak learning rate (AdamW, warmup then cosine)", default=6e-4)
-    anchors: int = _opt("--anchors", "blocks per sequence per step", default=32)
-    batch_tokens: int = _opt("--batch-tokens", "sequence tokens per step", default=4096)
-    thinking: bool = _opt("--no-thinking", "render chats with thinking off (as you will serve them)", default=True,
-                          action="store_false")  # fmt: skip
-    n_parallel: int = _opt("--parallel", "replies the target generates at once", default=8)
-    threads: int | None = _opt("--threads", "CPU threads (torch and llama.cpp; default: all cores)")
-    seed: int = _opt("--seed", "seed of the prompts, batches and initial weights", default=0)
-    cache_dir: Path = _opt("--cache-dir", "where data, features and checkpoints are kept",
-                           default_factory=default_cache_dir)  # fmt: skip
-    progress: bool = _opt("--no-progress", "no progress bar", default=True, action="store_false")
+    resume: bool = dataclasses.field(
+        default=False, metadata=flag("--resume", "continue the run that writes --output where it stopped")
+    )
+    init: Path | None = dataclasses.field(
+        default=None, metadata=flag("--init", "start from this dflash drafter (GGUF), e.g. a published one")
+    )
+    device: str = dataclasses.field(
+        default="cpu",
+        metadata=flag(
+            "--device", "where torch trains (with cuda the target runs on the GPU too)", choices=("cpu", "cuda")
+        ),
+    )
+    steps: int | None = dataclasses.field(
+        default=None, metadata=flag("--steps", "optimizer steps (default: what the time budget fits, else 3 epochs)")
+    )
+    layers: int | None = dataclasses.field(
+        default=None, metadata=flag("--layers", "drafter layers (default: from the target's depth, 1 to 5)")
+    )
+    block_size: int = dataclasses.field(
+        default=8, metadata=flag("--block-size", "the drafter's block: it drafts up to block size - 1 tokens")
+    )
+    taps: int | None = dataclasses.field(
+        default=None, metadata=flag("--taps", "target layers the drafter reads (default: one per layer, 3 to 5)")
+    )
+    draft_vocab: int | None = dataclasses.field(
+        default=None,
+        metadata=flag(
+            "--draft-vocab",
+            "tokens the drafter can propose (its own head, llama.cpp's d2t), the replies' commonest; 0: the whole "
+            "vocabulary; default: 8192 when the vocabulary is larger than 16384, else all",
+        ),
+    )
+    max_prompts: int = dataclasses.field(default=4096, metadata=flag("--max-prompts", "training prompts at most"))
+    max_prompt_tokens: int = dataclasses.field(
+        default=1024, metadata=flag("--max-prompt-tokens", "longer prompts are left out")
+    )
+    max_response: int = dataclasses.field(
+        default=256, metadata=flag("--max-response", "tokens of the target's reply per prompt")
+    )
+    eval_prompts: int = dataclasses.field(
+        default=16, metadata=flag("--eval-prompts", "held-out prompts for the online tau")
+    )
+    eval_tokens: int = dataclasses.field(
+        default=64, metadata=flag("--eval-tokens", "tokens generated per held-out prompt")
+    )
+    eval_every: int | None = dataclasses.field(
+        default=None, metadata=flag("--eval-every", "steps between online tau checks (default: 10 per run)")
+    )
+    draft_max: int = dataclasses.field(default=7, metadata=flag("--draft-max", "draft length of the online tau check"))
+    lr: float = dataclasses.field(default=6e-4, metadata=flag("--lr", "peak learning rate (AdamW, warmup then cosine)"))
+    anchors: int = dataclasses.field(default=32, metadata=flag("--anchors", "blocks per sequence per step"))
+    batch_tokens: int = dataclasses.field(default=4096, metadata=flag("--batch-tokens", "sequence tokens per step"))
+    thinking: bool = dataclasses.field(
+        default=True,
+        metadata=flag("--no-thinking", "render chats with thinking off (as you serve them)", action="store_false"),
+    )
+    n_parallel: int = dataclasses.field(default=8, metadata=flag("--parallel", "replies the target generates at once"))
+    threads: int | None = dataclasses.field(
+        default=None, metadata=flag("--threads", "CPU threads (torch and llama.cpp; default: all cores)")
+    )
+    seed: int = dataclasses.field(
+        default=0, metadata=flag("--seed", "seed of the prompts, batches and initial weights")
+    )
+    cache_dir: Path = dataclasses.field(
+        default_factory=default_cache_dir,
+        metadata=flag(
+            "--cache-dir", "where data, features and checkpoints are kept (default: ~/.cache/pydflash/train)"
+        ),
+    )
+    progress: bool = dataclasses.field(
+        default=True, metadata=flag("--no-progress", "no progress bar", action="store_false")
+    )
 
     def __post_init__(self) -> None:
         for name in ("steps", "layers", "taps", "eval_every", "threads"):

@@ -15,7 +15,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -76,7 +76,7 @@ class Chunk:
         return Chunk(np.asarray(flat, np.int32), offsets, np.asarray([len(p) for p, _ in seqs], np.int64))
 
 
-def _atomic(path: Path, write: Callable[[object], None]) -> None:
+def _atomic(path: Path, write: Callable[[IO[bytes]], None]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
     try:
@@ -135,15 +135,15 @@ def chunk_prompts(plan: DataPlan, llm: Llama, index: int) -> list[TrainPrompt]:
     return self_prompts(llm, CHUNK, seed=plan.seed, first=index * CHUNK, chat=plan.chat, thinking=plan.thinking)
 
 
-def make_chunk(plan: DataPlan, llm: Llama, index: int) -> Chunk:
+def make_chunk(plan: DataPlan, llm: Llama, index: int, max_len: int) -> Chunk:
     """Chunk ``index``'s prompts with the target's greedy replies (prompts over ``max_prompt``
     tokens are left out)."""
     rendered = [render(llm, p, thinking=plan.thinking) for p in chunk_prompts(plan, llm, index)]
-    rendered = [r for r in rendered if 0 < len(r) <= plan.max_prompt]
+    rendered = [r for r in rendered if 0 < len(r) <= plan.max_prompt and len(r) + plan.max_response <= max_len]
     if not rendered:
         return Chunk.of([])
     results = llm.generate_batch(rendered, max_tokens=plan.max_response, temperature=0.0)
-    return Chunk.of([(p, list(r.tokens)) for p, r in zip(rendered, results) if r.tokens])
+    return Chunk.of([(p, list(r.tokens)) for p, r in zip(rendered, results, strict=False) if r.tokens])
 
 
 def capture_chunk(capture: _core.FeatureCapture, chunk: Chunk) -> npt.NDArray[np.float16]:
@@ -181,7 +181,7 @@ def load_or_make(
     if cpath.exists():
         chunk = Chunk.load(cpath)
     else:
-        chunk = make_chunk(plan, llm, index)
+        chunk = make_chunk(plan, llm, index, capture.n_ctx)
         chunk.save(cpath)
         made = True
     if not fpath.exists():

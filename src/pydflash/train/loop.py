@@ -50,6 +50,7 @@ class Checkpoint:
     model: dict[str, Any] | None = None
     optimizer: dict[str, Any] | None = None
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)  # what must match on resume
+    reference: list[list[int]] = dataclasses.field(default_factory=list)  # the target alone's held-out outputs
 
     def save(self, path: Path) -> None:
         d = dataclasses.asdict(self)

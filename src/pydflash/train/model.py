@@ -27,7 +27,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        out: torch.Tensor = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        return out
 
 
 def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
@@ -81,7 +82,8 @@ class Layer(nn.Module):
         b, _, n_tok, _ = a.shape
         x = x + self.wo(a.transpose(1, 2).reshape(b, n_tok, s.n_head * s.head_dim))
         h = self.ffn_norm(x)
-        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+        out: torch.Tensor = x + self.down(F.silu(self.gate(h)) * self.up(h))
+        return out
 
 
 class Drafter(nn.Module):
@@ -98,19 +100,22 @@ class Drafter(nn.Module):
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.normal_(m.weight, std=0.02)
+        with torch.no_grad():  # small first logits: a target head's rows are long, a random direction scores high
+            self.norm.weight.fill_(0.1)
         # frozen buffers, not parameters: the optimizer and the checkpoint's trainable state skip them.
         # A reduced vocabulary scores only the d2t rows of the target's head; to_draft maps a target
         # id to its row (-100, cross-entropy's ignore index, for ids the drafter cannot propose)
-        self.register_buffer("embd", torch.from_numpy(embd), persistent=False)
         ids = np.asarray(s.d2t, dtype=np.int64) if s.d2t else np.arange(head.shape[0])
-        self.register_buffer("head", torch.from_numpy(np.ascontiguousarray(head[ids])), persistent=False)
         to_draft = np.full(head.shape[0], -100, dtype=np.int64)
         to_draft[ids] = np.arange(len(ids))
+        self.embd: torch.Tensor
+        self.head: torch.Tensor
+        self.to_draft: torch.Tensor
+        self.register_buffer("embd", torch.from_numpy(embd), persistent=False)
+        self.register_buffer("head", torch.from_numpy(np.ascontiguousarray(head[ids])), persistent=False)
         self.register_buffer("to_draft", torch.from_numpy(to_draft), persistent=False)
 
-    def forward(
-        self, feats: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor
-    ) -> torch.Tensor:
+    def forward(self, feats: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """feats (B, S, taps*E) at positions 0..S-1; the blocks' tokens and positions (B, N); mask
         (B, 1, N, S+N), True where a block row may attend. Returns the final hidden states (B, N, E)."""
         g = self.hidden_norm(self.fc(feats))
@@ -119,8 +124,10 @@ class Drafter(nn.Module):
         if self.s.embedding_scale:
             x = x * self.s.embedding_scale
         for layer in self.layers:
+            assert isinstance(layer, Layer)
             x = layer(x, pos, layer.kv(g, ctx_pos), mask)
-        return self.norm(x)
+        out: torch.Tensor = self.norm(x)
+        return out
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return h @ self.head.T
@@ -147,8 +154,11 @@ class Drafter(nn.Module):
                     raise ValueError(f"{name} has shape {tuple(a.shape)}, the drafter {tuple(p.shape)}")
                 p.copy_(torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)))
 
-    def _named_exports(self) -> list[tuple[str, nn.Parameter]]:
-        out = [("fc.weight", self.fc.weight), ("enc.output_norm.weight", self.hidden_norm.weight)]
+    def _named_exports(self) -> list[tuple[str, torch.Tensor]]:
+        out: list[tuple[str, torch.Tensor]] = [
+            ("fc.weight", self.fc.weight),
+            ("enc.output_norm.weight", self.hidden_norm.weight),
+        ]
         for i, b in enumerate(self.layers):
             assert isinstance(b, Layer)
             out += [(f"blk.{i}.{name}.weight", p) for name, p in _layer_params(b)]
@@ -156,7 +166,7 @@ class Drafter(nn.Module):
         return out
 
 
-def _layer_params(b: Layer) -> list[tuple[str, nn.Parameter]]:
+def _layer_params(b: Layer) -> list[tuple[str, torch.Tensor]]:
     return [
         ("attn_norm", b.attn_norm.weight),
         ("attn_q", b.wq.weight),

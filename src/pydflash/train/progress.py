@@ -17,7 +17,7 @@ class Progress:
         self._tau = float("nan")
 
     def _tqdm(self, **kw: Any) -> Any:
-        from tqdm import tqdm
+        from tqdm import tqdm  # type: ignore[import-untyped]
 
         return tqdm(dynamic_ncols=True, **kw)
 
@@ -38,7 +38,9 @@ class Progress:
     def step(self, step: int, loss: float, tokens_per_s: float) -> None:
         if self._bar is not None:
             self._bar.update(step - self._bar.n)
-            self._bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_s:.0f}", tau=f"{self._tau:.2f}", refresh=False)
+            self._bar.set_postfix(
+                loss=f"{loss:.3f}", tok_s=f"{tokens_per_s:.0f}", tau=f"{self._tau:.2f}", refresh=False
+            )
 
     def tau(self, tau: float) -> None:
         self._tau = tau

@@ -35,7 +35,9 @@ class TrainReport:
     draft_max: int
 
     @staticmethod
-    def of(cfg: TrainConfig, info: TargetInfo, s: DrafterShape, ds: Dataset, ck: Checkpoint, secs: float) -> TrainReport:
+    def of(
+        cfg: TrainConfig, info: TargetInfo, s: DrafterShape, ds: Dataset, ck: Checkpoint, secs: float
+    ) -> TrainReport:
         return TrainReport(
             output=cfg.output,
             target=info.path,

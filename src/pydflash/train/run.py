@@ -25,7 +25,7 @@ from ..llama import Llama
 from .config import TrainConfig
 from .data import CHUNK, DataPlan, Dataset, build, check_disk, feature_bytes
 from .errors import TrainingInputError
-from .evaluate import Measured, measure_tau
+from .evaluate import Measured, measure_tau, reference_outputs
 from .loop import Checkpoint, Loop, Point, Schedule
 from .progress import Progress
 from .prompts import TrainPrompt, prompts_digest, read_prompts, user_prefix
@@ -73,7 +73,10 @@ def train_drafter(target: str | os.PathLike[str], output: str | os.PathLike[str]
     model = _model(shape, embd, head, cfg, ck)
     run_dir.mkdir(parents=True, exist_ok=True)
     current = run_dir / "current.gguf"
-    measure = _measurer(cfg, info, shape, model, held, current)
+    if not ck.reference:
+        ck.reference = reference_outputs(info.path, held, max_tokens=cfg.eval_tokens, n_threads=cfg.threads or 0,
+                                         n_gpu_layers=_gpu_layers(cfg))  # fmt: skip
+    measure = _measurer(cfg, info, shape, model, held, ck.reference, current)
     n_seqs = max(1, min(len(ds), cfg.batch_tokens // max(1, ds.n_tokens // max(1, len(ds)))))
     step_s = _probe_seconds(model, ds, shape, cfg, n_seqs)
     if not ck.meta:
@@ -105,20 +108,18 @@ def _data(
     cfg: TrainConfig, info: TargetInfo, shape0: DrafterShape, prog: Progress, deadline: float | None
 ) -> tuple[DataPlan, Dataset, Any]:
     """The plan (prompts checked), then the data: cached chunks and, until ``deadline``, new ones."""
-    gpu_layers = -1 if cfg.device == "cuda" else 0
+    gpu_layers = _gpu_layers(cfg)
+    per_seq = min(cfg.max_prompt_tokens + cfg.max_response + 8, info.n_ctx_train)
     with Llama(
-        str(cfg.target), n_ctx=cfg.n_parallel * (cfg.max_prompt_tokens + cfg.max_response + 8),
-        n_parallel=cfg.n_parallel, n_threads=cfg.threads, n_gpu_layers=gpu_layers,
+        str(cfg.target), n_ctx=cfg.n_parallel * per_seq, n_parallel=cfg.n_parallel, n_threads=cfg.threads,
+        n_gpu_layers=gpu_layers,
     ) as llm:  # fmt: skip
         plan = _plan(cfg, llm)
         ds = Dataset(cfg.cache_dir / info.fingerprint / f"data-{plan.key}", shape0.target_layers)
         width = len(shape0.target_layers) * info.n_embd
-        per_seq = cfg.max_response + min(cfg.max_prompt_tokens, 256)
-        check_disk(ds.root, feature_bytes((cfg.max_prompts + cfg.eval_prompts) * per_seq, width), "the feature cache")
-        capture = _core.FeatureCapture(
-            llm.core_model, list(shape0.target_layers), cfg.max_prompt_tokens + cfg.max_response + 8, 512,
-            cfg.threads or 0,
-        )  # fmt: skip
+        expected = cfg.max_response + min(cfg.max_prompt_tokens, 256)  # a prompt's tokens, guessed
+        check_disk(ds.root, feature_bytes((cfg.max_prompts + cfg.eval_prompts) * expected, width), "the feature cache")
+        capture = _core.FeatureCapture(llm.core_model, list(shape0.target_layers), per_seq, 512, cfg.threads or 0)
         try:
             held = build(ds, plan, llm, capture, max_chunks=-(-cfg.max_prompts // CHUNK), deadline=deadline,
                          on_chunk=prog.data)  # fmt: skip
@@ -135,7 +136,9 @@ def _torch(cfg: TrainConfig) -> Any:
     except ImportError:
         raise TrainingInputError("training needs torch: pip install 'pydflash[train]'") from None
     if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise TrainingInputError("--device cuda: this torch build has no CUDA device (torch.cuda.is_available() is False)")
+        raise TrainingInputError(
+            "--device cuda: this torch build has no CUDA device (torch.cuda.is_available() is False)"
+        )
     if cfg.device == "cuda" and not any(b.startswith(("CUDA", "cuda")) for b in _backends()):
         raise TrainingInputError("--device cuda: this pydflash build has no CUDA backend (PYDFLASH_CUDA=1 pip install)")
     torch.set_num_threads(cfg.threads or max(1, os.cpu_count() or 1))
@@ -196,7 +199,7 @@ def _final_shape(
     if 0 < size < info.n_vocab:
         replies = np.concatenate([c.sequence(i)[int(c.prompt_lens[i]) :] for c in ds.chunks for i in range(len(c))])
         ids, n = np.unique(replies, return_counts=True)
-        d2t = draft_vocab(dict(zip(ids.tolist(), n.tolist())), info.n_vocab, size, info.eog_ids)
+        d2t = draft_vocab(dict(zip(ids.tolist(), n.tolist(), strict=False)), info.n_vocab, size, info.eog_ids)
     return dataclasses.replace(s, mask_token=info.mask_token(used), d2t=d2t)
 
 
@@ -213,19 +216,25 @@ def _model(s: DrafterShape, embd: Any, head: Any, cfg: TrainConfig, ck: Checkpoi
 
     model = Drafter(s, embd, head)
     if ck.model is not None:
-        model.load_state_dict(ck.model, strict=False)
+        model.load_state_dict(ck.model)
     elif cfg.init is not None:
         model.load_gguf_tensors(read_drafter_tensors(cfg.init))
     return model.to(cfg.device)
 
 
-def _measurer(cfg: TrainConfig, info: TargetInfo, s: DrafterShape, model: Any, held: Any, current: Path) -> Any:
+def _gpu_layers(cfg: TrainConfig) -> int:
+    return -1 if cfg.device == "cuda" else 0
+
+
+def _measurer(
+    cfg: TrainConfig, info: TargetInfo, s: DrafterShape, model: Any, held: Any, ref: list[list[int]], current: Path
+) -> Any:
     from .export import write_drafter_gguf
 
     def measure() -> Measured:
         write_drafter_gguf(current, s, info, model.gguf_tensors(), name=f"DFlash drafter for {info.path.name}")
-        return measure_tau(info.path, current, held, draft_max=cfg.draft_max, max_tokens=cfg.eval_tokens,
-                           n_threads=cfg.threads or 0, n_gpu_layers=-1 if cfg.device == "cuda" else 0)  # fmt: skip
+        return measure_tau(info.path, current, held, ref, draft_max=cfg.draft_max, n_threads=cfg.threads or 0,
+                           n_gpu_layers=_gpu_layers(cfg))  # fmt: skip
 
     return measure
 
@@ -255,7 +264,7 @@ def _probe_seconds(model: Any, ds: Dataset, s: DrafterShape, cfg: TrainConfig, n
                        device=cfg.device)  # fmt: skip
         t = time.monotonic()
         loss, _ = block_loss(model, b, w, s.mask_token)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         times.append(time.monotonic() - t)
     model.zero_grad(set_to_none=True)
     return min(times)

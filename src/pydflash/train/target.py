@@ -112,10 +112,9 @@ def read_target(path: str | Path) -> TargetInfo:
     n_ff = key("feed_forward_length")
     tokens = tuple(str(t) for t in (_field(r, "tokenizer.ggml.tokens") or ()))
     types = tuple(int(t) for t in (_field(r, "tokenizer.ggml.token_type") or [1] * len(tokens)))
+
     def ids(*kinds: str) -> frozenset[int]:
-        return frozenset(
-            int(v) for k in kinds if (v := _field(r, f"tokenizer.ggml.{k}_token_id")) is not None
-        )
+        return frozenset(int(v) for k in kinds if (v := _field(r, f"tokenizer.ggml.{k}_token_id")) is not None)
 
     return TargetInfo(
         path=p,
@@ -158,7 +157,7 @@ def frozen_tensors(path: Path) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.
         t = found[name]
         rows = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
         n_embd = int(t.shape[0])
-        return np.ascontiguousarray(rows.reshape(-1, n_embd), dtype=np.float32)
+        return np.array(rows.reshape(-1, n_embd), dtype=np.float32, order="C", copy=True)  # writable
 
     embd = load("token_embd.weight")
     head = load("output.weight") if "output.weight" in found else embd

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 
 from . import bpe
-from .models import Drafter
-from .pipeline import BLOCK, TAPS, load_target, log
+from .drafting import BLOCK, CONT_LEN, log
+from .pipeline import load_target
 
 CONTEXTS = (512, 1024, 2048, 4096, 8192)  # the card's per-context rows
 CONTEXT_PROMPTS = 16  # prompts per context length (the first 6 are pair v2's card's: seed 41)
@@ -42,12 +42,20 @@ def heldout_prompts(out: Path, n: int, length: int, seed: int = 11, allow_eos: b
 
 @torch.no_grad()
 def torch_reference(out: Path) -> dict:
+    """The target's logits (tools' torch Target) and drafter blocks (pydflash.train's torch Drafter, read
+    back from drafter.gguf) on held-out windows: what the parity tests compare pydflash's numbers with."""
+    from pydflash.train.export import read_drafter_tensors
+    from pydflash.train.model import Drafter
+    from pydflash.train.shape import shape_of_drafter
+    from pydflash.train.target import frozen_tensors, read_target
+
     target, _ = load_target(out)
-    ck = torch.load(out / "drafter.pt", weights_only=False)
-    drafter = Drafter(target.c, len(TAPS), ck["n_layer"])
-    drafter.load_state_dict(ck["state"])
+    info = read_target(out / "target.gguf")
+    shape = shape_of_drafter(out / "drafter.gguf", info)
+    embd, head = frozen_tensors(out / "target.gguf")
+    drafter = Drafter(shape, embd, head)
+    drafter.load_gguf_tensors(read_drafter_tensors(out / "drafter.gguf"))
     drafter.eval()
-    mask_id = bpe.load(out / "tokenizer.json").token_to_id(bpe.MASK)
 
     logits_ref = []
     for p in heldout_prompts(out, 6, 48, seed=21):
@@ -59,12 +67,11 @@ def torch_reference(out: Path) -> dict:
     for ctx in heldout_prompts(out, 24, 40, seed=22):
         # block at anchor position n = len(ctx) - 1: context features of 0..n-1
         n = len(ctx) - 1
-        _, feats = target(torch.tensor([ctx[:n]]), TAPS)
-        tokens = torch.tensor([[ctx[n]] + [mask_id] * (BLOCK - 1)])
+        _, feats = target(torch.tensor([ctx[:n]]), shape.target_layers)
+        tokens = torch.tensor([[ctx[n]] + [shape.mask_token] * (BLOCK - 1)])
         pos = torch.arange(n, n + BLOCK).unsqueeze(0)
         mask = torch.ones(1, 1, BLOCK, n + BLOCK, dtype=torch.bool)
-        h = drafter(target, feats, tokens, pos, mask)
-        lg = target.head(h[0, 1:])
+        lg = drafter.logits(drafter(feats, tokens, pos, mask)[0, 1:])
         top2 = torch.topk(lg, 2, -1)
         blocks.append({"context": ctx, "block": top2.indices[:, 0].tolist(),
                        "margins": (top2.values[:, 0] - top2.values[:, 1]).tolist()})
@@ -166,39 +173,20 @@ def _context_table(ctx: dict) -> str:
     return "\n".join([head, *rows])
 
 
-def _init_layers(dck: dict) -> int | None:
-    """Layers of the drafter GGUF a run started from (None: from scratch, or not here)."""
-    init = dck.get("init")
-    if not init or not Path(init).exists():
-        return None
-    from .warmstart import gguf_arrays
-
-    return len({n.split(".")[1] for n in gguf_arrays(Path(init)) if n.startswith("blk.")})
-
-
 def write_card(out: Path, dest: Path, m: dict, ctx: dict) -> None:
     tck = torch.load(out / "target.pt", weights_only=False)
-    dck = torch.load(out / "drafter.pt", weights_only=False)
+    rep = json.loads((out / "drafter-report.json").read_text())
     c = tck["cfg"]
     t_mb = (dest / TARGET_NAME).stat().st_size / 1e6
     d_mb = (dest / DRAFTER_NAME).stat().st_size / 1e6
     seq, bs = tck.get("seq", 256), tck.get("batch", 16)
-    d_init = f", continuing `{dck['init']}`" if dck.get("init") else ""
-    grown = _init_layers(dck)
-    if grown is not None and grown < dck["n_layer"]:
-        first = "its first layer" if grown == 1 else f"its first {grown} layers"
-        added = dck["n_layer"] - grown
-        d_init = (f", {first} continuing `{dck['init']}` (the {'layer' if added == 1 else f'{added} layers'} added"
-                  f" after {'it' if grown == 1 else 'them'} started with zero residual projections, so that it first"
-                  f" computed what that drafter computes)")
     if tck["steps"] == 0:  # --target-steps 0: the init target as it was
         t_train = f"The target of `{tck['init']}`, unchanged (0 steps here)"
     else:
         t_init = f" continuing `{tck['init']}`" if tck.get("init") else " from scratch"
         t_train = (f"{tck['steps']} AdamW steps of {bs} x {seq} tokens{t_init}\n  ({tck['tokens'] / 1e6:.1f}M tokens, "
                    f"{tck['seconds'] / 60:.0f} min): train loss {tck['train_loss']:.3f}")
-    n_seq, ctx_max = dck.get("n_sequences", 3000), dck.get("context_max", 160)
-    dist = dck.get("context_dist", "log-uniform")
+    shape = rep["shape"]
     rows = "\n".join(
         f"| {dm} | {r['tau']:.2f} | {r['acceptance']:.3f} | {r['decode_tok_s']:.0f} | "
         f"{r['decode_tok_s'] / m['baseline_decode_tok_s']:.2f}x | {'yes' if r['identical'] else 'NO'} |"
@@ -218,13 +206,12 @@ the README's "The embedded pair" gives the exact commands.
   {c['rope_theta']:g}, trained context {c['n_ctx']}; {sum(v.numel() for v in tck['state'].values()) / 1e6:.1f}M
   parameters. {t_train};
   held-out loss {tck['heldout_loss']:.3f} nats/token (windows of {seq}).
-- **Drafter** (`{DRAFTER_NAME}`, {d_mb:.1f} MB, F16): DFlash, {dck['n_layer']} layer{'s' if dck['n_layer'] > 1 else ''}, block size {BLOCK},
-  target layers {list(TAPS)} (llama.cpp ids: inputs of those layers), KV injection, target's
-  embeddings and head. Trained on the target's own greedy continuations ({n_seq:,} training-text
-  prompts{' of 64 tokens' if ctx_max <= 160 else f' of 64 to {ctx_max - 96} tokens ({dist})'} + 96 generated),
-  16 random anchors per sequence in the generated part, slot-weighted CE (gamma 4){d_init}:
-  {dck['steps']} steps ({dck['seconds'] / 60:.0f} min), train loss {dck['train_loss']:.3f}; offline tau
-  estimate {dck['tau_offline']:.2f}.
+- **Drafter** (`{DRAFTER_NAME}`, {d_mb:.1f} MB, F16): DFlash, {shape['n_layer']} layer{'s' if shape['n_layer'] > 1 else ''}, block size {shape['block_size']},
+  target layers {shape['target_layers']} (llama.cpp ids: inputs of those layers), KV injection, target's
+  embeddings and head. Trained with `pydflash.train` (`pydflash train-drafter`) on the target's own greedy
+  continuations ({CONT_LEN} tokens) of {rep['n_sequences']:,} training-split code windows of 16 to 4,000 tokens
+  ({rep['n_tokens']:,} tokens): {rep['steps']} steps ({rep['train_minutes']:.0f} min of training); online tau
+  {rep['best_tau']:.2f} at draft_max {rep['draft_max']} on 16 held-out windows.
 
 ## Measured with pydflash (20 held-out prompts of 64 tokens, 128 new tokens, temperature 0)
 

@@ -1,6 +1,6 @@
-"""Torch modules that compute exactly what llama.cpp's `qwen3` and `dflash`
-graphs compute (NeoX RoPE, q/k RMS norms, SwiGLU, pre-norm residuals), plus
-their export to llama.cpp tensor names."""
+"""The target as a torch module computing exactly what llama.cpp's `qwen3`
+graph computes (NeoX RoPE, q/k RMS norms, SwiGLU, pre-norm residuals), plus its
+export to llama.cpp tensor names. The drafter is pydflash.train's."""
 
 from __future__ import annotations
 
@@ -126,42 +126,6 @@ class Target(nn.Module):
             t.update(_block_tensors(i, blk, dtype))
         t["output_norm.weight"] = _np(self.norm.weight, np.float32)
         t["output.weight"] = _np(self.head.weight, dtype)
-        return t
-
-
-class Drafter(nn.Module):
-    """DFlash drafter: target features -> fc -> hidden_norm -> K/V injected in
-    every layer; the block [anchor, MASK x (B-1)] attends to them and to itself
-    (non-causal). Embeddings and head are the (frozen) target's."""
-
-    def __init__(self, c: Config, n_taps: int, n_layer: int):
-        super().__init__()
-        self.c = c
-        self.fc = nn.Linear(n_taps * c.n_embd, c.n_embd, bias=False)
-        self.hidden_norm = RMSNorm(c.n_embd, c.rms_eps)
-        self.layers = nn.ModuleList(Block(c) for _ in range(n_layer))
-        self.norm = RMSNorm(c.n_embd, c.rms_eps)
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.normal_(m.weight, std=0.02)
-
-    def forward(self, target: Target, feats: torch.Tensor, block_tokens: torch.Tensor,
-                block_pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """feats (B,S,T*E) at positions 0..S-1; block_tokens/pos (B,N); mask
-        (B,1,N,S+N) True = may attend. Returns final hidden states (B,N,E)."""
-        g = self.hidden_norm(self.fc(feats))
-        ctx_pos = torch.arange(feats.shape[1]).expand(feats.shape[0], -1)
-        x = target.embed(block_tokens)
-        for blk in self.layers:
-            x = blk(x, block_pos, ctx_kv=blk.kv(g, ctx_pos), mask=mask)
-        return self.norm(x)
-
-    def gguf_tensors(self, dtype=np.float16) -> dict[str, np.ndarray]:
-        t = {"fc.weight": _np(self.fc.weight, dtype),
-             "enc.output_norm.weight": _np(self.hidden_norm.weight, np.float32)}
-        for i, blk in enumerate(self.layers):
-            t.update(_block_tensors(i, blk, dtype))
-        t["output_norm.weight"] = _np(self.norm.weight, np.float32)
         return t
 
 

@@ -1,6 +1,7 @@
-"""One command: corpus -> tokenizer -> target -> continuations -> drafter ->
-GGUF pair -> evaluation. Every stage caches its output under --out and is
-skipped when that output exists (delete a file to redo its stage).
+"""One command: corpus -> tokenizer -> target -> drafter (pydflash.train: the
+target's own continuations, its features, training, the GGUF) -> evaluation.
+Every stage caches its output under --out and is skipped when that output
+exists (delete a file to redo its stage).
 
     pip install ".[train]"
     python tools/train_pair.py --out build/train --install src/pydflash/models
@@ -20,8 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from . import bpe, corpus
-from .drafting import BLOCK, TAPS, log, stage_continuations, stage_drafter
-from .models import Config, Drafter, Target
+from .drafting import log, stage_drafter
+from .models import Config, Target
 from .warmstart import load_into
 
 
@@ -165,21 +166,6 @@ def stage_export_target(out: Path) -> None:
     log(f"target.gguf: {(out / 'target.gguf').stat().st_size / 1e6:.1f} MB")
 
 
-def stage_export_drafter(out: Path) -> None:
-    if (out / "drafter.gguf").exists():
-        return
-    from pydflash.testing import write_dflash_gguf
-
-    target, _ = load_target(out)
-    ck = torch.load(out / "drafter.pt", weights_only=False)
-    model = Drafter(target.c, len(TAPS), ck["n_layer"])
-    model.load_state_dict(ck["state"])
-    tok = bpe.to_gguf_tokenizer(out / "tokenizer.json")
-    write_dflash_gguf(out / "drafter.gguf", hparams(target.c, ck["n_layer"]), tok, model.gguf_tensors(),
-                      block_size=BLOCK, target_layers=TAPS, name="pydflash stdlib-code DFlash drafter")
-    log(f"drafter.gguf: {(out / 'drafter.gguf').stat().st_size / 1e6:.1f} MB")
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Train the embedded target + DFlash drafter pair.")
     ap.add_argument("--out", type=Path, default=Path("build/train"))
@@ -194,15 +180,13 @@ def main(argv=None) -> int:
                     help="exact step count instead of --target-minutes (0: keep --target-init as it is)")
     ap.add_argument("--drafter-steps", type=int, help="exact step count instead of --drafter-minutes")
     ap.add_argument("--drafter-resume", action="store_true",
-                    help="continue training an existing drafter.pt for --drafter-minutes more")
+                    help="continue a killed drafter run where it stopped (pydflash train-drafter --resume)")
     ap.add_argument("--target-seq", type=int, default=256, help="target training window (tokens)")
     ap.add_argument("--target-batch", type=int, default=16, help="windows per target step")
     ap.add_argument("--target-lr", type=float, default=2e-3, help="peak learning rate of the target")
     ap.add_argument("--rope-theta", type=float, default=10000.0, help="RoPE base of both models")
-    ap.add_argument("--context-max", type=int, default=0,
-                    help="drafter prompts of lengths spread up to this (0: 64-token prompts, pair v1)")
-    ap.add_argument("--context-dist", choices=("log-uniform", "uniform"), default="log-uniform",
-                    help="how the drafter prompts' lengths spread up to --context-max")
+    ap.add_argument("--context-max", type=int, default=4096,
+                    help="drafter prompts from 16 tokens up to this (half of them 16-128 tokens)")
     ap.add_argument("--target-init", type=Path, help="continue this target GGUF instead of starting from scratch")
     ap.add_argument("--drafter-init", type=Path, help="start the drafter from this drafter GGUF")
     ap.add_argument("--install", type=Path, help="copy the pair + model card into this folder")
@@ -216,13 +200,7 @@ def main(argv=None) -> int:
     stage_target(a.out, cfg, a.target_minutes, a.seed, a.target_steps, seq=a.target_seq, bs=a.target_batch,
                  peak_lr=a.target_lr, init=a.target_init)
     stage_export_target(a.out)
-    stage_continuations(a.out, a.prompts, a.seed, a.context_max, a.context_dist)
-    mask_id = bpe.load(a.out / "tokenizer.json").token_to_id(bpe.MASK)
-    if a.drafter_resume and (a.out / "drafter.gguf").exists():
-        (a.out / "drafter.gguf").unlink()  # re-export after the continued run
-    stage_drafter(a.out, load_target, optimize, a.drafter_layers, a.drafter_minutes, a.seed, mask_id,
-                  resume=a.drafter_resume, steps=a.drafter_steps, init=a.drafter_init)
-    stage_export_drafter(a.out)
+    stage_drafter(a.out, a)
     log(f"pipeline done in {(time.time() - t0) / 60:.1f} min")
     if a.install:
         from .evaluate import install

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Chunk", "DataPlan", "Dataset", "feature_bytes"]
 
-CHUNK = 64  # prompts per chunk: one batch of replies, one shard of features
+CHUNK = 16  # prompts per chunk: one batch of replies, one shard of features (a deadline waits for one at most)
 
 
 @dataclasses.dataclass(frozen=True)

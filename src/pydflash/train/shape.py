@@ -37,16 +37,17 @@ class DrafterShape:
 
 
 def tap_ids(n_target_layers: int, n_taps: int) -> tuple[int, ...]:
-    """llama.cpp ids of the target layers to read, spread as upstream's trainers spread them
-    (Hugging Face layer outputs from 1 to L-3, never the last layer; L // 2 for one), each + 1
-    because llama.cpp records layer INPUTS."""
-    last = max(1, n_target_layers - 3)
-    n = max(1, min(n_taps, last))
+    """llama.cpp ids of the target layers to read, spread as upstream's trainers spread them:
+    Hugging Face layer outputs from 1 to L-3 (never the last layers; L // 2 for one tap), each + 1
+    because llama.cpp records layer INPUTS. A shallow target (under 8 layers) spreads them over
+    every layer output but the last."""
+    lo, hi = (1, n_target_layers - 3) if n_target_layers >= 8 else (0, max(0, n_target_layers - 2))
+    n = max(1, min(n_taps, hi - lo + 1))
     if n == 1:
-        hf = [n_target_layers // 2 if n_target_layers > 2 else 0]
+        hf = [max(0, n_target_layers // 2 - 1)]
     else:
-        hf = [round(1 + i * (last - 1) / (n - 1)) for i in range(n)]
-    return tuple(sorted({min(h + 1, n_target_layers - 1) for h in hf}))
+        hf = [round(lo + i * (hi - lo) / (n - 1)) for i in range(n)]
+    return tuple(sorted({h + 1 for h in hf}))
 
 
 def default_layers(t: TargetInfo) -> int:

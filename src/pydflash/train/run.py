@@ -232,7 +232,7 @@ def _measurer(
     from .export import write_drafter_gguf
 
     def measure() -> Measured:
-        write_drafter_gguf(current, s, info, model.gguf_tensors(), name=f"DFlash drafter for {info.path.name}")
+        write_drafter_gguf(current, s, info, model.gguf_tensors(), name="DFlash drafter (pydflash train-drafter)")
         return measure_tau(info.path, current, held, ref, draft_max=cfg.draft_max, n_threads=cfg.threads or 0,
                            n_gpu_layers=_gpu_layers(cfg))  # fmt: skip
 

@@ -44,17 +44,16 @@ def heldout_prompts(out: Path, n: int, length: int, seed: int = 11, allow_eos: b
 def torch_reference(out: Path) -> dict:
     """The target's logits (tools' torch Target) and drafter blocks (pydflash.train's torch Drafter, read
     back from drafter.gguf) on held-out windows: what the parity tests compare pydflash's numbers with."""
-    from pydflash.train.export import read_drafter_tensors
     from pydflash.train.model import Drafter
     from pydflash.train.shape import shape_of_drafter
-    from pydflash.train.target import frozen_tensors, read_target
+    from pydflash.train.target import frozen_tensors, read_target, read_tensors
 
     target, _ = load_target(out)
     info = read_target(out / "target.gguf")
     shape = shape_of_drafter(out / "drafter.gguf", info)
     embd, head = frozen_tensors(out / "target.gguf")
     drafter = Drafter(shape, embd, head)
-    drafter.load_gguf_tensors(read_drafter_tensors(out / "drafter.gguf"))
+    drafter.load_gguf_tensors(read_tensors(out / "drafter.gguf"))
     drafter.eval()
 
     logits_ref = []

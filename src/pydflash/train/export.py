@@ -18,7 +18,7 @@ from ..testing.models import Hparams, add_hparams
 from .shape import DrafterShape
 from .target import TargetInfo, tokenizer_fields
 
-__all__ = ["read_drafter_tensors", "write_drafter_gguf"]
+__all__ = ["write_drafter_gguf"]
 
 
 def write_drafter_gguf(
@@ -62,22 +62,3 @@ def write_drafter_gguf(
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
-
-
-def read_drafter_tensors(path: Path, only: tuple[str, ...] = ()) -> dict[str, npt.NDArray[Any]]:
-    """A ``dflash`` GGUF's tensors (``only`` these, if given) as float32, ``d2t`` as int64 (numpy shape
-    (out, in), as ``write_drafter_gguf`` takes them)."""
-    import gguf
-
-    reader = gguf.GGUFReader(str(path))
-    out: dict[str, npt.NDArray[Any]] = {}
-    for t in reader.tensors:
-        if only and t.name not in only:
-            continue
-        if t.tensor_type == gguf.GGMLQuantizationType.I64:
-            out[t.name] = np.asarray(t.data, dtype=np.int64).copy()
-            continue
-        a = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
-        shape = tuple(int(x) for x in reversed(t.shape))  # GGUF lists the fastest dimension first
-        out[t.name] = np.ascontiguousarray(a.reshape(shape), dtype=np.float32)
-    return out

@@ -31,7 +31,7 @@ from .progress import Progress
 from .prompts import TrainPrompt, prompts_digest, read_prompts, user_prefix
 from .report import TrainReport
 from .shape import DrafterShape, default_shape, draft_vocab, shape_of_drafter
-from .target import TargetInfo, frozen_tensors, read_target
+from .target import TargetInfo, frozen_tensors, read_target, read_tensors
 
 __all__ = ["train_drafter"]
 
@@ -211,14 +211,13 @@ def _meta(cfg: TrainConfig, plan: DataPlan, s: DrafterShape, n_chunks: int) -> d
 
 
 def _model(s: DrafterShape, embd: Any, head: Any, cfg: TrainConfig, ck: Checkpoint) -> Any:
-    from .export import read_drafter_tensors
     from .model import Drafter
 
     model = Drafter(s, embd, head)
     if ck.model is not None:
         model.load_state_dict(ck.model)
     elif cfg.init is not None:
-        model.load_gguf_tensors(read_drafter_tensors(cfg.init))
+        model.load_gguf_tensors(read_tensors(cfg.init))
     return model.to(cfg.device)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .. import _core
 from ..errors import DraftCompatibilityError
-from .target import TargetInfo
+from .target import TargetInfo, read_tensors
 
 __all__ = ["DrafterShape", "default_shape", "draft_vocab", "shape_of_drafter", "tap_ids"]
 
@@ -43,11 +43,8 @@ def tap_ids(n_target_layers: int, n_taps: int) -> tuple[int, ...]:
     every layer output but the last."""
     lo, hi = (1, n_target_layers - 3) if n_target_layers >= 8 else (0, max(0, n_target_layers - 2))
     n = max(1, min(n_taps, hi - lo + 1))
-    if n == 1:
-        hf = [max(0, n_target_layers // 2 - 1)]
-    else:
-        hf = [round(lo + i * (hi - lo) / (n - 1)) for i in range(n)]
-    return tuple(sorted({h + 1 for h in hf}))
+    hf = [n_target_layers // 2] if n == 1 else [round(lo + i * (hi - lo) / (n - 1)) for i in range(n)]
+    return tuple(sorted({min(h + 1, n_target_layers - 1) for h in hf}))
 
 
 def default_layers(t: TargetInfo) -> int:
@@ -157,9 +154,7 @@ def shape_of_drafter(path: Path, t: TargetInfo, *, block_size: int | None = None
 
 
 def _d2t(path: Path) -> tuple[int, ...]:
-    from .export import read_drafter_tensors
-
-    return tuple(int(x) for x in read_drafter_tensors(path, only=("d2t",))["d2t"])
+    return tuple(int(x) for x in read_tensors(path, only=("d2t",))["d2t"])
 
 
 def _vocab_size(md: dict[str, object]) -> int:

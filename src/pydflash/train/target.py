@@ -17,7 +17,7 @@ import numpy.typing as npt
 from .. import _core
 from ..errors import DraftCompatibilityError, ModelLoadError
 
-__all__ = ["TargetInfo", "read_target"]
+__all__ = ["TargetInfo", "frozen_tensors", "read_target", "read_tensors", "tokenizer_fields"]
 
 # llama.cpp's token types
 _CONTROL, _UNUSED = 3, 5
@@ -143,25 +143,32 @@ def _first(v: Any) -> Any:
     return v[0] if isinstance(v, list) else v
 
 
-def frozen_tensors(path: Path) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
-    """(token embedding, output head), each (n_vocab, n_embd) float32, dequantized; the head is
-    the embedding where the target ties them (no ``output.weight``)."""
+def read_tensors(path: Path, only: tuple[str, ...] = ()) -> dict[str, npt.NDArray[Any]]:
+    """A GGUF's tensors (``only`` these, if given), dequantized to float32 (``I64`` ones, such as
+    ``d2t``, as int64), in numpy's (out, in) shape; writable copies."""
     import gguf
 
-    r = _reader(path)
-    found = {t.name: t for t in r.tensors if t.name in ("token_embd.weight", "output.weight")}
-    if "token_embd.weight" not in found:
-        raise ModelLoadError(f"{path}: no token_embd.weight tensor")
-
-    def load(name: str) -> npt.NDArray[np.float32]:
-        t = found[name]
+    out: dict[str, npt.NDArray[Any]] = {}
+    for t in _reader(path).tensors:
+        if only and t.name not in only:
+            continue
+        if t.tensor_type == gguf.GGMLQuantizationType.I64:
+            out[t.name] = np.array(t.data, dtype=np.int64)
+            continue
         rows = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
-        n_embd = int(t.shape[0])
-        return np.array(rows.reshape(-1, n_embd), dtype=np.float32, order="C", copy=True)  # writable
+        shape = tuple(int(x) for x in reversed(t.shape))  # GGUF lists the fastest dimension first
+        out[t.name] = np.array(rows.reshape(shape), dtype=np.float32, order="C", copy=True)
+    return out
 
-    embd = load("token_embd.weight")
-    head = load("output.weight") if "output.weight" in found else embd
-    return embd, head
+
+def frozen_tensors(path: Path) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+    """(token embedding, output head), each (n_vocab, n_embd) float32; the head is the embedding
+    where the target ties them (no ``output.weight``)."""
+    t = read_tensors(path, only=("token_embd.weight", "output.weight"))
+    if "token_embd.weight" not in t:
+        raise ModelLoadError(f"{path}: no token_embd.weight tensor")
+    embd = t["token_embd.weight"]
+    return embd, t.get("output.weight", embd)
 
 
 def tokenizer_fields(path: Path) -> Iterator[tuple[str, Any, Any, Any]]:

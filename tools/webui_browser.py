@@ -302,11 +302,10 @@ def send(page: Page, text: str) -> int:
 
 def chat_screenshot(url: str, path: str | os.PathLike[str], executable: str) -> Path:
     """The docs' picture of the page: one reply of the server at ``url`` (draft length 7,
-    greedy), its tokens shown one by one, as a 1280 x 860 PNG at ``path``."""
+    greedy), as a 1280 x 860 PNG at ``path``."""
     with Browser(executable) as browser:
         page = open_chat(browser, url)
         set_fields(page, temperature="0", max_tokens="64", draft="7", seed="-1")
         send(page, 'def is_prime(n):\n    """Return True if n is a prime number."""\n')
-        page.eval("document.querySelector('.msg.assistant [data-action=tokens]').click()")
-        page.wait("document.querySelectorAll('.msg.assistant .token-view .tok').length > 0")
+        page.wait("document.querySelectorAll('.msg.assistant .content .tok').length > 0")
         return page.screenshot(path)

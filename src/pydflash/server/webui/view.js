@@ -160,9 +160,9 @@ function showSpec(box, reply, streaming, baseline) {
 function chart(passes) {
   const wrap = el("div", "chart");
   if (!passes.length) return wrap;
-  const w = 6;
+  const w = 8;
   const top = Math.max(2, ...passes.map((p) => p.n_drafted + 1));
-  const h = 48;
+  const h = 56;
   const unit = h / top;
   const svg = document.createElementNS(SVG, "svg");
   svg.setAttribute("width", String(passes.length * w));

@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,16 @@ def _reply(page, i: int = -1) -> dict:
         bars: art.querySelectorAll('.chart rect.t').length,
       }};
     }})()""")
+
+
+def _counter_reaches(server: str, name: str, value: float, within_s: float = 30.0) -> bool:
+    """Whether /metrics' counter ``name`` reaches ``value``, read until it does or ``within_s`` passes."""
+    deadline = time.monotonic() + within_s
+    while metrics(server)[name] < value:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return metrics(server)[name] == value
 
 
 def _stored() -> str:
@@ -161,6 +172,53 @@ def test_markup_in_a_reply_stays_text(server, browser):
     assert page.errors() == []
 
 
+def test_stop_regenerate_and_copy(server, browser):
+    page = wb.open_chat(browser, server)
+    wb.set_fields(page, mode="text", temperature="0", max_tokens="2000", draft="auto")
+    before = metrics(server)["pydflash_requests_cancelled_total"]
+    page.eval("document.getElementById('composer-input').focus()")
+    page.type("def main():\n")
+    page.key("Enter")
+    page.wait("document.querySelector('.msg.assistant .content .tok')")  # tokens are arriving
+    assert page.eval("document.getElementById('stop').disabled") is False
+    page.key("Escape")  # stops the reply, from anywhere on the page
+    page.wait("document.querySelector('.msg.assistant[data-done=true]')")
+    assert page.eval("document.getElementById('status').textContent") == "Stopped."
+    stopped = page.eval(_stored())["convs"][0]["messages"][-1]
+    assert stopped["finish"] == "stopped" and 0 < len(stopped["tokens"]) < 2000
+    # the server sees the client leave and cancels the generation (counted once it notices)
+    assert _counter_reaches(server, "pydflash_requests_cancelled_total", before + 1)
+    # regenerate: a new reply in its place (greedy: the same text, now to the end)
+    wb.set_fields(page, max_tokens="10")
+    page.eval("document.querySelector('.msg.assistant [data-action=regenerate]').click()")
+    page.wait("document.querySelectorAll('.msg.assistant').length === 1 && "
+              "document.querySelector('.msg.assistant[data-done=true]')")  # fmt: skip
+    again = page.eval(_stored())["convs"][0]["messages"]
+    assert [m["role"] for m in again] == ["user", "assistant"] and len(again[-1]["tokens"]) == 10
+    assert stopped["content"].startswith(again[-1]["content"]) or again[-1]["content"].startswith(stopped["content"])
+    # copy: the reply's text on the clipboard
+    origin = server.rstrip("/")
+    browser.call("Browser.grantPermissions", {"origin": origin, "permissions": ["clipboardReadWrite"]})
+    page.eval("document.querySelector('.msg.assistant [data-action=copy]').click()")
+    page.wait("document.getElementById('status').textContent === 'Copied.'")
+    assert page.eval("navigator.clipboard.readText()") == again[-1]["content"]
+
+
+def test_speed_against_the_target_alone_once_measured(server, browser):
+    page = wb.open_chat(browser, server)
+    wb.set_fields(page, mode="text", temperature="0", max_tokens="24", draft="0")
+    wb.send(page, "import os\n")  # draft length 0: the target alone, which measures its speed
+    alone = page.eval(_stored())["convs"][0]["messages"][-1]
+    assert set(alone["kinds"]) == {"t"} and all(p["draft_max"] == 0 for p in alone["passes"])
+    baseline = page.eval("JSON.parse(localStorage.getItem('pydflash.webui.baseline'))")
+    assert baseline["tps"] == alone["timings"]["predicted_per_second"] > 0
+    wb.set_fields(page, draft="5")
+    wb.send(page, "import sys\n")
+    tps = page.eval(_stored())["convs"][0]["messages"][-1]["timings"]["predicted_per_second"]
+    shown = page.eval("[...document.querySelectorAll('[data-stat=speed] dd')].at(-1).textContent")
+    assert f"{tps / baseline['tps']:.2f}× target alone ({baseline['tps']:.1f})" in shown
+
+
 def test_phone_width(server, browser):
     page = wb.open_chat(browser, server, width=390, height=844)
     # nothing wider than the screen; the message box and its buttons in view
@@ -172,6 +230,9 @@ def test_phone_width(server, browser):
     page.eval("document.getElementById('toggle-sidebar').click()")
     assert page.eval("getComputedStyle(document.getElementById('sidebar')).display") == "block"
     assert page.eval("document.getElementById('toggle-sidebar').getAttribute('aria-expanded')") == "true"
+    page.key("Escape")  # closes it, back to the button that opened it
+    assert page.eval("getComputedStyle(document.getElementById('sidebar')).display") == "none"
+    assert page.eval("document.activeElement.id") == "toggle-sidebar"
 
 
 def test_every_control_has_a_label(server, browser):

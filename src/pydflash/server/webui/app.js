@@ -335,6 +335,13 @@ function toggle(buttonId, panelId) {
   if (!panel.hidden) panel.querySelector("select, input, textarea").focus();
 }
 
+function closeSidebar() {
+  if (!$("sidebar").classList.contains("shown")) return;
+  $("sidebar").classList.remove("shown");
+  $("toggle-sidebar").setAttribute("aria-expanded", "false");
+  $("toggle-sidebar").focus();
+}
+
 function wire() {
   $("composer").addEventListener("submit", (e) => { e.preventDefault(); send(); });
   $("composer-input").addEventListener("keydown", (e) => {
@@ -344,11 +351,17 @@ function wire() {
     }
   });
   document.addEventListener("keydown", (e) => {
-    if (e.key === "Escape" && state.busy) state.busy.abort();
+    if (e.key !== "Escape") return;
+    if (state.busy) state.busy.abort();
+    else if ($("sidebar").classList.contains("shown")) closeSidebar();
+    else if (!$("settings").hidden) toggle("toggle-settings", "settings");
   });
   $("stop").addEventListener("click", () => state.busy && state.busy.abort());
   $("new-chat").addEventListener("click", () => {
-    if (state.busy) return;
+    if (state.busy) {
+      say("A reply is arriving: stop it first (Esc).");
+      return;
+    }
     newConv();
     save();
     render();
@@ -356,11 +369,14 @@ function wire() {
   });
   $("chat-list").addEventListener("click", (e) => {
     const b = e.target.closest("button");
-    if (!b || state.busy) return;
+    if (!b) return;
+    if (state.busy) {
+      say("A reply is arriving: stop it first (Esc).");
+      return;
+    }
     if (b.dataset.id) {
       state.active = b.dataset.id;
-      $("sidebar").classList.remove("shown");  // phone width: back to the chat
-      $("toggle-sidebar").setAttribute("aria-expanded", "false");
+      closeSidebar();  // phone width: back to the chat
     }
     if (b.dataset.delete) {
       state.convs = state.convs.filter((c) => c.id !== b.dataset.delete);
@@ -375,6 +391,7 @@ function wire() {
     toggle("toggle-settings", "settings");
     $("toggle-settings").focus();
   });
+  $("close-sidebar").addEventListener("click", closeSidebar);
   $("toggle-sidebar").addEventListener("click", () => {
     const shown = $("sidebar").classList.toggle("shown");
     $("toggle-sidebar").setAttribute("aria-expanded", String(shown));

@@ -7,9 +7,12 @@ consistent with the reply's ``timings`` and with ``/metrics``."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -161,3 +164,25 @@ def test_include_usage_and_plain_streams_keep_their_shapes(keyed):
     # without timings_per_token: the last chunk's speculative alone, as before
     plain = _stream(keyed, dict(base))
     assert [sorted(c["speculative"]) for c in plain if "speculative" in c] == [["accepted_lengths", "draft_sources"]]
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="finds the server's end of a connection in /proc (Linux)")
+def test_the_server_sends_small_writes_at_once(llm):
+    # TCP_NODELAY on accepted connections: else a stream's first chunk after its head waits for
+    # a keep-alive client's delayed ACK (40 ms; the chat page's first token showed it)
+    with Server(llm, port=0) as srv, socket.create_connection(("127.0.0.1", srv.port)) as client:
+        client.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert client.recv(4096).startswith(b"HTTP/1.1 200")  # accepted and answered: the server holds its end
+        found = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                end = socket.socket(fileno=os.dup(int(fd)))
+            except OSError:  # not a socket
+                continue
+            with end:
+                try:
+                    if end.type == socket.SOCK_STREAM and end.getpeername() == client.getsockname():
+                        found.append(end.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+                except OSError:  # not connected, or not TCP
+                    pass
+        assert found == [1]

@@ -85,6 +85,10 @@ def _bind(hosts: Sequence[str], port: int) -> list[socket.socket]:
         taken = sockets[0].getsockname()[1] if sockets else port
         family = socket.AF_INET6 if ":" in h else socket.AF_INET
         sockets.append(socket.create_server((h.strip("[]"), taken), family=family))
+        # accepted connections inherit it; asyncio sets it only on sockets made with proto
+        # IPPROTO_TCP (these have 0): without it, a stream's first small write after the head
+        # waits for a keep-alive client's delayed ACK (40 ms on Linux)
+        sockets[-1].setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sockets
 
 

@@ -5,15 +5,17 @@ repository root; needs curl and a Chromium):
 
 It starts `pydflash serve` (the embedded pair) on 127.0.0.1, then alternates: the page sends
 a message in a new conversation (its time from the request to the first token drawn in the
-page, which the page records as ``ttftMs``), and curl sends the same body (its
-``time_starttransfer``: the server sends its response head with the first step's chunks).
-Both bodies skip the prompt cache, so every request evaluates its prompt. Prints the
-medians and each round's pair; the first round warms up and is left out."""
+page, which the page records as ``ttftMs``), and curl sends the same body (from its trace:
+the time from sending the request to receiving the first chunk with text). Both bodies
+skip the prompt cache, so every request evaluates its prompt. Prints the medians and each
+round's pair; the first round warms up and is left out."""
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import re
 import shlex
 import statistics
 import subprocess
@@ -23,8 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "tests"))
-import webui_browser as wb  # (beside this file)
-from support.http import serve  # the tests' helper: `pydflash serve` on a free port
+import webui_browser as wb  # noqa: E402  (beside this file)
+
+from support.http import serve  # noqa: E402  (the tests' helper: `pydflash serve` on a free port)
 
 MESSAGE = "Write a function that checks whether a number is prime."
 FIELDS = {"mode": "chat", "temperature": "0", "max_tokens": "16", "draft": "auto", "seed": "-1"}
@@ -37,12 +40,25 @@ def body() -> dict[str, object]:
 
 
 def curl_ttft(url: str) -> float:
-    out = subprocess.run(
-        ["curl", "-s", "-N", "-o", "/dev/null", "-w", "%{time_starttransfer}", "-H", "Content-Type: application/json",
-         "-d", json.dumps(body()), url + "/v1/chat/completions"],
+    """ms from curl sending the request to its receiving the first chunk with text (--trace-time)."""
+    trace = subprocess.run(
+        ["curl", "-s", "-N", "-o", "/dev/null", "--trace-ascii", "-", "--trace-time", "-H",
+         "Content-Type: application/json", "-d", json.dumps(body()), url + "/v1/chat/completions"],
         capture_output=True, text=True, check=True, timeout=120,
-    )  # fmt: skip
-    return float(out.stdout) * 1e3
+    ).stdout  # fmt: skip
+    # each traced event: "HH:MM:SS.ffffff <what>", then its bytes as "OFFS: text" lines
+    events = re.split(r"^(\d\d:\d\d:\d\d\.\d{6}) ", trace, flags=re.M)[1:]
+    sent = first = None
+    for stamp, text in zip(events[::2], events[1::2], strict=True):
+        at = datetime.datetime.strptime(stamp, "%H:%M:%S.%f")
+        data = "".join(line[6:] for line in text.splitlines()[1:])
+        if text.startswith("=> Send header") and sent is None:
+            sent = at
+        if text.startswith("<= Recv data") and re.search(r'"content": "[^"]', data):
+            first = at
+            break
+    assert sent is not None and first is not None, trace[-2000:]
+    return (first - sent).total_seconds() * 1e3
 
 
 def page_ttft(page: wb.Page) -> float:

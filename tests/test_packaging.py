@@ -34,6 +34,17 @@ def test_stubs_and_licences_are_installed():
     assert "LICENSE-llama.cpp" in licences
 
 
+def test_the_chat_page_is_installed_and_small():
+    pytest.importorskip("starlette")  # the server extra
+    from pydflash.server.webui import WebUI
+
+    files = WebUI().files  # what GET / and the page's other paths answer, read from the package
+    assert "/" in files and all(body for body, _, _ in files.values())
+    on_disk = sum(p.stat().st_size for p in (PKG / "server" / "webui").iterdir())
+    assert on_disk == sum(len(body) for body, _, _ in files.values())  # no file shipped that is not served
+    assert on_disk < 150 * 1024  # the page's share of the wheel
+
+
 def _elf_dynamic(path: Path) -> tuple[list[str], list[str]]:
     """(DT_NEEDED, DT_RPATH/DT_RUNPATH entries) of a 64-bit ELF file, read from its
     dynamic section (not ``ldd``, which would resolve through this machine's paths)."""

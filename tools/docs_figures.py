@@ -11,9 +11,12 @@
   pydflash.bench.serving_chart from benchmarks/results/serving-sweep-{padded,shipped}-cpu-2core.json;
 - docs/img/bench/acceptance_per_position.png and
   benchmarks/results/acceptance-per-position-embedded.json: the conditional acceptance of each
-  draft position, measured in-process on the embedded pair (draft_max 7, greedy; seconds).
+  draft position, measured in-process on the embedded pair (draft_max 7, greedy; seconds);
+- docs/img/webui.png: the chat page after one streamed reply of the embedded pair, served on
+  127.0.0.1 and shot in headless Chromium, as its browser test does (tools/webui_browser.py).
 
-Needs matplotlib (pip install ".[bench]").
+Needs matplotlib (pip install ".[bench]"), the server extra and a Chromium (apt-get install
+chromium) for the page; `--only webui` makes that one alone.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ from pathlib import Path
 
 from pydflash import Llama, embedded_pair
 from pydflash.bench import report, serving_chart
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import webui_browser  # (beside this file)
 
 ROOT = Path(__file__).resolve().parent.parent
 IMG = ROOT / "docs" / "img"
@@ -169,9 +175,26 @@ def acceptance_per_position(out: Path) -> Path:
     )
 
 
+def webui_shot(path: Path) -> Path | None:
+    """The chat page after one reply of the embedded pair (None, said why, without a Chromium)."""
+    from pydflash.server import Server
+
+    chromium = webui_browser.find_chromium()
+    if chromium is None:
+        print(f"skipped {path}: no Chromium (apt-get install chromium)", file=sys.stderr)
+        return None
+    target, drafter = embedded_pair()
+    with Llama(target, draft=drafter, n_ctx=2048) as llm, Server(llm, port=0) as srv:
+        return webui_browser.chat_screenshot(srv.url, path, chromium)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.parse_args(argv)
+    ap.add_argument("--only", choices=("webui",), help="make that figure alone")
+    a = ap.parse_args(argv)
+    if a.only == "webui":
+        print(webui_shot(IMG / "webui.png"))
+        return 0
     (IMG / "bench").mkdir(parents=True, exist_ok=True)
     step_svg(IMG / "step.svg")
     print(IMG / "step.svg")
@@ -180,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     sweeps = [RESULTS / f"serving-sweep-{pair}-cpu-2core.json" for pair in ("padded", "shipped")]
     print(serving_chart.write_chart(IMG / "bench" / "serving_sweep.png", [serving_chart.panel_of(p) for p in sweeps]))
     print(acceptance_per_position(IMG / "bench"))
+    print(webui_shot(IMG / "webui.png"))
     return 0
 
 

@@ -31,10 +31,11 @@ Supported:
   GET  /props, /v1/models, /models, /health, /v1/health, /slots (--no-slots: off),
        /metrics, /v1/metrics (with --metrics: llamacpp: names + speculative counters)
   POST /slots/ID?action=save|restore|erase (save/restore: --slot-save-path)
+  GET  / (a chat page that shows speculative decoding at work; --no-webui: off)
 Not supported (501, naming the feature): embeddings, rerank, multimodal input,
   LoRA adapters, the model router, /infill on a model without FIM tokens,
   Responses' previous_response_id (400: nothing is stored).
-Safety: --api-key guards every path but /health; a server on loopback answers
+Safety: --api-key guards every path but /health and the chat page's files; a server on loopback answers
   only Host: localhost/127.0.0.1/[::1]; JSON bodies only (no CORS-simple types);
   a client that reads nothing for --timeout seconds is cut off; SIGTERM drains
   running requests for --shutdown-grace seconds, then ends streams with an error event."""
@@ -188,7 +189,14 @@ def _add_serving_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--no-slots", dest="slots", action="store_false", help="GET /slots and POST /slots/ID answer 501")
     s.add_argument("--metrics", action="store_true", help="GET /metrics answers (default: off, as llama-server)")
     s.add_argument(
-        "--api-key", default=None, metavar="KEY", help="API key(s), comma-separated: every path but /health needs one"
+        "--webui", "--ui", dest="webui", action="store_true", default=True, help="the chat page at GET / (default)"
+    )
+    s.add_argument("--no-webui", "--no-ui", dest="webui", action="store_false", help="no chat page: GET / is a 404")
+    s.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help="API key(s), comma-separated: every path but /health and the chat page's files needs one",
     )
     s.add_argument("--api-key-file", default=None, metavar="FILE", help="a file of API keys, one per line")
     s.add_argument(
@@ -291,6 +299,7 @@ def server_options(a: argparse.Namespace) -> dict[str, Any]:
         "max_connections": a.max_connections,
         "slot_save_path": a.slot_save_path,
         "api_keys": keys,
+        "webui": a.webui,
         "cors_origins": a.cors_origins,
         "metrics": a.metrics,
         "slots": a.slots,

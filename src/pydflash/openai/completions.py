@@ -16,9 +16,10 @@ from typing import Any, Literal, Protocol, TypedDict, TypeVar
 from ..config import SamplingConfig
 from ..engine.generation import Generation, GenerationHost
 from ..errors import ChatTemplateError
-from ..results import FinishReason, PromptProgress, StreamStep, TokenLogprob
+from ..results import FinishReason, PromptProgress, TokenLogprob
 from .chat import ChatPrompt, ChatReply, ChatTemplate
 from .logprobs import chat_logprobs, completion_logprobs
+from .speculation import StreamSpeculation
 from .structured import chat_grammar, constraint
 from .types import (
     ChatCompletion,
@@ -282,29 +283,6 @@ def _completion(gen: Generation, cancel: Callable[[], bool] | None, meta: _Meta,
     return res
 
 
-def _timed(chunk: _Chunk, step: StreamStep) -> _Chunk:
-    """A stream's chunk, with its step's ``timings`` (llama-server's ``timings_per_token``)."""
-    if step.timings is not None:
-        chunk["timings"] = step.timings
-    return chunk
-
-
-def _timed_now(chunk: _Chunk, gen: Generation) -> _Chunk:
-    """A chunk after the last step (the reply's final parse), with the timings as they
-    stand where the generation sends them per token: every chunk of text carries them."""
-    if gen.timings_per_token:
-        chunk["timings"] = gen.timings()
-    return chunk
-
-
-def _counted(last: _Chunk, gen: Generation) -> _Chunk:
-    """A stream's last chunk, with the generation's ``usage``, ``timings`` and ``speculative``."""
-    last["usage"] = gen.usage()
-    last["timings"] = gen.timings()
-    last["speculative"] = gen.speculative()
-    return last
-
-
 def _completion_chunks(
     gen: Generation, cancel: Callable[[], bool] | None, meta: _Meta, head: str
 ) -> Iterator[CompletionChunk]:
@@ -324,7 +302,8 @@ def _completion_chunks(
             "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}],
         }
 
-    it = gen.run(cancel)
+    spec = StreamSpeculation(gen)  # the per-chunk speculative (with timings_per_token)
+    it = spec.follow(gen.run(cancel))
     try:
         if head:
             yield chunk(head, None)
@@ -332,10 +311,10 @@ def _completion_chunks(
             if step.prompt_progress is not None:
                 progress = chunk("", None)
                 progress["prompt_progress"] = _progress_json(step.prompt_progress)
-                yield _timed(progress, step)
+                yield spec.timed(progress, step)
             elif step.text or step.logprobs:
-                yield _timed(chunk(step.text, None, step.logprobs), step)
-        yield _counted(chunk("", _finish(gen.finish)), gen)
+                yield spec.timed(chunk(step.text, None, step.logprobs), step)
+        yield spec.counted(chunk("", _finish(gen.finish)))
     finally:
         it.close()
 
@@ -579,7 +558,8 @@ def _chat_chunks(
 
     sent = {"content": "", "reasoning_content": ""}
 
-    it = gen.run(cancel)
+    spec = StreamSpeculation(gen)  # the per-chunk speculative (with timings_per_token)
+    it = spec.follow(gen.run(cancel))
     text = ""
     started = False
     try:
@@ -587,7 +567,7 @@ def _chat_chunks(
             if step.prompt_progress is not None:  # llama-server's progress delta: the role alone
                 progress = chunk({"role": "assistant", "content": None})
                 progress["prompt_progress"] = _progress_json(step.prompt_progress)
-                yield _timed(progress, step)
+                yield spec.timed(progress, step)
                 continue
             if not started:  # after the first step: a prompt that fails fails before any chunk
                 started = True
@@ -599,14 +579,14 @@ def _chat_chunks(
             text += step.text
             if not cp.needs_parse:
                 sent["content"] = text
-                yield _timed(chunk({"content": step.text}), step)
+                yield spec.timed(chunk({"content": step.text}), step)
                 continue
             try:
                 d = _deltas(ChatTemplate.parse(text, cp, partial=True), sent)
             except ChatTemplateError:
                 continue
             if d:
-                yield _timed(chunk(d), step)
+                yield spec.timed(chunk(d), step)
         if not started:
             yield chunk({"role": "assistant", "content": None})
         finish = _finish(gen.finish)
@@ -614,11 +594,11 @@ def _chat_chunks(
             reply = _parse_final(text, cp)
             d = _deltas(reply, sent)
             if d:
-                yield _timed_now(chunk(d), gen)
+                yield spec.timed_now(chunk(d))
             if reply.tool_calls:
                 calls = [dict(tc, index=i) for i, tc in enumerate(_tool_calls(reply))]
-                yield _timed_now(chunk({"tool_calls": calls}), gen)
+                yield spec.timed_now(chunk({"tool_calls": calls}))
                 finish = "tool_calls"
-        yield _counted(chunk({}, finish), gen)
+        yield spec.counted(chunk({}, finish))
     finally:
         it.close()

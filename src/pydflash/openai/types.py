@@ -13,7 +13,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - 3.10
     from typing_extensions import NotRequired, TypedDict
 
-from ..results import CompletionUsage, DraftSourceTimings, SpeculativeStats, Timings  # noqa: F401  (re-exported: part of the OpenAI-shaped types)
+from ..results import CompletionUsage, DraftSourceTimings, SpeculativeStats, Timings  # (re-exported too)
 
 __all__ = [
     "ChatCompletion",
@@ -28,12 +28,14 @@ __all__ = [
     "ChatLogprobs",
     "ChatTokenLogprob",
     "ChatTopLogprob",
+    "ChunkSpeculative",
     "Completion",
     "CompletionChoice",
     "CompletionChunk",
     "CompletionLogprobs",
     "CompletionUsage",
     "FinishReasonOAI",
+    "SpeculativePass",
     "SpeculativeStats",
     "Timings",
 ]
@@ -100,6 +102,30 @@ class PromptProgressJSON(TypedDict):
     time_ms: int
 
 
+class SpeculativePass(TypedDict):
+    """One target verification pass, in a stream chunk's ``ChunkSpeculative``."""
+
+    n_drafted: int  # tokens drafted for it
+    n_accepted: int  # of those, kept: the pass added n_accepted + 1 tokens (its own last)
+    draft_max: int  # the draft length asked for (the policy's choice, or a pinned one; 0: none)
+    source: str  # who drafted: "draft-dflash", "ngram-mod", ...; "": nobody
+
+
+class ChunkSpeculative(TypedDict):
+    """A stream chunk's ``speculative`` with ``timings_per_token``: how this chunk's tokens
+    were made. ``tokens``: the text of each token the chunk completes (a character split
+    over tokens counts for the one that completes it); ``kinds``: one letter per token,
+    "d" drafted and accepted, "t" the target's own (the last token of its pass);
+    ``passes``: the target passes finished since the previous chunk. The last chunk
+    adds ``SpeculativeStats``' fields."""
+
+    tokens: list[str]
+    kinds: str
+    passes: list[SpeculativePass]
+    accepted_lengths: NotRequired[list[int]]  # the last chunk
+    draft_sources: NotRequired[dict[str, DraftSourceTimings]]  # the last chunk
+
+
 class CompletionChunk(TypedDict):
     """One streamed piece of a completion; the last one carries ``usage`` and ``timings``."""
 
@@ -109,8 +135,8 @@ class CompletionChunk(TypedDict):
     model: str
     choices: list[CompletionChoice]
     usage: NotRequired[CompletionUsage]  # last chunk only
-    timings: NotRequired[Timings]  # last chunk only
-    speculative: NotRequired[SpeculativeStats]  # last chunk only
+    timings: NotRequired[Timings]  # the last chunk; every chunk with timings_per_token
+    speculative: NotRequired[SpeculativeStats | ChunkSpeculative]  # as timings (ChunkSpeculative: per chunk)
     prompt_progress: NotRequired[PromptProgressJSON]  # return_progress's events, before any text
 
 
@@ -210,5 +236,5 @@ class ChatCompletionChunk(TypedDict):
     choices: list[ChatCompletionChunkChoice]
     usage: NotRequired[CompletionUsage]  # last chunk only
     timings: NotRequired[Timings]  # the last chunk; every chunk with timings_per_token
-    speculative: NotRequired[SpeculativeStats]  # last chunk only
+    speculative: NotRequired[SpeculativeStats | ChunkSpeculative]  # as timings (ChunkSpeculative: per chunk)
     prompt_progress: NotRequired[PromptProgressJSON]  # return_progress's events, before any text

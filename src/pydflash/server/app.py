@@ -3,7 +3,8 @@ drafter pair, on Starlette and uvicorn (``pip install pydflash[server]``).
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (``stream``:
 server-sent events), ``GET /v1/models``, ``GET /health``, ``GET /metrics``
-(Prometheus, with DFlash's speculative counters). Each generation request runs
+(Prometheus, with DFlash's speculative counters), and a chat page at ``GET /``
+(server/webui.py; ``webui=False``: off). Each generation request runs
 in one worker thread of its own, from parsing its body to its last chunk; the
 model schedules the generations (``Llama(n_parallel=N)`` batches N of them), the
 server does not serialise them. At most ``parallel + queue_size`` requests are
@@ -48,6 +49,7 @@ try:
     from .security import Guard, loopback_only
     from .sleep import Sleep, WakeOnUse
     from .streams import StreamSessions, stream_routes
+    from .webui import WebUI
 except ImportError as e:  # the optional dependencies of the server extra
     raise ImportError(f"pydflash serve needs {e.name}: pip install pydflash[server]") from e
 
@@ -83,6 +85,10 @@ def _bind(hosts: Sequence[str], port: int) -> list[socket.socket]:
         taken = sockets[0].getsockname()[1] if sockets else port
         family = socket.AF_INET6 if ":" in h else socket.AF_INET
         sockets.append(socket.create_server((h.strip("[]"), taken), family=family))
+        # accepted connections inherit it; asyncio sets it only on sockets made with proto
+        # IPPROTO_TCP (these have 0): without it, a stream's first small write after the head
+        # waits for a keep-alive client's delayed ACK (40 ms on Linux)
+        sockets[-1].setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sockets
 
 
@@ -103,7 +109,7 @@ class Server:
     ``/metrics`` and ``/slots`` answer; ``shutdown_grace``: seconds running requests
     get to finish when the server stops, before streams end with an error event;
     ``sleep_idle_seconds``: free the model after that long unused, reload it on the
-    next request that needs it (server/sleep.py)."""
+    next request that needs it (server/sleep.py); ``webui``: the chat page at ``/``."""
 
     def __init__(
         self,
@@ -126,6 +132,7 @@ class Server:
         defaults: Mapping[str, Any] | None = None,
         tags: Sequence[str] = (),
         sleep_idle_seconds: float | None = None,
+        webui: bool = True,
     ):
         parallel = llm.n_parallel if parallel is None else parallel
         if parallel < 1:
@@ -145,6 +152,7 @@ class Server:
         self.slot_save_path = None if slot_save_path is None else Path(slot_save_path)
         self.metrics = Metrics(max_accepted=max(1, llm.pair.max_draft) if llm.has_draft else 1, slots=parallel)
         self.metrics_on, self.slots_on = metrics, slots
+        self.webui = WebUI() if webui else None  # the chat page's files, read now: a broken install fails here
         self.defaults = _clamped(dict(defaults or {}), llm)  # request fields' defaults (-n, --temp, ...)
         self.shutdown_grace = shutdown_grace
         self.limit = PromptLimit(llm)
@@ -287,12 +295,19 @@ class Server:
             "endpoint_slots": self.slots_on,
             "endpoint_props": False,
             "endpoint_metrics": self.metrics_on,
-            "ui": False,
+            "ui": self.webui is not None,
             "chat_template": llm.metadata.get("tokenizer.chat_template", ""),
             "bos_token": llm.detokenize([bos], special=True).decode("utf-8", "replace") if bos >= 0 else "",
             "eos_token": llm.detokenize([eos], special=True).decode("utf-8", "replace") if eos >= 0 else "",
             "build_info": "pydflash",
             "is_sleeping": False,
+            # pydflash's: what the chat page's model card shows beside the files
+            "pair": {
+                "drafter_kind": llm.pair.drafter_kind,
+                "drafter": llm.pair.drafter_description,
+                "block_size": llm.pair.block_size if llm.has_draft else 0,
+                "rollback": llm.rollback,
+            },
         }
 
     def _snapshot(self) -> dict[str, Any]:
@@ -329,6 +344,7 @@ class Server:
             routes += [Route(path, Generations(self, kind), methods=["POST"]) for path in paths]
         routes += native_routes(self)
         routes += stream_routes(self.streams, self.timeout)
+        routes += self.webui.routes() if self.webui is not None else []
         app = Starlette(
             routes=routes,
             middleware=[

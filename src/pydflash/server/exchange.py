@@ -288,9 +288,9 @@ class Exchange:
         try:
             for chunk in chunks:
                 # the last chunk's timings (the Responses API's: in its final response object);
-                # a chunk of timings_per_token's has no "speculative": the generation goes on
+                # a chunk of timings_per_token's has no "accepted_lengths": the generation goes on
                 timings = chunk.get("timings") or (chunk.get("response") or {}).get("timings")
-                if timings and ("speculative" in chunk or "response" in chunk):
+                if timings and ("accepted_lengths" in (chunk.get("speculative") or {}) or "response" in chunk):
                     self.server.metrics.generation(timings, chunk.get("speculative"))
                     if not self.keep_timings:
                         chunk.pop("timings", None)

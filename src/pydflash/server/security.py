@@ -1,10 +1,11 @@
 """Who may call the server: API keys, the ``Host`` header, CORS, and which bodies
 are read as JSON. One ASGI middleware in front of every route.
 
-- ``--api-key`` / ``--api-key-file``: every path but ``/health`` and ``/v1/health``
-  needs a key, in ``Authorization: Bearer KEY`` or ``x-api-key: KEY`` (Anthropic's
-  header), as llama-server reads them; keys are compared in constant time; a wrong
-  or missing key is llama-server's 401 ``authentication_error``.
+- ``--api-key`` / ``--api-key-file``: every path but ``/health``, ``/v1/health`` and
+  the chat page's files (as llama-server's UI) needs a key, in ``Authorization: Bearer
+  KEY`` or ``x-api-key: KEY`` (Anthropic's header), as llama-server reads them; keys are
+  compared in constant time; a wrong or missing key is llama-server's 401
+  ``authentication_error``.
 - A server that listens on loopback only answers requests whose ``Host`` is a
   loopback name: a web page that rebinds its own DNS name to 127.0.0.1 cannot reach it.
 - A POST body whose type a browser may send without a CORS preflight
@@ -24,10 +25,11 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .http import error_response
+from .webui import PATHS as WEBUI_PATHS
 
 __all__ = ["PUBLIC_PATHS", "Guard", "loopback_only"]
 
-PUBLIC_PATHS = frozenset({"/health", "/v1/health"})  # llama-server's: no key needed
+PUBLIC_PATHS = frozenset({"/health", "/v1/health", *WEBUI_PATHS})  # llama-server's: no key needed
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 _SIMPLE_TYPES = frozenset({"text/plain", "multipart/form-data"})
 _FORM = "application/x-www-form-urlencoded"  # curl -d's default: refused from browsers only

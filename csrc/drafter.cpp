@@ -203,9 +203,9 @@ const std::set<std::string>& layer_input_architectures() {
     // Model graphs that record res->t_layer_inp[il]: upstream's, then those that
     // tools/patch_llama_cpp.py adds (its LAYER_INPUT_GRAPHS; a test keeps the two equal)
     static const std::set<std::string> kArchs = {
-        "llama", "qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe", "gpt-oss", "gemma4", "lfm2",
-        "minimax-m2", "nemotron_h", "mimo2", "bailingmoe3", "deepseek4", "hunyuan_vl", "minimax-01",
-        "muse-glimmer", "nanbeige", "qwen4exp",
+        "llama", "qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe", "gpt-oss", "gemma4", "lfm2", "minimax-m2",
+        "nemotron_h", "mimo2", "bailingmoe3", "deepseek4", "hunyuan_vl", "minimax-01", "muse-glimmer", "nanbeige",
+        "qwen4exp",
         // patched
         "qwen2", "qwen2moe", "gemma2", "gemma3", "phi3", "smollm3", "mistral3", "olmo2", "starcoder2", "exaone",
         "exaone4", "internlm2", "glm4", "apertus", "arcee", "seed_oss", "ernie4_5"};

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 #include <string>
 #include <thread>
 #include <utility>
@@ -25,8 +26,9 @@ FeatureCapture::FeatureCapture(std::shared_ptr<Model> model, std::vector<int32_t
     if (model_->is_recurrent() || model_->is_hybrid()) {
         // one fresh sequence per capture is all this needs, but a recurrent state is not
         // a per-position cache: refuse rather than capture what a drafter never sees
-        throw DraftCompatibilityError(model_->path() + ": feature capture for recurrent or hybrid targets is "
-                                                       "not supported");
+        throw DraftCompatibilityError(model_->path() +
+                                      ": feature capture for recurrent or hybrid targets is "
+                                      "not supported");
     }
     if (layer_ids_.empty()) throw InvalidArgument("feature capture needs at least one target layer id");
     for (int32_t id : layer_ids_) {
@@ -59,8 +61,13 @@ FeatureCapture::FeatureCapture(std::shared_ptr<Model> model, std::vector<int32_t
     for (int32_t id : layer_ids_) llama_set_embeddings_layer_inp(ctx_.get(), static_cast<uint32_t>(id), true);
 }
 
-CapturedSequence FeatureCapture::capture(const std::vector<llama_token>& tokens, bool with_argmax) {
+CapturedSequence FeatureCapture::capture(const std::vector<llama_token>& tokens, int32_t top_k) {
     if (tokens.empty()) throw InvalidArgument("nothing to capture: the token list is empty");
+    if (top_k < 0 || top_k > model_->n_vocab()) {
+        throw InvalidArgument("top_k must be in [0, " + std::to_string(model_->n_vocab()) + "], got " +
+                              std::to_string(top_k));
+    }
+    const bool with_logits = top_k > 0;
     if (static_cast<int64_t>(tokens.size()) > n_ctx_) {
         throw ContextLimitError("a sequence of " + std::to_string(tokens.size()) +
                                 " tokens does not fit the capture context of " + std::to_string(n_ctx_) + " tokens");
@@ -72,13 +79,15 @@ CapturedSequence FeatureCapture::capture(const std::vector<llama_token>& tokens,
     const int32_t n_vocab = model_->n_vocab();
     CapturedSequence out;
     out.features.resize(tokens.size() * width);
-    if (with_argmax) out.argmax.resize(tokens.size());
+    out.top.resize(tokens.size() * static_cast<size_t>(top_k));
+    out.top_logits.resize(out.top.size());
+    std::vector<int32_t> order(static_cast<size_t>(n_vocab));
     llama_batch_ext* b = batch_.get();
     for (size_t start = 0; start < tokens.size(); start += static_cast<size_t>(n_batch_)) {
         const auto n = static_cast<int32_t>(std::min(tokens.size() - start, static_cast<size_t>(n_batch_)));
         llama_batch_ext_clear(b);
         for (int32_t i = 0; i < n; ++i) {
-            add_token(b, 0, tokens[start + static_cast<size_t>(i)], static_cast<llama_pos>(start) + i, with_argmax);
+            add_token(b, 0, tokens[start + static_cast<size_t>(i)], static_cast<llama_pos>(start) + i, with_logits);
         }
         take_thread_errors();
         const int32_t rc = llama_process(ctx_.get(), LLAMA_PROCESS_TYPE_DECODE, b);
@@ -88,19 +97,27 @@ CapturedSequence FeatureCapture::capture(const std::vector<llama_token>& tokens,
         }
         for (size_t k = 0; k < layer_ids_.size(); ++k) {
             const float* rows = llama_get_embeddings_layer_inp(ctx_.get(), static_cast<uint32_t>(layer_ids_[k]));
-            if (rows == nullptr) throw DecodeError("llama.cpp returned no layer inputs for layer " +
-                                                   std::to_string(layer_ids_[k]));
+            if (rows == nullptr)
+                throw DecodeError("llama.cpp returned no layer inputs for layer " + std::to_string(layer_ids_[k]));
             for (int32_t i = 0; i < n; ++i) {
                 float* dst = out.features.data() + (start + static_cast<size_t>(i)) * width + k * n_embd;
                 std::memcpy(dst, rows + static_cast<size_t>(i) * n_embd, n_embd * sizeof(float));
             }
         }
-        if (!with_argmax) continue;
+        if (!with_logits) continue;
         for (int32_t i = 0; i < n; ++i) {
             const float* logits = llama_get_logits_ith(ctx_.get(), i);
             if (logits == nullptr) throw DecodeError("llama.cpp returned no logits for row " + std::to_string(i));
-            out.argmax[start + static_cast<size_t>(i)] =
-                static_cast<llama_token>(std::max_element(logits, logits + n_vocab) - logits);
+            const size_t row = (start + static_cast<size_t>(i)) * static_cast<size_t>(top_k);
+            std::iota(order.begin(), order.end(), 0);
+            // the best first; equal logits by token id, so the first is the argmax sampling picks
+            std::partial_sort(order.begin(), order.begin() + top_k, order.end(), [&](int32_t x, int32_t y) {
+                return logits[x] > logits[y] || (logits[x] == logits[y] && x < y);
+            });
+            for (int32_t k = 0; k < top_k; ++k) {
+                out.top[row + static_cast<size_t>(k)] = order[static_cast<size_t>(k)];
+                out.top_logits[row + static_cast<size_t>(k)] = logits[order[static_cast<size_t>(k)]];
+            }
         }
     }
     return out;

@@ -13,8 +13,9 @@
 namespace pydflash {
 
 struct CapturedSequence {
-    std::vector<float> features;      // (n_tokens, n_layers * n_embd), row-major, layer after layer
-    std::vector<llama_token> argmax;  // the target's greedy next token at each position (empty unless asked)
+    std::vector<float> features;    // (n_tokens, n_layers * n_embd), row-major, layer after layer
+    std::vector<llama_token> top;   // (n_tokens, top_k): the target's likeliest next tokens, best first
+    std::vector<float> top_logits;  // (n_tokens, top_k): their logits
 };
 
 class FeatureCapture {
@@ -24,8 +25,9 @@ public:
     FeatureCapture(std::shared_ptr<Model> model, std::vector<int32_t> layer_ids, int32_t n_ctx, int32_t n_batch,
                    int32_t n_threads);
 
-    // One sequence from position 0, in passes of n_batch tokens.
-    CapturedSequence capture(const std::vector<llama_token>& tokens, bool with_argmax);
+    // One sequence from position 0, in passes of n_batch tokens; with top_k > 0, also the
+    // target's top_k next tokens and logits at each position (top_k 1: its greedy token).
+    CapturedSequence capture(const std::vector<llama_token>& tokens, int32_t top_k);
 
     int32_t n_ctx() const { return n_ctx_; }
     int32_t width() const { return static_cast<int32_t>(layer_ids_.size()) * model_->n_embd(); }

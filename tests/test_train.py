@@ -213,12 +213,14 @@ def test_layer_id_k_is_the_input_of_layer_k(target):
     with Llama(target, n_ctx=256, n_threads=1) as llm:
         cap = _core.FeatureCapture(llm.core_model, [0, 2], 64, 5, 1)  # 5-token passes: chunking is invisible
         toks = llm.tokenize("the cat sat on the mat and the dog")
-        feats, argmax = cap.capture(toks, True)
+        feats, top, logits = cap.capture(toks, 4)
         assert feats.shape == (len(toks), 2 * TARGET.n_embd)
         np.testing.assert_allclose(feats[:, : TARGET.n_embd], table[toks], rtol=1e-5, atol=1e-6)
-        # the argmax is the target's own greedy next token
+        # the best of the top 4 is the target's own greedy next token, and they come best first
         greedy = llm.generate(toks, max_tokens=1).tokens[0]
-        assert int(argmax[-1]) == greedy
+        assert int(top[-1, 0]) == greedy and top.shape == logits.shape == (len(toks), 4)
+        assert (np.diff(logits, axis=1) <= 0).all()
+        np.testing.assert_allclose(logits[-1], llm.pair.score(toks)[-1][top[-1]], rtol=1e-4, atol=1e-4)
         with pytest.raises(ValueError, match="out of range"):
             _core.FeatureCapture(llm.core_model, [TARGET.n_layer], 64, 8, 1)
 

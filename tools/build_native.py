@@ -39,7 +39,8 @@ def build(src: Path, build_dir: Path, jobs: int | None = None, targets: list[str
     configure = ["cmake", "-S", str(src), "-B", str(build_dir), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
                  # the extension's flags where they do not matter here, so that a compiler
                  # cache serves this build from the extension's objects
-                 "-DCMAKE_POSITION_INDEPENDENT_CODE=ON", "-DGGML_RPC=ON", *_launcher(),
+                 "-DCMAKE_POSITION_INDEPENDENT_CODE=ON", "-DGGML_RPC=ON", "-DGGML_ALL_WARNINGS=OFF",
+                 "-DLLAMA_ALL_WARNINGS=OFF", *_launcher(),
                  "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_COMMON=ON",
                  "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_TOOLS=ON",
                  "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_OPENSSL=OFF",

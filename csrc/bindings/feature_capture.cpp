@@ -21,22 +21,24 @@ void register_feature_capture(py::module_& m) {
              py::call_guard<py::gil_scoped_release>())
         .def(
             "capture",
-            [](FeatureCapture& self, const std::vector<llama_token>& tokens, bool with_argmax) {
+            [](FeatureCapture& self, const std::vector<llama_token>& tokens, int32_t top_k) {
                 CapturedSequence c;
                 {
                     py::gil_scoped_release nogil;
-                    c = self.capture(tokens, with_argmax);
+                    c = self.capture(tokens, top_k);
                 }
                 const auto rows = static_cast<py::ssize_t>(tokens.size());
                 py::array_t<float> feats({rows, static_cast<py::ssize_t>(self.width())});
                 std::copy(c.features.begin(), c.features.end(), feats.mutable_data());
-                py::array_t<int32_t> argmax(static_cast<py::ssize_t>(c.argmax.size()));
-                std::copy(c.argmax.begin(), c.argmax.end(), argmax.mutable_data());
-                return py::make_tuple(feats, argmax);
+                py::array_t<int32_t> top({rows, static_cast<py::ssize_t>(top_k)});
+                std::copy(c.top.begin(), c.top.end(), top.mutable_data());
+                py::array_t<float> top_logits({rows, static_cast<py::ssize_t>(top_k)});
+                std::copy(c.top_logits.begin(), c.top_logits.end(), top_logits.mutable_data());
+                return py::make_tuple(feats, top, top_logits);
             },
-            py::arg("tokens"), py::arg("with_argmax") = false,
-            "(features float32 (len(tokens), width), argmax int32 (len(tokens),) or empty) for one sequence from "
-            "position 0.")
+            py::arg("tokens"), py::arg("top_k") = 0,
+            "(features float32 (len(tokens), width), top ids int32 (len(tokens), top_k), their logits float32) for "
+            "one sequence from position 0; top_k 0: no logits are computed.")
         .def_property_readonly("n_ctx", &FeatureCapture::n_ctx)
         .def_property_readonly("width", &FeatureCapture::width)
         .def_property_readonly("layer_ids", &FeatureCapture::layer_ids);

@@ -31,19 +31,20 @@ def window_lengths(n: int, context_max: int, rng: np.random.Generator) -> np.nda
 
 def prompts_file(out: Path, n: int, n_heldout: int, context_max: int, seed: int) -> Path:
     """prompts.jsonl: ``{"prompt": text}`` windows of the training split, then ``n_heldout`` of the held-out one."""
-    from . import bpe
+    from pydflash import Llama
 
     path = out / "drafter-prompts.jsonl"
     if path.exists():
         return path
-    tok = bpe.load(out / "tokenizer.json")
     rng = np.random.default_rng(seed + 1)
     lines = []
-    for split, count in (("train", n), ("heldout", n_heldout)):
-        data = np.load(out / f"{split}.npy")
-        for length in window_lengths(count, context_max, rng):
-            s = int(rng.integers(0, len(data) - length))
-            lines.append(json.dumps({"prompt": tok.decode(data[s : s + length].tolist(), skip_special_tokens=False)}))
+    with Llama(out / "target.gguf", n_ctx=256) as llm:
+        for split, count in (("train", n), ("heldout", n_heldout)):
+            data = np.load(out / f"{split}.npy")
+            for length in window_lengths(count, context_max, rng):
+                s = int(rng.integers(0, len(data) - length))
+                text = llm.detokenize(data[s : s + length].tolist()).decode("utf-8", "replace")
+                lines.append(json.dumps({"prompt": text}))
     path.write_text("\n".join(lines) + "\n")
     return path
 

@@ -29,7 +29,7 @@ def heldout_prompts(out: Path, n: int, length: int, seed: int = 11, allow_eos: b
     """Windows of the held-out token stream that contain no end-of-text (long
     windows, `allow_eos`: file boundaries as the target was trained on them)."""
     held = np.load(out / "heldout.npy")
-    eos = bpe.load(out / "tokenizer.json").token_to_id(bpe.EOS)
+    eos = _eos(out)
     rng = np.random.default_rng(seed)
     prompts: list[list[int]] = []
     while len(prompts) < n:
@@ -38,6 +38,15 @@ def heldout_prompts(out: Path, n: int, length: int, seed: int = 11, allow_eos: b
         if allow_eos or eos not in w:
             prompts.append(w.tolist())
     return prompts
+
+
+def _eos(out: Path) -> int:
+    """End-of-text's id: the trained tokenizer's, or the target GGUF's when the run kept the target."""
+    if (out / "tokenizer.json").exists():
+        return bpe.load(out / "tokenizer.json").token_to_id(bpe.EOS)
+    from pydflash import inspect_gguf
+
+    return int(inspect_gguf(out / "target.gguf")["metadata"]["tokenizer.ggml.eos_token_id"])
 
 
 @torch.no_grad()

@@ -48,6 +48,29 @@ def stage_tokenizer(out: Path, vocab: int) -> None:
     (out / "heldout_files.json").write_text(json.dumps([str(p) for p in held]))
 
 
+def stage_splits_from_gguf(out: Path, target: Path) -> None:
+    """The corpus's splits in the tokens of an existing target GGUF (llama.cpp's tokenizer; the
+    target kept as it is needs no tokenizer of its own): train.npy, heldout.npy, and target.gguf
+    copied byte for byte."""
+    if (out / "heldout.npy").exists():
+        return
+    import shutil
+
+    from pydflash import Llama
+
+    train, held = corpus.split()
+    with Llama(target, n_ctx=256) as llm:
+        eos = llm.token_eos()
+        for name, files in (("train", train), ("heldout", held)):
+            ids: list[int] = []
+            for p in files:
+                ids += llm.tokenize(corpus.read(p), add_bos=False, special=False) + [eos]
+            np.save(out / f"{name}.npy", np.asarray(ids, dtype=np.int32))
+    (out / "heldout_files.json").write_text(json.dumps([str(p) for p in held]))
+    shutil.copyfile(target, out / "target.gguf")
+    log(f"corpus: {len(train)} train files, {len(held)} held-out files, in {target.name}'s tokens")
+
+
 # -- target -------------------------------------------------------------------------------
 
 def batches(data: np.ndarray, batch: int, seq: int, rng: np.random.Generator):
@@ -196,7 +219,10 @@ def main(argv=None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     cfg = Config(n_vocab=a.vocab, n_ctx=max(4096, a.target_seq), rope_theta=a.rope_theta)
     t0 = time.time()
-    stage_tokenizer(a.out, a.vocab)
+    if a.target_steps == 0 and a.target_init is not None:  # the target as it is: its own tokens
+        stage_splits_from_gguf(a.out, a.target_init)
+    else:
+        stage_tokenizer(a.out, a.vocab)
     stage_target(a.out, cfg, a.target_minutes, a.seed, a.target_steps, seq=a.target_seq, bs=a.target_batch,
                  peak_lr=a.target_lr, init=a.target_init)
     stage_export_target(a.out)

@@ -93,9 +93,9 @@ class TrainConfig:
         default=None, metadata=flag("--eval-every", "steps between online tau checks (default: 10 per run)")
     )
     draft_max: int = dataclasses.field(default=7, metadata=flag("--draft-max", "draft length of the online tau check"))
-    lr: float = dataclasses.field(default=6e-4, metadata=flag("--lr", "peak learning rate (AdamW, warmup then cosine)"))
-    anchors: int = dataclasses.field(default=32, metadata=flag("--anchors", "blocks per sequence per step"))
-    batch_tokens: int = dataclasses.field(default=4096, metadata=flag("--batch-tokens", "sequence tokens per step"))
+    lr: float = dataclasses.field(default=2e-3, metadata=flag("--lr", "peak learning rate (AdamW, warmup then cosine)"))
+    anchors: int = dataclasses.field(default=16, metadata=flag("--anchors", "blocks per sequence per step"))
+    batch_tokens: int = dataclasses.field(default=1024, metadata=flag("--batch-tokens", "sequence tokens per step"))
     thinking: bool = dataclasses.field(
         default=True,
         metadata=flag("--no-thinking", "render chats with thinking off (as you serve them)", action="store_false"),

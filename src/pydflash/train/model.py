@@ -114,11 +114,16 @@ class Drafter(nn.Module):
         self.register_buffer("embd", torch.from_numpy(embd), persistent=False)
         self.register_buffer("head", torch.from_numpy(np.ascontiguousarray(head[ids])), persistent=False)
         self.register_buffer("to_draft", torch.from_numpy(to_draft), persistent=False)
+        # Each feature dimension is trained divided by its spread over the data (a target's residual
+        # stream has dimensions 10^4 times the others; unscaled, their gradients swamp every other
+        # one under clipping). fc is linear, so the GGUF gets fc.weight / feat_scale: the same drafter.
+        self.feat_scale: torch.Tensor
+        self.register_buffer("feat_scale", torch.ones(n_in))
 
     def forward(self, feats: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """feats (B, S, taps*E) at positions 0..S-1; the blocks' tokens and positions (B, N); mask
         (B, 1, N, S+N), True where a block row may attend. Returns the final hidden states (B, N, E)."""
-        g = self.hidden_norm(self.fc(feats))
+        g = self.hidden_norm(self.fc(feats / self.feat_scale))
         ctx_pos = torch.arange(feats.shape[1], device=feats.device).expand(feats.shape[0], -1)
         x = F.embedding(tokens, self.embd)
         if self.s.embedding_scale:
@@ -136,6 +141,7 @@ class Drafter(nn.Module):
         """The drafter's tensors under llama.cpp's names (numpy (out, in), as GGUFWriter takes them);
         a reduced vocabulary adds its own head (the target's rows) and ``d2t``."""
         t: dict[str, npt.NDArray[Any]] = {name: _np(p) for name, p in self._named_exports()}
+        t["fc.weight"] = _np(self.fc.weight / self.feat_scale)
         if self.s.d2t:
             t["output.weight"] = _np(self.head)
             t["d2t"] = np.asarray(self.s.d2t, dtype=np.int64)
@@ -153,6 +159,7 @@ class Drafter(nn.Module):
                 if tuple(a.shape) != tuple(p.shape):
                     raise ValueError(f"{name} has shape {tuple(a.shape)}, the drafter {tuple(p.shape)}")
                 p.copy_(torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)))
+            self.fc.weight.mul_(self.feat_scale)  # the GGUF's fc reads unscaled features
 
     def _named_exports(self) -> list[tuple[str, torch.Tensor]]:
         out: list[tuple[str, torch.Tensor]] = [

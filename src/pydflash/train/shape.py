@@ -48,8 +48,10 @@ def tap_ids(n_target_layers: int, n_taps: int) -> tuple[int, ...]:
 
 
 def default_layers(t: TargetInfo) -> int:
-    """Drafter depth: one layer per ~10 target layers, 1 to 5 (the paper's 5 for 8B-class targets)."""
-    return max(1, min(5, round(t.n_layer / 10)))
+    """Drafter depth: 1 for a target under 2B parameters (its replies are cheap to match and a CPU
+    budget buys more steps of one layer than of two), else one per ~10 target layers, up to 5 (the
+    paper's 5 for 8B-class targets)."""
+    return 1 if t.n_params < 2e9 else max(1, min(5, round(t.n_layer / 10)))
 
 
 def default_shape(

@@ -39,6 +39,7 @@ class TargetInfo:
     n_ff: int
     n_vocab: int
     n_ctx_train: int
+    n_params: int
     rope_theta: float
     rms_eps: float
     embedding_scale: float  # 0: the block's embeddings are used as the table stores them
@@ -127,6 +128,7 @@ def read_target(path: str | Path) -> TargetInfo:
         n_ff=int(max(n_ff) if isinstance(n_ff, list) else n_ff),
         n_vocab=len(tokens) or int(key("vocab_size")),
         n_ctx_train=int(key("context_length", 4096)),
+        n_params=sum(int(np.prod([int(d) for d in t.shape])) for t in r.tensors),
         rope_theta=float(key("rope.freq_base", 10000.0)),
         rms_eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)),
         embedding_scale=math.sqrt(n_embd) if arch in _SCALED_EMBEDDINGS else 0.0,

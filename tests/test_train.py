@@ -239,3 +239,53 @@ def test_the_report_is_json(tmp_path, target, prompts):
     r = train_drafter(target, tmp_path / "d.gguf", prompts=prompts, steps=1, cache_dir=tmp_path / "c", **FAST)
     d = json.loads(json.dumps(r.to_json()))
     assert d["steps"] == 1 and d["shape"]["block_size"] == 8 and len(d["curve"]) == 2
+
+
+# -- llama.cpp's own programs load and draft with the written file --------------------------------
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory, target: Path, prompts: Path) -> Path:
+    d = tmp_path_factory.mktemp("trained")
+    train_drafter(target, d / "drafter.gguf", prompts=prompts, steps=20, cache_dir=d / "cache", **FAST)
+    return d / "drafter.gguf"
+
+
+def test_llama_speculative_simple_loads_and_drafts_with_it(target, trained):
+    from support.native_loop import native_steps
+
+    steps = native_steps(target, "the of and to in is", 32, "draft-dflash", draft=trained, n_ctx=512)
+    assert sum(drafted for _, drafted in steps) > 0
+
+
+def test_llama_server_loads_and_drafts_with_it(target, trained):
+    import socket
+    import urllib.request
+
+    exe = Path(__file__).resolve().parents[1] / "build" / "native" / "bin" / "llama-server"
+    if not exe.is_file():
+        pytest.skip(f"{exe} is not built (python tools/build_native.py --target llama-server)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [str(exe), "-m", str(target), "-md", str(trained), "--spec-type", "draft-dflash", "--spec-draft-n-max", "7",
+           "--spec-draft-n-min", "0", "--spec-draft-p-min", "0", "-c", "512", "-t", "1", "-ngl", "0", "-ngld", "0",
+           "--host", "127.0.0.1", "--port", str(port), "--no-webui"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(600):  # until it answers (it loads both files first), at most a minute
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.1)
+        body = json.dumps({"prompt": "the of and to in is", "n_predict": 32, "temperature": 0, "ignore_eos": True})
+        req = urllib.request.Request(url + "/completion", body.encode(), {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            timings = json.loads(r.read())["timings"]
+        assert timings["draft_n"] > 0
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

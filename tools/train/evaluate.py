@@ -16,7 +16,7 @@ from . import bpe
 from .drafting import BLOCK, CONT_LEN, log
 from .pipeline import load_target
 
-CONTEXTS = (512, 1024, 2048, 4096, 8192)  # the card's per-context rows
+CONTEXTS = (16, 32, 64, 128, 512, 1024, 2048, 4096)  # the card's per-context rows
 CONTEXT_PROMPTS = 16  # prompts per context length (the first 6 are pair v2's card's: seed 41)
 WINDOWS = (0, 2048, None)  # drafter windows of those rows: the whole context, 2048, pydflash's default
 
@@ -144,6 +144,30 @@ def measure_contexts(out: Path, target: Path, drafter: Path, lengths=CONTEXTS, n
             row[str(win)] = {"tau": statistics.mean(taus), "tau_first6": statistics.mean(taus[:6]),
                              "acceptance": statistics.mean(r.stats.acceptance_rate for r in res),
                              "identical": all(r.tokens == w for r, w in zip(res, refs))}
+        rows[str(length)] = row
+        log(f"context {length}: {row}")
+    return rows
+
+
+def compare_drafters(out: Path, target: Path, drafters: dict[str, Path], lengths=CONTEXTS,
+                     n: int = CONTEXT_PROMPTS, max_tokens: int = 128) -> dict:
+    """tau at draft_max = block - 1 of each drafter on the same held-out prompts of each length
+    (pydflash, greedy, each output checked against the target alone's), side by side in one run."""
+    from pydflash import Llama
+
+    rows: dict = {}
+    for length in lengths:
+        prompts = heldout_prompts(out, n, length, seed=41, allow_eos=True)
+        n_ctx = length + max_tokens + 64
+        with Llama(target, n_ctx=n_ctx) as base:
+            refs = [base.generate(p, max_tokens=max_tokens, ignore_eos=True).tokens for p in prompts]
+        row: dict = {}
+        for name, d in drafters.items():
+            with Llama(target, draft=d, n_ctx=n_ctx) as spec:
+                res = [spec.generate(p, max_tokens=max_tokens, ignore_eos=True, draft_max=BLOCK - 1) for p in prompts]
+            row[name] = {"tau": statistics.mean(r.stats.mean_accepted_length for r in res),
+                         "acceptance": statistics.mean(r.stats.acceptance_rate for r in res),
+                         "identical": all(r.tokens == w for r, w in zip(res, refs))}
         rows[str(length)] = row
         log(f"context {length}: {row}")
     return rows

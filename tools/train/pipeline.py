@@ -213,6 +213,9 @@ def main(argv=None) -> int:
     ap.add_argument("--target-init", type=Path, help="continue this target GGUF instead of starting from scratch")
     ap.add_argument("--drafter-init", type=Path, help="start the drafter from this drafter GGUF")
     ap.add_argument("--install", type=Path, help="copy the pair + model card into this folder")
+    ap.add_argument("--compare", type=Path, metavar="DRAFTER",
+                    help="also measure this drafter beside the new one per context length (JSON to --compare-json)")
+    ap.add_argument("--compare-json", type=Path, default=Path("benchmarks/results/embedded-drafter-contexts.json"))
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     random.seed(a.seed)
@@ -228,6 +231,18 @@ def main(argv=None) -> int:
     stage_export_target(a.out)
     stage_drafter(a.out, a)
     log(f"pipeline done in {(time.time() - t0) / 60:.1f} min")
+    if a.compare:
+        import shutil
+        import sys
+
+        from .evaluate import compare_drafters
+
+        old = a.out / "drafter-before.gguf"
+        shutil.copyfile(a.compare, old)  # the install below may replace the file it names
+        rows = compare_drafters(a.out, a.out / "target.gguf", {"before": old, "new": a.out / "drafter.gguf"})
+        a.compare_json.write_text(json.dumps({"command": "python tools/train_pair.py " + " ".join(sys.argv[1:]),
+                                              "draft_max": 7, "prompts_per_length": 16, "max_tokens": 128,
+                                              "contexts": rows}, indent=1))
     if a.install:
         from .evaluate import install
         install(a.out, a.install)

@@ -101,7 +101,6 @@ class Dataset:
         self.features_dir = root / ("features-" + "-".join(str(i) for i in layer_ids))
         self.chunks: list[Chunk] = []
         self.features: list[npt.NDArray[np.float16]] = []
-        self.top: list[tuple[npt.NDArray[np.int32], npt.NDArray[np.float16]]] = []  # per chunk, if captured
 
     def __len__(self) -> int:
         return sum(len(c) for c in self.chunks)
@@ -119,12 +118,6 @@ class Dataset:
         ch = self.chunks[c]
         a, b = int(ch.offsets[i]), int(ch.offsets[i + 1])
         return ch.tokens[a:b], int(ch.prompt_lens[i]), self.features[c][a:b]
-
-    def top_of(self, c: int, i: int) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.float16]]:
-        """The target's top-K next tokens and their logits at each position of sequence i of chunk c."""
-        ch = self.chunks[c]
-        a, b = int(ch.offsets[i]), int(ch.offsets[i + 1])
-        return self.top[c][0][a:b], self.top[c][1][a:b]
 
     def feature_spread(self, rows: int = 65536) -> npt.NDArray[np.float32]:
         """Each feature dimension's root mean square over (a fixed sample of) the data's positions."""

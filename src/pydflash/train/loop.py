@@ -44,6 +44,7 @@ class Checkpoint:
     total: int = 0
     seconds: float = 0.0
     eval_seconds: float = 0.0  # what one online measurement took
+    eval_every: int = 0  # steps between measurements
     best_tau: float = 0.0
     points: list[Point] = dataclasses.field(default_factory=list)
     losses: list[float] = dataclasses.field(default_factory=list)

@@ -38,10 +38,8 @@ class Batch:
         anchors: torch.Tensor,  # (b, A) int64
         valid: torch.Tensor,  # (b, A) bool: False for padding anchors (short replies)
         n_tokens: int,
-        soft: tuple[torch.Tensor, torch.Tensor] | None = None,  # (b, S, K) ids and logits of the target's top K
     ):
         self.tokens, self.feats, self.anchors, self.valid, self.n_tokens = tokens, feats, anchors, valid, n_tokens
-        self.soft = soft
 
 
 def draw_batch(
@@ -65,16 +63,9 @@ def draw_batch(
     feats = np.zeros((len(seqs), s_max, width), np.float32)
     anchors = np.zeros((len(seqs), n_anchors), np.int64)
     valid = np.zeros((len(seqs), n_anchors), bool)
-    soft = None
-    if ds.top:
-        k = ds.top[0][0].shape[1]
-        soft = (np.zeros((len(seqs), s_max, k), np.int64), np.full((len(seqs), s_max, k), -np.inf, np.float32))
     for r, (t, p, f) in enumerate(seqs):
         tokens[r, : len(t)] = t
         feats[r, : len(t)] = f
-        if soft is not None:
-            ids, logits = ds.top_of(*items[int(pick[r])])
-            soft[0][r, : len(t)], soft[1][r, : len(t)] = ids, logits
         # the anchor is the last token kept (at most the prompt's last); its block must fit
         cand = np.arange(max(p - 1, 0), len(t) - block + 1)
         if len(cand) == 0:
@@ -88,7 +79,6 @@ def draw_batch(
         torch.from_numpy(anchors).to(device),
         torch.from_numpy(valid).to(device),
         int(sum(len(t) for t, _, _ in seqs)),
-        None if soft is None else (torch.from_numpy(soft[0]).to(device), torch.from_numpy(soft[1]).to(device)),
     )
 
 
@@ -113,11 +103,10 @@ def _blocks(b: Batch, block: int, mask_id: int) -> tuple[torch.Tensor, torch.Ten
 
 
 def block_loss(
-    model: Drafter, b: Batch, weights: torch.Tensor, mask_id: int, distill: float = 0.0
+    model: Drafter, b: Batch, weights: torch.Tensor, mask_id: int
 ) -> tuple[torch.Tensor, npt.NDArray[np.float64]]:
-    """(the slot-weighted loss, the accepted length of each valid block under greedy verification).
-    The loss is the cross-entropy with the target's greedy tokens, mixed (``distill``) with one
-    against the target's own distribution over its top K tokens where the batch carries them."""
+    """(the slot-weighted cross-entropy with the target's greedy tokens, the accepted length of each
+    valid block under greedy verification)."""
     block = model.s.block_size
     inputs, pos, labels, mask = _blocks(b, block, mask_id)
     h = model(b.feats, inputs, pos, mask)
@@ -127,8 +116,6 @@ def block_loss(
     logits = model.logits(h[valid])
     lab = model.to_draft[labels[valid]]  # rows of the (reduced) head; -100 where the drafter cannot propose it
     ce = F.cross_entropy(logits, lab, reduction="none", ignore_index=-100)
-    if distill > 0 and b.soft is not None:
-        ce = (1 - distill) * ce + distill * _soft_ce(model, logits, b.soft, pos, valid)
     per_slot = torch.cat([weights.new_zeros(1), weights]).to(inputs.device)  # slot 0: the anchor
     w = per_slot.repeat(n // block).expand(n_seq, -1)[valid]
     loss = (ce * w).sum() / w.sum().clamp(min=1e-9)
@@ -136,20 +123,6 @@ def block_loss(
         hit = (logits.argmax(-1) == lab).float().view(-1, block - 1)
         accepted = torch.cumprod(hit, -1).sum(-1).double().cpu().numpy()
     return loss, accepted
-
-
-def _soft_ce(
-    model: Drafter, logits: torch.Tensor, soft: tuple[torch.Tensor, torch.Tensor], pos: torch.Tensor, rows: torch.Tensor
-) -> torch.Tensor:
-    """Cross-entropy with the target's distribution over its top K: the label at position p is the
-    target's prediction made at p - 1 (its tokens outside the draft vocabulary left out)."""
-    seq = torch.arange(pos.shape[0], device=pos.device).unsqueeze(1).expand_as(pos)[rows]
-    at = (pos - 1).clamp(min=0)[rows]
-    ids, top = model.to_draft[soft[0][seq, at]], soft[1][seq, at]  # (M, K)
-    top = torch.where(ids >= 0, top, torch.full_like(top, -torch.inf))
-    p = torch.softmax(top, -1).nan_to_num(0.0)
-    logq = torch.log_softmax(logits, -1).gather(1, ids.clamp(min=0))
-    return -(p * logq).sum(-1)
 
 
 def cosine_lr(step: int, total: int, peak: float, warmup: int) -> float:

@@ -35,8 +35,7 @@ from .target import TargetInfo, frozen_tensors, read_target, read_tensors
 
 __all__ = ["train_drafter"]
 
-_DATA_SHARE = 0.6  # of a time budget, at most, for making data (cached data costs nothing): with little data
-# the held-out tau stops rising long before the training loss does
+_DATA_SHARE = 0.4  # of a time budget, at most, for making data (cached data costs nothing)
 
 
 def train_drafter(target: str | os.PathLike[str], output: str | os.PathLike[str], **options: Any) -> TrainReport:
@@ -276,15 +275,19 @@ def _probe_seconds(model: Any, ds: Dataset, s: DrafterShape, cfg: TrainConfig, n
 def _schedule(
     cfg: TrainConfig, ck: Checkpoint, ds: Dataset, n_seqs: int, step_s: float, deadline: float | None
 ) -> Schedule:
-    """Total steps: ``steps``, a resumed run's, what the budget fits, or 3 epochs."""
+    """Total steps (``steps``, a resumed run's, what the budget fits, or 3 epochs) and the spacing of
+    the online measurements: 10 in a run, fewer where they would take over 15% of a budget's time."""
+    n_evals = 10
     if ck.total:
         total = ck.total
     elif cfg.steps is not None:
         total = cfg.steps
     elif deadline is not None:
-        left = max(0.0, deadline - time.monotonic()) * 0.95 - 11 * ck.eval_seconds
-        total = max(1, int(left / max(step_s, 1e-6)))
+        left = max(0.0, deadline - time.monotonic()) * 0.95 - ck.eval_seconds  # the last measurement's
+        n_evals = int(min(10, max(2, 0.15 * left / max(ck.eval_seconds, 1e-6))))
+        total = max(1, int((left - n_evals * ck.eval_seconds) / max(step_s, 1e-6)))
     else:
         total = max(1, math.ceil(3 * len(ds) / n_seqs))
-    every = cfg.eval_every or max(1, total // 10)
+    every = cfg.eval_every or ck.eval_every or max(1, total // n_evals)
+    ck.eval_every = every
     return Schedule(total, every, max(1, min(every, 50)), n_seqs, cfg.anchors, cfg.lr, cfg.seed, cfg.device)

@@ -56,7 +56,7 @@ def test_test_extra_installs_everywhere_and_dev_has_the_tools():
     test = " ".join(extras["test"])
     assert "atheris" not in test and "clang-format" not in test
     assert {"atheris", "clang-format>=18", "ruff>=0.6", "mypy>=1.11"} <= set(extras["dev"])
-    assert 'pip install ".[test,dev,docs]"' in (ROOT / ".ci" / "run").read_text()  # CI installs the tools too
+    assert 'pip install ".[test,dev,docs,train]"' in (ROOT / ".ci" / "run").read_text()  # CI installs the tools too
 
 
 def test_metadata_a_package_index_shows():

@@ -13,7 +13,9 @@
   benchmarks/results/acceptance-per-position-embedded.json: the conditional acceptance of each
   draft position, measured in-process on the embedded pair (draft_max 7, greedy; seconds);
 - docs/img/webui.png: the chat page after one streamed reply of the embedded pair, served on
-  127.0.0.1 and shot in headless Chromium, as its browser test does (tools/webui_browser.py).
+  127.0.0.1 and shot in headless Chromium, as its browser test does (tools/webui_browser.py);
+- docs/img/train_curve.png: online tau against training minutes of `pydflash train-drafter` runs,
+  drawn from their committed reports benchmarks/results/train-*.json (no training run).
 
 Needs matplotlib (pip install ".[bench]"), the server extra and a Chromium (apt-get install
 chromium) for the page; `--only webui` makes that one alone.
@@ -188,12 +190,39 @@ def webui_shot(path: Path) -> Path | None:
         return webui_browser.chat_screenshot(srv.url, path, chromium)
 
 
+def train_curve(path: Path) -> Path:
+    """Online tau (draft_max 7, held-out prompts) against training minutes, one line per report."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for f in sorted(RESULTS.glob("train-*.json")):
+        d = json.loads(f.read_text())
+        rep = d["report"]
+        xs = [p["minutes"] for p in rep["curve"]]
+        ys = [p["tau"] for p in rep["curve"]]
+        ax.plot(xs, ys, marker="o", label=d.get("label", f.stem))
+    ax.set_xlabel("training minutes (the run's data and measurements not counted)")
+    ax.set_ylabel(f"tau at draft_max {DRAFT_MAX}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", choices=("webui",), help="make that figure alone")
+    ap.add_argument("--only", choices=("webui", "train"), help="make that figure alone")
     a = ap.parse_args(argv)
     if a.only == "webui":
         print(webui_shot(IMG / "webui.png"))
+        return 0
+    if a.only == "train":
+        print(train_curve(IMG / "train_curve.png"))
         return 0
     (IMG / "bench").mkdir(parents=True, exist_ok=True)
     step_svg(IMG / "step.svg")
@@ -203,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     sweeps = [RESULTS / f"serving-sweep-{pair}-cpu-2core.json" for pair in ("padded", "shipped")]
     print(serving_chart.write_chart(IMG / "bench" / "serving_sweep.png", [serving_chart.panel_of(p) for p in sweeps]))
     print(acceptance_per_position(IMG / "bench"))
+    print(train_curve(IMG / "train_curve.png"))
     print(webui_shot(IMG / "webui.png"))
     return 0
 

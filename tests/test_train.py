@@ -262,9 +262,9 @@ def test_llama_server_loads_and_drafts_with_it(target, trained):
     import socket
     import urllib.request
 
-    exe = Path(__file__).resolve().parents[1] / "build" / "native" / "bin" / "llama-server"
-    if not exe.is_file():
-        pytest.skip(f"{exe} is not built (python tools/build_native.py --target llama-server)")
+    from support.native_loop import native_binary
+
+    exe = native_binary("llama-server")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -22,16 +22,21 @@ ROOT = Path(__file__).resolve().parents[2]
 _STEP = re.compile(r"accepted (\d+)/(\d+) draft tokens")
 
 
-def speculative_simple() -> Path:
-    """The binary, or a skip (a failure under PYDFLASH_REQUIRE_NATIVE=1)."""
+def native_binary(name: str) -> Path:
+    """A program of build/native/bin, or a skip (a failure under PYDFLASH_REQUIRE_NATIVE=1)."""
     bin_dir = Path(os.environ.get("PYDFLASH_NATIVE_BIN_DIR", ROOT / "build" / "native" / "bin"))
-    exe = bin_dir / "llama-speculative-simple"
+    exe = bin_dir / name
     if not os.access(exe, os.X_OK):
-        why = f"{exe} is not built (python tools/build_native.py --target llama-speculative-simple)"
+        why = f"{exe} is not built (python tools/build_native.py --target {name})"
         if os.environ.get("PYDFLASH_REQUIRE_NATIVE") == "1":
             pytest.fail(why)
         pytest.skip(why)
     return exe
+
+
+def speculative_simple() -> Path:
+    """llama-speculative-simple (see native_binary)."""
+    return native_binary("llama-speculative-simple")
 
 
 def native_steps(

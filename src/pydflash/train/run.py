@@ -120,6 +120,7 @@ def _data(
         expected = cfg.max_response + min(cfg.max_prompt_tokens, 256)  # a prompt's tokens, guessed
         check_disk(ds.root, feature_bytes((cfg.max_prompts + cfg.eval_prompts) * expected, width), "the feature cache")
         capture = _core.FeatureCapture(llm.core_model, list(shape0.target_layers), per_seq, 512, cfg.threads or 0)
+        prog.data(0, 0)  # the bar shows from the start: the held-out chunk comes first
         try:
             held = build(ds, plan, llm, capture, max_chunks=-(-cfg.max_prompts // CHUNK), deadline=deadline,
                          on_chunk=prog.data)  # fmt: skip

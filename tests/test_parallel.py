@@ -244,6 +244,17 @@ def test_a_conversation_returns_to_its_slot(target_path, model_dir):
         assert [s.n_accepted for s in second.stats.steps] == [s.n_accepted for s in fresh.stats.steps]
 
 
+def test_among_free_slots_the_longest_shared_prefix_wins(target_path, model_dir):
+    # every slot free, and the conversation's is neither the least nor the most recently used
+    with open_llm(target_path, model_dir / "drafter-b8.gguf", 3) as llm:
+        a, b, c = ([20 + i] * 30 for i in range(3))
+        for prompt in (a, b, c):
+            llm.generate(prompt, max_tokens=4, ignore_eos=True)
+        assert [s["n_tokens"] for s in llm.slots()].count(0) == 0  # each slot holds one of them
+        res = llm.generate(b + [7, 7], max_tokens=4, ignore_eos=True)
+        assert res.stats.cached_tokens >= len(b) - 1
+
+
 def test_a_pinned_slot(target_path, model_dir):
     with open_llm(target_path, model_dir / "drafter-b8.gguf", 2) as llm:
         llm.generate([4, 4, 4, 4, 4, 4], max_tokens=8, ignore_eos=True, cache_prompt=False)

@@ -75,31 +75,7 @@ def native_routes(srv: ServerState) -> list[Route]:
         return {"content": raw.decode("utf-8", "replace")}
 
     def template(body: dict[str, Any]) -> str:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise ValueError("'messages' must be a non-empty list")
-        tools = body.get("tools")
-        if tools is not None and not isinstance(tools, list):
-            raise ValueError("'tools' must be a list")
-        # before the template renders them: the conversation's bounds and the prompt limit
-        check_conversation(messages, tools)
-        text = (m.get("content") for m in messages)
-        n_bytes = sum(len(t.encode("utf-8", "surrogatepass")) for t in text if isinstance(t, str))
-        srv.limit.check(n_bytes + tools_bytes(tools))
-        kwargs = dict(body.get("chat_template_kwargs") or {})
-        add = kwargs.pop("add_generation_prompt", body.get("add_generation_prompt", True))
-        if add and messages[-1].get("role") == "assistant" and body.get("continue_final_message"):
-            raise ValueError("Cannot have both add_generation_prompt and continue_final_message")
-        prompt = llm.apply_chat_template(
-            messages,
-            add_generation_prompt=bool(add),
-            tools=tools,
-            enable_thinking=bool(
-                kwargs.pop("enable_thinking", body.get("enable_thinking", srv.defaults.get("enable_thinking", True)))
-            ),
-            **kwargs,
-        )
-        return prompt.prompt
+        return _render(srv, body)
 
     def apply_template(body: dict[str, Any]) -> dict[str, Any]:
         return {"prompt": template(body)}
@@ -134,6 +110,36 @@ def native_routes(srv: ServerState) -> list[Route]:
     for paths, method, feature in _UNSUPPORTED:
         routes += [Route(path, _refuse(feature), methods=[method]) for path in paths]
     return routes
+
+
+def _render(srv: ServerState, body: dict[str, Any]) -> str:
+    """/apply-template's prompt: the conversation bounded, then rendered."""
+    llm = srv.llm
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("'messages' must be a non-empty list")
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise ValueError("'tools' must be a list")
+    # before the template renders them: the conversation's bounds and the prompt limit
+    check_conversation(messages, tools)
+    text = (m.get("content") for m in messages)
+    n_bytes = sum(len(t.encode("utf-8", "surrogatepass")) for t in text if isinstance(t, str))
+    srv.limit.check(n_bytes + tools_bytes(tools))
+    kwargs = dict(body.get("chat_template_kwargs") or {})
+    add = kwargs.pop("add_generation_prompt", body.get("add_generation_prompt", True))
+    if add and messages[-1].get("role") == "assistant" and body.get("continue_final_message"):
+        raise ValueError("Cannot have both add_generation_prompt and continue_final_message")
+    prompt = llm.apply_chat_template(
+        messages,
+        add_generation_prompt=bool(add),
+        tools=tools,
+        enable_thinking=bool(
+            kwargs.pop("enable_thinking", body.get("enable_thinking", srv.defaults.get("enable_thinking", True)))
+        ),
+        **kwargs,
+    )
+    return prompt.prompt
 
 
 def _endpoint(srv: ServerState, work: Callable[[dict[str, Any]], Any]) -> Callable[[Request], Awaitable[Response]]:

@@ -109,6 +109,7 @@ void ContextPair::load_sequence(int32_t seq, const std::string& path) {
     // before the pair's lock, which no open can then hold
     std::error_code ec;
     const auto st = std::filesystem::status(path, ec);
+    if (st.type() == std::filesystem::file_type::not_found) throw InvalidArgument(path + ": no such slot file");
     if (std::filesystem::exists(st) && !std::filesystem::is_regular_file(st)) {
         throw InvalidArgument(path + ": not a regular file");
     }

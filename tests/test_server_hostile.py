@@ -11,7 +11,8 @@ process, and the server answers the next request. Each failed before its fix:
 7.   a body with an Origin must be JSON (a typeless Blob needs no CORS preflight);
 8.   the 500s: a lone surrogate as a slot file name, messages that are not objects,
      a "from" offset of "²";
-9.   slot saves through a symlink, a FIFO as a slot file, DELETE /v1/stream's silent end,
+9.   slot saves through a symlink, a FIFO as a slot file, the slot folder's path in a
+     refusal, DELETE /v1/stream's silent end,
      a +inf logit bias at temperature > 0."""
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ GRAMMARS = {
     "deep": ("root ::= " + "(" * 20000 + '"a"' + ")" * 20000, "grammar depth limit"),
     "bomb": ("root ::= " + '"a"{0,1999} ' * 1000, "grammar rule limit"),
     "max below min": ('root ::= "a"{5,2}', "maximum below its minimum"),
-    "ambiguous": ("root ::= " + '"a"? ' * 1000 + '"b"', "grammar stack limit"),
+    "ambiguous": ("root ::= " + '"a"? ' * 1000 + '"b"', "grammar branch limit"),
 }
 
 
@@ -296,6 +297,19 @@ def test_a_fifo_is_no_slot_file(server):
         status, res = call(server, "POST", f"/slots/0?action={action}", {"filename": "fifo"})
         assert status == 400 and "regular file" in res["error"]["message"]
     assert call(server, "GET", "/slots")[0] == 200
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "why"),
+    [("none.bin", None, "no such slot file"), ("junk.bin", b"junk", "not a pydflash slot file")],
+)
+def test_a_slot_file_refusal_names_the_file_not_the_folder(server, name, content, why):
+    if content is not None:
+        (server.slot_save_path / name).write_bytes(content)
+    status, res = call(server, "POST", "/slots/0?action=restore", {"filename": name})
+    message = res["error"]["message"]
+    assert status == 400 and message.startswith(name) and why in message
+    assert str(server.slot_save_path) not in message
 
 
 @pytest.mark.parametrize("named", [False, True])

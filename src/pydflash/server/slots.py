@@ -74,12 +74,17 @@ class SlotRoutes:
         try:
             out = await anyio.to_thread.run_sync(self._file, action, slot, name, limiter=self.srv.side_threads)
         except ValueError as e:
-            return error_response(400, str(e))
+            return error_response(400, self._name_only(str(e)))
         except PyDFlashError as e:
-            return error_response(503 if "busy" in str(e) else 500, str(e))
+            return error_response(503 if "busy" in str(e) else 500, self._name_only(str(e)))
         except OSError as e:
             return error_response(400 if action == "restore" else 500, f"{e.strerror or e}: {name}")
         return json_response(out)
+
+    def _name_only(self, message: str) -> str:
+        """``message`` with the slot folder cut from the paths it holds: a client names a
+        file, and where the server keeps it is not the client's to know."""
+        return message.replace(f"{self.folder}{os.sep}", "")
 
     def _file(self, action: str, slot: int, name: str) -> dict[str, Any]:
         """Save or restore ``slot`` (in a worker thread): llama-server's reply."""

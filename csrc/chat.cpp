@@ -3,6 +3,7 @@
 #include <mutex>
 
 #include "errors.h"
+#include "grammar_limits.h"
 #include "template_error.h"
 
 // llama.cpp's common library (its chat.h shares our header's name: include by folder)
@@ -94,6 +95,12 @@ void set_triggers(const std::vector<common_grammar_trigger>& triggers, ChatPromp
 ChatPrompt ChatTemplate::apply(const std::string& messages_json, bool add_generation_prompt, bool enable_thinking,
                                const std::string& tools_json, const std::string& kwargs_json,
                                const std::string& json_schema, const std::string& grammar) const {
+    // the template and its grammar builder recurse over these: bounded before they read them
+    check_json_depth(messages_json, "messages");
+    check_json_depth(tools_json, "tools");
+    check_json_depth(kwargs_json, "chat template kwargs");
+    check_schema_text(json_schema);
+    if (!grammar.empty()) check_gbnf_limits(grammar);
     common_chat_templates_inputs in;
     in.json_schema = json_schema;
     in.grammar = grammar;
@@ -104,7 +111,11 @@ ChatPrompt ChatTemplate::apply(const std::string& messages_json, bool add_genera
     in.reasoning_format = COMMON_REASONING_FORMAT_DEEPSEEK;
     if (!tools_json.empty()) {
         try {
-            in.tools = common_chat_tools_parse_oaicompat(common_json::parse(tools_json));
+            const common_json tools = common_json::parse(tools_json);
+            check_schema_limits(tools);  // each tool's parameters are a JSON schema
+            in.tools = common_chat_tools_parse_oaicompat(tools);
+        } catch (const InvalidArgument&) {
+            throw;
         } catch (const std::exception& e) {
             throw InvalidArgument(e.what());
         }

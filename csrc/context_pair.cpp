@@ -287,6 +287,7 @@ void ContextPair::set_grammar(int32_t seq, const GrammarSpec& spec) {
             grammar_caches_.erase(seen);
         }
         s.grammar = std::make_unique<Grammar>(llama_model_get_vocab(target_->get()), spec, cache);
+        s.grammar->set_stop(&ContextPair::grammar_stop, this);  // a long mask stops as a decode does
         s.grammar_start = s.grammar->clone();
         grammar_caches_.emplace_back(spec.gbnf, s.grammar->cache());
         if (grammar_caches_.size() > kGrammarCaches) grammar_caches_.erase(grammar_caches_.begin());
@@ -314,6 +315,11 @@ bool ContextPair::abort_callback(void* data) {
         return true;
     }
     return false;
+}
+
+bool ContextPair::grammar_stop(void* data) {
+    auto* self = static_cast<ContextPair*>(data);
+    return self->fault_.fire(FaultSite::GrammarMask) || abort_callback(data);
 }
 
 void ContextPair::fail_rollback(const std::string& what) {

@@ -216,6 +216,7 @@ private:
 
     // the phases of step_batch
     std::vector<Work> plan(const std::vector<SeqStep>& steps);  // checks every request first
+    std::vector<StepResult> run_step(std::vector<Work>& work);  // draft, verify, accept, commit
     void save_checkpoints(std::vector<Work>& work);
     void verify(std::vector<Work>& work);
     void roll_back_and_inject(std::vector<Work>& work, StepTimes& t);
@@ -252,6 +253,7 @@ private:
     [[noreturn]] void fail_decode(const std::string& what, int32_t rc) override;
     [[noreturn]] void fail_rollback(const std::string& what);
     static bool abort_callback(void* self);
+    static bool grammar_stop(void* self);  // a grammar mask's stop check: abort_callback's
 
     std::shared_ptr<Model> target_;
     std::shared_ptr<Model> drafter_;

@@ -10,14 +10,15 @@
 
 namespace pydflash {
 
-enum class FaultSite { None, TargetDecode, DrafterDecode, MemoryRemove };
+enum class FaultSite { None, TargetDecode, DrafterDecode, MemoryRemove, GrammarMask };
 
 struct FaultPlan {
     FaultSite site = FaultSite::None;
     int32_t after_calls = 0;  // calls at `site` that still succeed before the one that fails
 
     // "target_decode", "drafter_decode" (block and feature decodes),
-    // "memory_remove" (removing rejected tokens from the target), or "none".
+    // "memory_remove" (removing rejected tokens from the target), "grammar_mask"
+    // (a grammar mask's stop check says stop), or "none".
     void arm(const std::string& name, int32_t after) {
         if (after < 0) throw InvalidArgument("after_calls must be >= 0");
         if (name == "none") {
@@ -28,9 +29,11 @@ struct FaultPlan {
             site = FaultSite::DrafterDecode;
         } else if (name == "memory_remove") {
             site = FaultSite::MemoryRemove;
+        } else if (name == "grammar_mask") {
+            site = FaultSite::GrammarMask;
         } else {
             throw InvalidArgument("unknown fault site '" + name +
-                                  "' (target_decode, drafter_decode, memory_remove, none)");
+                                  "' (target_decode, drafter_decode, memory_remove, grammar_mask, none)");
         }
         after_calls = after;
     }

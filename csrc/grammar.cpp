@@ -12,6 +12,7 @@
 #include "common/json-schema-to-grammar.h"
 #include "common/json.h"
 #include "errors.h"
+#include "grammar_limits.h"
 #include "llama-grammar.h"
 
 namespace pydflash {
@@ -35,6 +36,7 @@ const char* skip_space(const char* p) {
 }  // namespace
 
 std::string grammar_error(const std::string& gbnf) {
+    check_gbnf_limits(gbnf);  // before the parser, which recurses per nested group
     // llama_grammar_parser::parse() prints its error to stderr and returns false;
     // its rule loop is run here instead, to keep the message and print nothing
     llama_grammar_parser parser;
@@ -62,12 +64,14 @@ std::string grammar_error(const std::string& gbnf) {
 }
 
 std::string json_schema_to_gbnf(const std::string& schema_json) {
+    check_json_depth(schema_json, "json_schema");
     common_json schema;
     try {
         schema = common_json::parse(schema_json);
     } catch (const std::exception& e) {
         throw InvalidArgument(std::string("json_schema is not valid JSON: ") + e.what());
     }
+    check_schema_limits(schema);
     try {
         return json_schema_to_grammar(schema);
     } catch (const std::exception& e) {
@@ -78,6 +82,15 @@ std::string json_schema_to_gbnf(const std::string& schema_json) {
 void GrammarDeleter::operator()(llama_grammar* g) const noexcept { llama_grammar_free_impl(g); }
 
 namespace {
+
+// llama.cpp's work per character grows with the parse stacks its alive ones advance to
+// (and its de-duplication of them is quadratic): "" when the state is within the limit
+std::string too_ambiguous(const llama_grammar& g) {
+    const size_t n = grammar_branches(g, GrammarLimits::kBranches + 1);
+    if (n <= GrammarLimits::kBranches) return "";
+    return "the grammar is too ambiguous: over " + std::to_string(GrammarLimits::kBranches) +
+           " alternatives would follow the next character (the grammar branch limit)";
+}
 
 // -inf for every entry not in `allowed` (sorted ids)
 void apply_allowed(const std::vector<llama_token>& allowed, float* logits, int32_t n_vocab) {
@@ -113,6 +126,7 @@ Grammar::Grammar(const llama_vocab* vocab, const GrammarSpec& spec, std::shared_
     if (!g_) throw InvalidArgument("the grammar could not be built (see the log)");
     index_rules();
     for (llama_token t : spec.prefill) accept(t);
+    if (const std::string why = too_ambiguous(*g_); !why.empty()) throw InvalidArgument(why);
 }
 
 Grammar::Grammar(const llama_vocab* vocab, llama_grammar* g, std::shared_ptr<MaskCache> cache)
@@ -163,7 +177,23 @@ bool Grammar::state_key() {
 }
 
 std::unique_ptr<Grammar> Grammar::clone() const {
-    return std::unique_ptr<Grammar>(new Grammar(vocab_, llama_grammar_clone_impl(*g_), cache_));
+    // llama_grammar_clone_impl re-points each stack element by searching every rule for
+    // it (stacks x elements x rules: minutes for a large grammar): the rules are cloned
+    // with no stacks, then this state is taken as assign_state takes it
+    llama_grammar_stacks stacks;
+    stacks.swap(g_->stacks);
+    llama_grammar* copy = nullptr;
+    try {
+        copy = llama_grammar_clone_impl(*g_);
+    } catch (...) {
+        g_->stacks.swap(stacks);
+        throw;
+    }
+    g_->stacks.swap(stacks);
+    std::unique_ptr<Grammar> out(new Grammar(vocab_, copy, cache_));
+    out->assign_state(*this);
+    out->set_stop(stop_, stop_data_);
+    return out;
 }
 
 const std::vector<llama_token>* Grammar::known_allowed() {
@@ -194,11 +224,20 @@ bool Grammar::allows(llama_token t) {
     return allows_one(t);
 }
 
+void Grammar::apply_to_cur() {
+    // a chunk at a time: the stop check may end a long one, as it ends a decode
+    constexpr size_t kChunk = 4096;
+    for (size_t b = 0; b < cur_.size(); b += kChunk) {
+        if (stop_ != nullptr && stop_(stop_data_)) throw Interrupted("the grammar's work was interrupted");
+        llama_token_data_array arr{cur_.data() + b, std::min(kChunk, cur_.size() - b), -1, false};
+        llama_grammar_apply_impl(*g_, &arr);
+    }
+}
+
 std::vector<bool> Grammar::allows_each(const std::vector<llama_token>& tokens) {
     cur_.resize(tokens.size());
     for (size_t i = 0; i < tokens.size(); ++i) cur_[i] = {tokens[i], 0.0f, 0.0f};
-    llama_token_data_array arr{cur_.data(), cur_.size(), -1, false};
-    llama_grammar_apply_impl(*g_, &arr);
+    apply_to_cur();
     std::vector<bool> out(tokens.size());
     for (size_t i = 0; i < tokens.size(); ++i) out[i] = std::isfinite(cur_[i].logit);
     return out;
@@ -219,11 +258,10 @@ void Grammar::mask(float* logits, int32_t n_vocab) {
         // the grammar's verdict on every token (of the state, not of these logits)
         cur_.resize(static_cast<size_t>(n_vocab));
         for (int32_t i = 0; i < n_vocab; ++i) cur_[static_cast<size_t>(i)] = {i, 0.0f, 0.0f};
-        llama_token_data_array arr{cur_.data(), cur_.size(), -1, false};
-        llama_grammar_apply_impl(*g_, &arr);
+        apply_to_cur();
         std::vector<llama_token> allowed;
-        for (size_t i = 0; i < arr.size; ++i) {
-            if (std::isfinite(arr.data[i].logit)) allowed.push_back(arr.data[i].id);
+        for (const llama_token_data& d : cur_) {
+            if (std::isfinite(d.logit)) allowed.push_back(d.id);
         }
         std::sort(allowed.begin(), allowed.end());
         if (!cacheable) {
@@ -248,6 +286,7 @@ void Grammar::accept(llama_token t) {
     } catch (const std::exception& e) {
         throw GrammarError(std::string("the output does not fit the grammar: ") + e.what());
     }
+    if (const std::string why = too_ambiguous(*g_); !why.empty()) throw GrammarError(why);
 }
 
 }  // namespace pydflash

@@ -67,12 +67,21 @@ public:
     const std::vector<llama_token>* known_allowed();
     bool allows_one(llama_token t);
     // Which of `tokens` the grammar allows next, in one pass over its stacks (far
-    // cheaper than one check per token).
+    // cheaper than one check per token); Interrupted as mask().
     std::vector<bool> allows_each(const std::vector<llama_token>& tokens);
     // Sets the disallowed entries of a logits row to -inf (the whole vocabulary).
+    // Interrupted when the stop check (set_stop) says so between chunks of it.
     void mask(float* logits, int32_t n_vocab);
-    // Advances past an emitted token; GrammarError when the grammar cannot take it.
+    // Advances past an emitted token; GrammarError when the grammar cannot take it,
+    // or when the state after it is over GrammarLimits::kBranches (grammar_limits.h).
     void accept(llama_token t);
+    // What mask() asks between chunks of the vocabulary (the pair's abort check, as
+    // a decode asks it): true stops the work. Copies (clone) keep it.
+    using StopCheck = bool (*)(void*);
+    void set_stop(StopCheck check, void* data) {
+        stop_ = check;
+        stop_data_ = data;
+    }
 
 private:
     Grammar(const llama_vocab* vocab, llama_grammar* g, std::shared_ptr<MaskCache> cache);
@@ -82,6 +91,8 @@ private:
     // The rule and offset of a stack element of this copy (false: not in its rules).
     bool locate(const llama_grammar_element* e, uint32_t& rule, uint32_t& offset) const;
     void index_rules();
+    // llama.cpp's verdict on each of cur_ (disallowed: -inf), asking the stop check between chunks
+    void apply_to_cur();
 
     const llama_vocab* vocab_;
     std::unique_ptr<llama_grammar, GrammarDeleter> g_;
@@ -91,6 +102,8 @@ private:
     std::vector<llama_token_data> cur_;
     std::string key_;
     int key_known_ = -1;  // key_ is the current state's: -1 not yet, 0 not cacheable, 1 yes
+    StopCheck stop_ = nullptr;
+    void* stop_data_ = nullptr;
 };
 
 }  // namespace pydflash

@@ -192,6 +192,16 @@ const float* Sampler::adjusted(const float* logits, const std::vector<llama_toke
     return work_.data();
 }
 
+bool Sampler::forced(const float* row, Distribution& out) {
+    // a +inf logit (a +inf bias) takes all the probability: the softmax's limit, which the
+    // chain cannot compute (inf - inf is NaN); several share it evenly
+    for (int32_t i = 0; i < n_vocab_; ++i) {
+        if (row[i] == std::numeric_limits<float>::infinity()) out.ids.push_back(i);
+    }
+    out.probs.assign(out.ids.size(), out.ids.empty() ? 0.0f : 1.0f / static_cast<float>(out.ids.size()));
+    return !out.ids.empty();
+}
+
 void Sampler::distribution(const float* logits, const std::vector<llama_token>& recent, Distribution& out) {
     out.ids.clear();
     out.probs.clear();
@@ -201,6 +211,7 @@ void Sampler::distribution(const float* logits, const std::vector<llama_token>& 
         out.probs.push_back(1.0f);
         return;
     }
+    if (forced(row, out)) return;
     // candidates: the finite logits (a -inf bias or a grammar removes a token)
     cand_.clear();
     for (int32_t i = 0; i < n_vocab_; ++i) {

@@ -107,6 +107,8 @@ private:
     ChainPtr top_n_sigma_;
     ChainPtr cuts_;
     const float* adjusted(const float* logits, const std::vector<llama_token>& recent);  // bias, penalties
+    // the +inf entries of a row, evenly likely (false: none)
+    bool forced(const float* row, Distribution& out);
 };
 
 // Index of the largest logit; ties go to the lowest id.

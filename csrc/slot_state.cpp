@@ -3,6 +3,7 @@
 // drafter's injected features), so a conversation can continue later, in this
 // pair or another one on the same model files, without evaluating it again.
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -72,6 +73,12 @@ std::string ContextPair::fingerprint() const {
 }
 
 void ContextPair::save_sequence(int32_t seq, const std::string& path) {
+    // a new file or a regular one: a FIFO's open would wait for a reader, under the lock
+    std::error_code ec;
+    const auto st = std::filesystem::status(path, ec);
+    if (std::filesystem::exists(st) && !std::filesystem::is_regular_file(st)) {
+        throw InvalidArgument(path + ": not a regular file");
+    }
     std::lock_guard<std::mutex> lock(mu_);
     const Sequence& s = seq_at(seq);
     if (!s.prompt.empty()) throw InvalidArgument("sequence " + std::to_string(seq) + " is still evaluating a prompt");
@@ -98,10 +105,18 @@ void ContextPair::save_sequence(int32_t seq, const std::string& path) {
 }
 
 void ContextPair::load_sequence(int32_t seq, const std::string& path) {
-    std::lock_guard<std::mutex> lock(mu_);
-    seq_at(seq);  // in range
+    // only a regular file (opening a FIFO waits for a writer, a device may never end), opened
+    // before the pair's lock, which no open can then hold
+    std::error_code ec;
+    const auto st = std::filesystem::status(path, ec);
+    if (st.type() == std::filesystem::file_type::not_found) throw InvalidArgument(path + ": no such slot file");
+    if (std::filesystem::exists(st) && !std::filesystem::is_regular_file(st)) {
+        throw InvalidArgument(path + ": not a regular file");
+    }
     std::ifstream f(path, std::ios::binary | std::ios::ate);
     if (!f) throw InvalidArgument(path + ": cannot read the slot file");
+    std::lock_guard<std::mutex> lock(mu_);
+    seq_at(seq);  // in range
     const auto size = static_cast<uint64_t>(f.tellg());
     f.seekg(0);
     char magic[sizeof(kMagic)];

@@ -57,6 +57,17 @@ std::vector<StepResult> ContextPair::step_batch(const std::vector<SeqStep>& step
     require_open();
     if (steps.empty()) return {};
     std::vector<Work> work = plan(steps);
+    try {
+        return run_step(work);
+    } catch (const Interrupted&) {
+        // a grammar's work stopped mid-step (a decode's interrupt has reset the pair already)
+        clear_memory();
+        interrupt_.store(false);
+        throw;
+    }
+}
+
+std::vector<StepResult> ContextPair::run_step(std::vector<Work>& work) {
     StepTimes t;
 
     auto t0 = Clock::now();

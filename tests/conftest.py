@@ -12,6 +12,23 @@ from support.phrases import SPEC as PHRASE_SPEC
 from support.phrases import TOOL_TEMPLATE, write_phrase_target
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_compute_thread():
+    """Every Llama a test makes computes on one thread unless the test names n_threads (the
+    tests of threads do): the models are tiny, and on a shared machine a second OpenMP
+    worker mostly spins (150 two-token generations took 150-176 s with every hardware
+    thread, 0.3-1.0 s with one). A CLI's Llama gets its -t flag (None: every core) as given."""
+    init = Llama.__init__
+
+    def pinned(self, *args, **kwargs):
+        kwargs.setdefault("n_threads", 1)
+        init(self, *args, **kwargs)
+
+    Llama.__init__ = pinned  # type: ignore[method-assign]
+    yield
+    Llama.__init__ = init  # type: ignore[method-assign]
+
+
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("models")

@@ -155,6 +155,9 @@ def test_eos_ends_generation(model_dir):
                 res = llm.generate(prompt, max_tokens=128)
                 assert res.finish_reason == "eos"
                 assert res.tokens == full[:cut]
+                out = llm.create_completion(prompt, max_tokens=128, temperature=0.0)
+                assert out["choices"][0]["finish_reason"] == "stop"
+                assert out["usage"]["completion_tokens"] == cut  # the EOS ends it and is not counted
         assert hits > 0, "no prompt reached EOS: pick others"
 
 

@@ -244,6 +244,17 @@ def test_a_conversation_returns_to_its_slot(target_path, model_dir):
         assert [s.n_accepted for s in second.stats.steps] == [s.n_accepted for s in fresh.stats.steps]
 
 
+def test_among_free_slots_the_longest_shared_prefix_wins(target_path, model_dir):
+    # every slot free, and the conversation's is neither the least nor the most recently used
+    with open_llm(target_path, model_dir / "drafter-b8.gguf", 3) as llm:
+        a, b, c = ([20 + i] * 30 for i in range(3))
+        for prompt in (a, b, c):
+            llm.generate(prompt, max_tokens=4, ignore_eos=True)
+        assert [s["n_tokens"] for s in llm.slots()].count(0) == 0  # each slot holds one of them
+        res = llm.generate([*b, 7, 7], max_tokens=4, ignore_eos=True)
+        assert res.stats.cached_tokens >= len(b) - 1
+
+
 def test_a_pinned_slot(target_path, model_dir):
     with open_llm(target_path, model_dir / "drafter-b8.gguf", 2) as llm:
         llm.generate([4, 4, 4, 4, 4, 4], max_tokens=8, ignore_eos=True, cache_prompt=False)
@@ -511,23 +522,23 @@ def test_a_long_prompt_joins_in_chunks_between_the_running_steps(target_path, mo
     with Llama(target_path, draft=model_dir / "drafter-b8.gguf", n_ctx=2 * 1024, n_parallel=2, n_batch=64,
                n_threads=THREADS) as llm:
         a = llm.submit([4, 8, 15, 16, 23, 42], max_tokens=600, ignore_eos=True)
-        seen: list[float] = []
+        steps: list[int] = []  # a's steps with tokens, as its reader sees them (a counter, not a clock)
+        stepping = threading.Event()
 
         def read_a() -> None:
             for step in a:
                 if step.tokens:
-                    seen.append(time.perf_counter())
+                    steps.append(1)
+                    stepping.set()
 
         reader = threading.Thread(target=read_a)
         reader.start()
-        while not seen:
-            time.sleep(0.001)
-        t_join = time.perf_counter()
+        assert stepping.wait(timeout=120)
+        at_join = len(steps)
         b = llm.submit([7] * 900, max_tokens=1, ignore_eos=True)
         next(iter(b))
-        t_first = time.perf_counter()
+        during = len(steps) - at_join
         reader.join(timeout=120)
-        during = sum(t_join < t < t_first for t in seen)
         print("steps during the join:", during)
         assert during >= 5, f"the running stream made {during} steps while the long prompt was evaluated"
         assert b.result().stats.prefill_seconds > 0

@@ -59,6 +59,13 @@ def test_test_extra_installs_everywhere_and_dev_has_the_tools():
     assert 'pip install ".[test,dev,docs,train]"' in (ROOT / ".ci" / "run").read_text()  # CI installs the tools too
 
 
+def test_every_test_has_a_timeout():
+    # a test that hangs (a deadlock, a grammar that never ends) fails; it does not hang the run
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert 0 < int(config["timeout"]) <= 900
+    assert any(r.startswith("pytest-timeout") for r in PROJECT["optional-dependencies"]["test"])
+
+
 def test_metadata_a_package_index_shows():
     assert PROJECT["license"] == "MIT"  # an SPDX expression
     assert any(c.startswith("Programming Language :: Python :: 3") for c in PROJECT["classifiers"])

@@ -152,12 +152,23 @@ def test_slots_do_not_block_the_event_loop(roomy):
 
     threading.Thread(target=long_prefill, daemon=True).start()
     poll(one, "the prefill did not start", lambda m: m["pydflash_requests_processing"] == 1)
-    slots = threading.Thread(target=lambda: get(one, "/slots", timeout=120), daemon=True)
+    answered: list[str] = []  # in the order the answers came (an order, not a clock)
+
+    def slots_call() -> None:
+        get(one, "/slots", timeout=120)
+        answered.append("slots")
+
+    key = 'pydflash_requests_total{endpoint="/slots"}'
+    before = poll(one, "metrics", lambda m: True).get(key, 0.0)
+    slots = threading.Thread(target=slots_call, daemon=True)
     slots.start()
-    t0 = time.monotonic()
+    # /slots is in its handler (the server counted it) before /health is asked
+    poll(one, "/slots did not arrive", lambda m: m.get(key, 0.0) > before)
     assert get(one, "/health")[0] == 200
-    assert time.monotonic() - t0 < 0.5
+    answered.append("health")
     slots.join(timeout=120)
+    # /slots waits for the model's lock until the prefill's pass ends; /health does not wait for it
+    assert answered == ["health", "slots"]
     assert done.wait(timeout=120)
 
 
@@ -245,6 +256,9 @@ def test_api_key(keyed):
     assert status == 401 and res["error"] == {"message": "Invalid API Key", "type": "authentication_error",
                                                "param": None, "code": 401}
     assert get(keyed, "/v1/models", {"Authorization": "Bearer nope"})[0] == 401
+    for near in ("k1x", "k", "k1k2"):  # a key is the whole of one: no prefix, no suffix
+        assert get(keyed, "/v1/models", {"Authorization": f"Bearer {near}"})[0] == 401, near
+        assert get(keyed, "/v1/models", {"x-api-key": near})[0] == 401, near
     assert get(keyed, "/v1/models", {"Authorization": "Bearer k2"})[0] == 200
     assert get(keyed, "/v1/models", {"x-api-key": "k1"})[0] == 200
     assert post(keyed, "/v1/completions", completion())[0] == 401
@@ -257,6 +271,10 @@ def test_host_origin_and_content_type(keyed):
         c.send(b"GET /v1/models HTTP/1.1\r\nHost: evil.example:8080\r\nAuthorization: Bearer k1\r\n\r\n")
         status, _, res = c.response()
         assert status == 403 and json.loads(res)["error"]["type"] == "permission_error"
+    for host in ("localhost.evil.example", "127.0.0.1.evil.example:8080", "localhostx"):  # names, not prefixes
+        with Conn(keyed) as c:
+            c.send(f"GET /v1/models HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer k1\r\n\r\n".encode())
+            assert c.response()[0] == 403, host
     with Conn(keyed) as c:  # a form post from a page: no JSON without a preflight
         c.request("POST", "/v1/completions", completion(), headers="Content-Type: text/plain\r\n" + auth)
         status, _, res = c.response()

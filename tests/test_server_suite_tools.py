@@ -44,6 +44,16 @@ def test_the_shim_gives_llama_server_every_flag_but_the_model_source(monkeypatch
                    "--model-draft", "/tmp/d.gguf", "-c", "256"]  # fmt: skip
 
 
+def test_server_tools_make_localhost_the_default_cors_origin_as_in_llama_server(monkeypatch: pytest.MonkeyPatch):
+    # llama-server: --tools (or MCP servers) without --cors-origins serves loopback origins only
+    monkeypatch.setenv("PYDFLASH_SHIM_MODEL", "/m/target.gguf")
+    out = shim.translate(["--port", "8080", "--tools", "all"])
+    assert "--tools" not in out and out[out.index("--cors-origins") + 1] == "localhost"
+    out = shim.translate(["--tools", "all", "--cors-origins", "https://app.example"])
+    assert out.count("--cors-origins") == 1 and out[out.index("--cors-origins") + 1] == "https://app.example"
+    assert "--cors-origins" not in shim.translate(["--port", "8080"])
+
+
 def _junit(path: Path, cases: dict[str, str]) -> str:
     body = []
     for name, state in cases.items():

@@ -71,7 +71,7 @@ def test_bad_files_are_refused_and_the_slot_stays_usable(target_path, model_dir,
     cases = {
         "short.bin": "truncated",
         "junk.bin": "not a pydflash slot file",
-        "missing.bin": "cannot read",
+        "missing.bin": "no such slot file",
     }
     with open_pair(target_path, model_dir / "drafter-b8.gguf") as b:
         want = b.generate([1, 2, 3], max_tokens=10, ignore_eos=True).tokens
@@ -133,7 +133,7 @@ def test_the_servers_slot_endpoints(target_path, model_dir, tmp_path):
         # refused: a path, a missing file, an unknown slot or action
         assert _post(srv.url + "/slots/0?action=save", {"filename": "../x.bin"})[0] == 400
         status, err = _post(srv.url + "/slots/0?action=restore", {"filename": "none.bin"})
-        assert status == 400 and "cannot read" in err["error"]["message"]
+        assert status == 400 and "no such slot file" in err["error"]["message"]
         assert _post(srv.url + "/slots/5?action=save", {"filename": "a.bin"})[0] == 400
         assert _post(srv.url + "/slots/0?action=fly")[0] == 400
     with open_pair(target_path, model_dir / "drafter-b8.gguf") as llm, Server(llm, port=0) as srv:

@@ -112,6 +112,11 @@ def translate(argv: list[str]) -> list[str]:
             continue
         out.append(_RENAME.get(arg, arg))
         i += 1
+    # llama-server serves loopback origins only by default once its server tools or MCP
+    # servers are on (common/arg.cpp); pydflash has neither, but keeps the rule
+    tools = {"--tools", "--mcp-servers-config", "--mcp-servers-json"} & set(argv)
+    if tools and "--cors-origins" not in argv:
+        out += ["--cors-origins", "localhost"]
     return ["-m", model, *(["-md", draft] if draft else []), *out]
 
 

@@ -128,7 +128,7 @@ void register_context_pair(py::module_& m) {
              "`defer`, the prompt's features wait for the sequence's next drafter pass, as a plain step's do.")
         .def("prefill_some", &ContextPair::prefill_some, py::arg("seqs"), py::arg("budget"), release(),
              "Evaluate at most `budget` more prompt tokens of these sequences in one target pass (ms).")
-        .def("prefill_remaining", &ContextPair::prefill_remaining, py::arg("seq"))
+        .def("prefill_remaining", &ContextPair::prefill_remaining, py::arg("seq"), release())
         .def("save_sequence", &ContextPair::save_sequence, py::arg("seq"), py::arg("path"), release(),
              "Write sequence `seq` (history, pending token, both contexts' state of it) to `path`.")
         .def("load_sequence", &ContextPair::load_sequence, py::arg("seq"), py::arg("path"), release(),
@@ -202,8 +202,13 @@ void register_context_pair(py::module_& m) {
         .def(
             "memory",
             [](const ContextPair& self) {
+                std::vector<MemoryRow> rows;
+                {
+                    py::gil_scoped_release nogil;  // the pair's lock, as tokens()
+                    rows = self.memory();
+                }
                 py::list out;
-                for (const auto& r : self.memory()) {
+                for (const auto& r : rows) {
                     out.append(py::make_tuple(r.role, r.buffer, r.model, r.context, r.compute));
                 }
                 return out;
@@ -226,7 +231,9 @@ void register_context_pair(py::module_& m) {
         .def("_inject_fault", &ContextPair::inject_fault, py::arg("site"), py::arg("after_calls") = 0,
              "Tests only: the (after_calls + 1)-th later call at site ('target_decode', 'drafter_decode', "
              "'memory_remove'; 'none' disarms) fails as if llama.cpp had failed.")
-        .def("tokens", &ContextPair::tokens, py::arg("seq") = 0)
+        // these wait for the pair's lock, which a prefill or a step holds: without the GIL,
+        // so that the other Python threads (a server's event loop) run meanwhile
+        .def("tokens", &ContextPair::tokens, py::arg("seq") = 0, release())
         .def_property_readonly("closed", &ContextPair::closed)
         .def_property_readonly("has_drafter", &ContextPair::has_drafter)
         .def("n_past", &ContextPair::n_past, py::arg("seq") = 0)

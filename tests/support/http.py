@@ -18,7 +18,10 @@ from collections.abc import Iterator
 @contextlib.contextmanager
 def serve(*args: str) -> Iterator[str]:
     """`pydflash serve ARGS` on a free port of 127.0.0.1; yields its URL."""
-    cmd = [sys.executable, "-m", "pydflash", "serve", "--host", "127.0.0.1", "--port", "0", "--metrics", *args]
+    # one compute thread unless the test says otherwise (tests/conftest.py: one_compute_thread)
+    threads = [] if {"-t", "--threads"} & set(args) else ["--threads", "1"]
+    cmd = [sys.executable, "-m", "pydflash", "serve", "--host", "127.0.0.1", "--port", "0", "--metrics", *threads]
+    cmd += args
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = None
     deadline = time.monotonic() + 120

@@ -12,7 +12,16 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
-from .requests import MAX_STOP, MAX_STOP_CHARS, BadRequest, ChatRequest, NoVision, Unsupported
+from .requests import (
+    MAX_STOP,
+    MAX_STOP_CHARS,
+    BadRequest,
+    ChatRequest,
+    NoVision,
+    Unsupported,
+    check_conversation,
+    tools_bytes,
+)
 
 if TYPE_CHECKING:
     from ..llama import Llama
@@ -44,6 +53,16 @@ class _Messages(BaseModel):
     system: str | list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
+
+    def bounded_bytes(self) -> int:
+        """The prompt's text in bytes (messages, system, tools: a lower bound of the rendered
+        prompt's), after the conversation's bounds (BadRequest)."""
+        check_conversation(self.messages, self.tools)
+        text = sum(
+            len(m.get("content", "") if isinstance(m.get("content"), str) else json.dumps(m.get("content")))
+            for m in self.messages
+        )
+        return text + len(_text(self.system or "")) + tools_bytes(self.tools)
 
     def openai_messages(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
@@ -146,10 +165,7 @@ class AnthropicRequest(_Messages):
         self._jinja = defaults.get("jinja", True)  # --no-jinja: the chat request's too
 
     def prompt_bytes(self) -> int:
-        return sum(
-            len(m.get("content", "") if isinstance(m.get("content"), str) else json.dumps(m.get("content")))
-            for m in self.messages
-        ) + len(_text(self.system or ""))
+        return self.bounded_bytes()
 
     def check(self, n_vocab: int, parallel: int) -> None:
         stops = self.stop_sequences or []
@@ -314,7 +330,9 @@ def _events(chunks: Iterator[dict[str, Any]], msg_id: str, model: str) -> Iterat
 class CountTokensRequest(_Messages):
     """``POST /v1/messages/count_tokens``: the prompt's tokens, nothing generated."""
 
-    def count(self, llm: Llama) -> dict[str, Any]:
+    def count(self, llm: Llama, limit: Callable[[int], None]) -> dict[str, Any]:
+        """The prompt's tokens; ``limit``: the server's prompt limit, asked before any work."""
+        limit(self.bounded_bytes())
         tools = self.openai_tools()
         prompt = llm.apply_chat_template(self.openai_messages(), tools=tools)
         return {"input_tokens": len(llm.prompt_tokens(prompt.prompt))}

@@ -14,7 +14,6 @@ generation."""
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -39,7 +38,7 @@ try:
     from .anthropic import AnthropicRequest
     from .exchange import MAX_BODY, Exchange, Generations, Kind
     from .gcp import GcpConfig, predict_routes
-    from .http import CanonicalHeaders, FramingCheck, error_response, json_response, protocol, read_body
+    from .http import CanonicalHeaders, FramingCheck, error_response, json_response, protocol
     from .limits import PromptLimit
     from .metrics import Metrics
     from .native import InfillRequest, NativeRequest
@@ -48,6 +47,7 @@ try:
     from .routes_native import model_file, native_routes
     from .security import Guard, loopback_only
     from .sleep import Sleep, WakeOnUse
+    from .slots import SlotRoutes
     from .streams import StreamSessions, stream_routes
     from .webui import WebUI
 except ImportError as e:  # the optional dependencies of the server extra
@@ -60,7 +60,6 @@ __all__ = ["MAX_BODY", "Server", "serve"]
 
 log = logging.getLogger("pydflash.server")
 
-MAX_SLOT_BODY = 64 * 1024  # a slot action's body names a file: no more is needed
 ROUTES = {
     "/health",
     "/v1/health",
@@ -321,6 +320,7 @@ class Server:
     # -- the application ----------------------------------------------------------
 
     def _app(self, api_keys: Sequence[str], cors_origins: str, check_host: bool) -> Starlette:
+        slots = SlotRoutes(self, self.slots_on, self.slot_save_path)
         gets: dict[str, Callable[[Request], Awaitable[Response]]] = {
             "/health": self._health,
             "/v1/health": self._health,
@@ -328,10 +328,10 @@ class Server:
             "/models": self._models,
             "/metrics": self._metrics,
             "/v1/metrics": self._metrics,
-            "/slots": self._slots,
+            "/slots": slots.slots,
         }
         routes = [Route(path, endpoint, methods=["GET"]) for path, endpoint in gets.items()]
-        routes.append(Route("/slots/{id_slot}", self._slot_action, methods=["POST"]))
+        routes.append(Route("/slots/{id_slot}", slots.action, methods=["POST"]))
         kinds: tuple[tuple[tuple[str, ...], Kind], ...] = (
             (("/v1/completions",), CompletionRequest),
             (("/v1/chat/completions", "/chat/completions"), ChatRequest),
@@ -395,66 +395,6 @@ class Server:
         text = self.sleep.cached["metrics"] if self.sleep is not None and asleep else self.metrics.render()
         return Response(text, media_type=self.metrics.content_type)
 
-    async def _slots(self, request: Request) -> Response:
-        if not self.slots_on:
-            return error_response(501, "This server does not support slots endpoint. Start it with `--slots`")
-        # the slots are read under the engine's lock, which a long prefill may hold
-        return json_response(await anyio.to_thread.run_sync(self.llm.slots, limiter=self.side_threads))
-
-    async def _slot_action(self, request: Request) -> Response:
-        """llama-server's ``POST /slots/{id}?action=save|restore|erase`` (save and
-        restore: ``{"filename": ...}`` in ``--slot-save-path``)."""
-        if not self.slots_on:
-            return error_response(501, "This server does not support slots endpoint. Start it with `--slots`")
-        action = request.query_params.get("action", "")
-        try:
-            slot = int(request.path_params["id_slot"])
-            if not 0 <= slot < self.llm.n_parallel:
-                raise ValueError
-        except ValueError:
-            return error_response(400, f"id_slot must be a slot in [0, {self.llm.n_parallel})", "id_slot")
-        if action not in ("save", "restore", "erase"):
-            return error_response(400, "action must be save, restore or erase", "action")
-        raw = await read_body(request, MAX_SLOT_BODY, self.timeout)
-        if isinstance(raw, Response):
-            return raw
-        if action == "erase":
-            try:
-                n = await anyio.to_thread.run_sync(self.llm.erase_slot, slot, limiter=self.side_threads)
-            except PyDFlashError as e:
-                return error_response(503 if "busy" in str(e) else 500, str(e))
-            return json_response({"id_slot": slot, "n_erased": n})
-        if self.slot_save_path is None:
-            return error_response(501, "slot save and restore need --slot-save-path")
-        try:
-            body = json.loads(raw or b"{}")
-            name = body.get("filename") if isinstance(body, dict) else None
-        except ValueError:
-            name = None
-        if not _plain_file_name(name):
-            return error_response(400, "'filename' must be a plain file name", "filename")
-        assert isinstance(name, str)
-        path = self.slot_save_path / name
-        t0 = time.perf_counter()
-        run = self.llm.save_slot if action == "save" else self.llm.load_slot
-        try:
-            await anyio.to_thread.run_sync(run, slot, path, limiter=self.side_threads)
-        except ValueError as e:
-            return error_response(400, str(e))
-        except PyDFlashError as e:
-            return error_response(503 if "busy" in str(e) else 500, str(e))
-        except OSError as e:
-            return error_response(400 if action == "restore" else 500, f"{e.strerror or e}: {name}")
-        ms = (time.perf_counter() - t0) * 1e3
-        n = len(self.llm.pair.sequence(slot).tokens)
-        # llama-server's field names
-        tokens, size, took = (
-            ("n_saved", "n_written", "save_ms") if action == "save" else ("n_restored", "n_read", "restore_ms")
-        )
-        return json_response(
-            {"id_slot": slot, "filename": name, tokens: n, size: path.stat().st_size, "timings": {took: ms}}
-        )
-
 
 def _warn_if_chat_cannot_end(llm: Llama) -> None:
     """A model without a chat template of its own gets ChatML; where its vocabulary has no
@@ -485,19 +425,6 @@ def _clamped(defaults: dict[str, Any], llm: Llama) -> dict[str, Any]:
             log.warning("%s %d is over what the drafter allows (%d): using %d", key, defaults[key], top, top)
             defaults[key] = top
     return defaults
-
-
-# characters a slot file name may not hold (llama.cpp's fs_validate_filename refuses them too)
-_BAD_NAME_CHARS = frozenset('/\\:*?"<>|') | {chr(c) for c in range(32)} | {chr(127)}
-
-
-def _plain_file_name(name: object) -> bool:
-    return (
-        isinstance(name, str)
-        and 0 < len(name.encode("utf-8", "surrogatepass")) <= 255
-        and name not in (".", "..")
-        and not _BAD_NAME_CHARS.intersection(name)
-    )
 
 
 class _Uvicorn(uvicorn.Server):

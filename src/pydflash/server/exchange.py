@@ -38,7 +38,9 @@ log = logging.getLogger("pydflash.server")
 
 MAX_BODY = 32 * 1024 * 1024
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-_Item = tuple[str, Any]  # what a worker hands to its request: ("result" | "head" | "chunk" | "error", payload)
+# what a worker hands to its request: ("result" | "head" | "chunk" | "error", payload); a
+# result's JSON and the events are bytes, encoded in the worker's thread
+_Item = tuple[str, Any]
 Kind = (
     type[CompletionRequest] | type[ChatRequest] | type[NativeRequest] | type[AnthropicRequest] | type[ResponsesRequest]
 )
@@ -148,14 +150,14 @@ class Exchange:
         elif kind == "error":
             status, err = self.error(payload)
             response = json_response(err, status)
-        else:
-            response = json_response(payload)
+        else:  # the reply's JSON, written in the worker's thread: a large one keeps no other request waiting
+            response = Response(payload, 200, media_type="application/json")
         await response(self.scope, self.receive, self.send)
 
-    async def _recorded(self, conv_id: str, head: list[dict[str, Any]], items: Handoff[_Item]) -> None:
+    async def _recorded(self, conv_id: str, head: list[bytes], items: Handoff[_Item]) -> None:
         """A stream recorded under its conversation id (streams.py): the client reads the
         session, and the generation runs on, into it, when the client leaves."""
-        session = self.server.streams.open(conv_id, self.gone.set)
+        session = self.server.streams.open(conv_id, self.gone.set, self.event_names)
 
         async def record() -> None:
             try:
@@ -170,14 +172,14 @@ class Exchange:
             await response(self.scope, self.receive, self.send)
 
     async def events(
-        self, head: list[dict[str, Any]], items: Handoff[_Item], ended: Callable[[], None] = lambda: None
+        self, head: list[bytes], items: Handoff[_Item], ended: Callable[[], None] = lambda: None
     ) -> AsyncIterator[bytes]:
-        """A stream's server-sent events: the head chunks, each chunk as the worker hands
-        it over (those that waited while the loop was busy in one write), then ``[DONE]``;
+        """A stream's server-sent events: the head's, each chunk's as the worker hands it
+        over (those that waited while the loop was busy in one write), then ``[DONE]``;
         an error after the start is one ``{"error": ...}`` event that ends it. ``ended`` is
         called before the last bytes."""
-        for chunk in head:
-            yield _event(chunk, self.event_names)
+        for event in head:
+            yield event
         async for item in items:
             out = []
             for kind, payload in [item, *items.drain()]:
@@ -187,7 +189,7 @@ class Exchange:
                     out.append(_event({"type": "error", **err} if self.event_names else err, self.event_names))
                     yield b"".join(out)
                     return
-                out.append(_event(payload, self.event_names))
+                out.append(payload)  # its event, written in the worker's thread
             yield b"".join(out)
         ended()
         if self.done_marker:
@@ -272,15 +274,15 @@ class Exchange:
                 if not self.keep_timings:
                     one.pop("timings")
                     one.pop("speculative", None)
-            emit(("result", out))
+            emit(("result", json.dumps(out).encode()))
             return
         chunks = self._counted(out)
         try:
             # the response starts after the first step: what fails at the start (a prompt
             # over n_ctx, a token id out of range) is an HTTP error, not an event
-            emit(("head", list(itertools.islice(chunks, req.lead))))
+            emit(("head", [_event(c, self.event_names) for c in itertools.islice(chunks, req.lead)]))
             for chunk in chunks:
-                emit(("chunk", chunk))
+                emit(("chunk", _event(chunk, self.event_names)))
         finally:
             chunks.close()  # a stream left early ends its generation now (and frees the model)
 
@@ -331,7 +333,7 @@ class _EventStream(StreamingResponse):
     then ``[DONE]``. An error after the start is one ``{"error": ...}`` event that
     ends the stream (the status line is already sent)."""
 
-    def __init__(self, exchange: Exchange, head: list[dict[str, Any]], items: Handoff[_Item]):
+    def __init__(self, exchange: Exchange, head: list[bytes], items: Handoff[_Item]):
         self.exchange = exchange
         self.finished = False
         events = exchange.events(head, items, self._ended)

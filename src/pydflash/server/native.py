@@ -18,7 +18,18 @@ from ..engine.generation import Generation
 from ..llama import Llama
 from ..openai.structured import constraint
 from ..results import TokenLogprob
-from .requests import MAX_STOP, MAX_STOP_CHARS, REFUSED_SAMPLERS, BadRequest, Stop, Unsupported, budget, n_predict
+from .requests import (
+    MAX_PROMPTS,
+    MAX_STOP,
+    MAX_STOP_CHARS,
+    REFUSED_SAMPLERS,
+    BadRequest,
+    Stop,
+    Unsupported,
+    budget,
+    check_probs,
+    n_predict,
+)
 
 __all__ = ["FIM_TEXTS", "InfillRequest", "NativeRequest", "fim_tokens", "piece", "tokenize_mixed"]
 
@@ -184,6 +195,9 @@ class NativeRequest(BaseModel):
             raise BadRequest(f"'id_slot' must be -1 (any) or a slot in [0, {parallel})", "id_slot")
         if self.stream and len(self._prompts()) != 1:
             raise BadRequest("a stream takes one prompt", "prompt")
+        if len(self._prompts()) > MAX_PROMPTS:
+            raise BadRequest(f"'prompt' may hold at most {MAX_PROMPTS} prompts, got {len(self._prompts())}", "prompt")
+        check_probs("n_probs", self.n_probs)
 
     def _prompts(self) -> list[str | Mixed]:
         """The prompts, as llama-server reads ``prompt``: a text, a prompt object, a list of

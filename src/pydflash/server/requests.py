@@ -19,7 +19,22 @@ from ..openai.completions import MAX_CHOICES, chat_prompt
 if TYPE_CHECKING:
     from ..llama import Llama
 
-__all__ = ["BadRequest", "ChatRequest", "CompletionRequest", "Unsupported", "budget", "describe", "n_predict"]
+__all__ = [
+    "MAX_MESSAGES",
+    "MAX_PROBS",
+    "MAX_PROMPTS",
+    "MAX_TOOLS",
+    "BadRequest",
+    "ChatRequest",
+    "CompletionRequest",
+    "Unsupported",
+    "budget",
+    "check_conversation",
+    "check_probs",
+    "describe",
+    "n_predict",
+    "tools_bytes",
+]
 
 
 class BadRequest(ValueError):
@@ -101,6 +116,36 @@ FINGERPRINT = f"b{__version__}-pydflash"
 # generation: a long list would slow all of them down
 MAX_STOP = 16
 MAX_STOP_CHARS = 256
+# What else one request may ask for, checked before any work (a template rendered over
+# 290,000 messages took 72 s before the prompt limit could refuse it; 4,096 top tokens per
+# token made a 64 MB reply). The prompt limit (limits.py) also counts the tools' JSON.
+MAX_PROBS = 20  # n_probs / logprobs / top_logprobs: OpenAI's cap on top_logprobs
+MAX_MESSAGES = 4096  # messages (or Responses input items) of one conversation
+MAX_TOOLS = 128  # tools offered in one request: OpenAI's cap
+MAX_PROMPTS = 16  # prompts of one native /completion
+
+
+def check_probs(field: str, n: int | None) -> None:
+    """BadRequest when ``n`` top tokens per token are over MAX_PROBS."""
+    if n is not None and not isinstance(n, bool) and n > MAX_PROBS:
+        raise BadRequest(f"'{field}' must be at most {MAX_PROBS}, got {n}", field)
+
+
+def check_conversation(messages: Sequence[object], tools: Sequence[object] | None, param: str = "messages") -> None:
+    """BadRequest when a conversation holds over MAX_MESSAGES messages, one that is not an
+    object, or over MAX_TOOLS tools."""
+    if len(messages) > MAX_MESSAGES:
+        raise BadRequest(f"'{param}' may hold at most {MAX_MESSAGES} messages, got {len(messages)}", param)
+    if not all(isinstance(m, dict) for m in messages):
+        raise BadRequest(f"each of '{param}' must be an object", param)
+    if tools is not None and len(tools) > MAX_TOOLS:
+        raise BadRequest(f"'tools' may hold at most {MAX_TOOLS} tools, got {len(tools)}", "tools")
+
+
+def tools_bytes(tools: object) -> int:
+    """The tools' JSON in bytes: the template writes them into the prompt."""
+    return len(json.dumps(tools, ensure_ascii=False).encode("utf-8", "surrogatepass")) if tools else 0
+
 
 # llama-server samplers that do not give one distribution per position, which exact
 # speculative sampling needs (mirostat's and adaptive-p's state follow each sample, XTC
@@ -299,6 +344,10 @@ class CompletionRequest(_Request):
 
     def check(self, n_vocab: int, parallel: int) -> None:
         super().check(n_vocab, parallel)
+        if self.logprobs is not None:  # the field arguments() reads
+            check_probs("logprobs", self.logprobs)
+        else:
+            check_probs("n_probs", self.n_probs)
         if self.suffix:
             raise BadRequest("'suffix' is not supported", "suffix")
         if self._batch() and len(self.prompt) != 1:
@@ -339,11 +388,14 @@ class ChatRequest(_Request):
     timings_per_token: bool | None = None  # llama-server's: a stream's text chunks carry timings
 
     def prompt_bytes(self) -> int:
-        # the messages' text (the template adds to it): a lower bound on the prompt's
-        return sum(len(_text_of(m.get("content")).encode("utf-8", "surrogatepass")) for m in self.messages)
+        # the messages' text and the tools (the template adds to them): a lower bound on the prompt's
+        text = sum(len(_text_of(m.get("content")).encode("utf-8", "surrogatepass")) for m in self.messages)
+        return text + tools_bytes(self.tools)
 
     def check(self, n_vocab: int, parallel: int) -> None:
         super().check(n_vocab, parallel)
+        check_conversation(self.messages, self.tools)
+        check_probs("top_logprobs", self.top_logprobs)
         for m in self.messages:
             parts = m.get("content")
             for part in parts if isinstance(parts, list) else []:

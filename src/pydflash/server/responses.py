@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
-from .requests import BadRequest, ChatRequest, Unsupported
+from .requests import BadRequest, ChatRequest, Unsupported, check_conversation, tools_bytes
 
 if TYPE_CHECKING:
     from ..llama import Llama
@@ -68,7 +68,10 @@ class ResponsesRequest(BaseModel):
         self._jinja = defaults.get("jinja", True)  # --no-jinja: the chat request's too
 
     def prompt_bytes(self) -> int:
-        return len(json.dumps(self.input)) + len(self.instructions or "")
+        """The input's JSON, instructions and tools in bytes, after the conversation's
+        bounds (BadRequest)."""
+        check_conversation([] if isinstance(self.input, str) else self.input, self.tools, "input")
+        return len(json.dumps(self.input)) + len(self.instructions or "") + tools_bytes(self.tools)
 
     def check(self, n_vocab: int, parallel: int) -> None:
         if self.previous_response_id:

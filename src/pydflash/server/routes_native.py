@@ -5,6 +5,7 @@ request's work runs off the event loop, in a bounded pool of threads."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -19,7 +20,7 @@ from ..errors import PyDFlashError
 from .anthropic import CountTokensRequest
 from .http import error_response, json_response, read_json_object
 from .native import piece, tokenize_mixed
-from .requests import Unsupported, describe
+from .requests import Unsupported, check_conversation, describe, tools_bytes
 from .responses import ResponsesRequest
 
 if TYPE_CHECKING:
@@ -74,32 +75,17 @@ def native_routes(srv: ServerState) -> list[Route]:
         return {"content": raw.decode("utf-8", "replace")}
 
     def template(body: dict[str, Any]) -> str:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise ValueError("'messages' must be a non-empty list")
-        kwargs = dict(body.get("chat_template_kwargs") or {})
-        add = kwargs.pop("add_generation_prompt", body.get("add_generation_prompt", True))
-        if add and messages[-1].get("role") == "assistant" and body.get("continue_final_message"):
-            raise ValueError("Cannot have both add_generation_prompt and continue_final_message")
-        prompt = llm.apply_chat_template(
-            messages,
-            add_generation_prompt=bool(add),
-            tools=body.get("tools"),
-            enable_thinking=bool(
-                kwargs.pop("enable_thinking", body.get("enable_thinking", srv.defaults.get("enable_thinking", True)))
-            ),
-            **kwargs,
-        )
-        return prompt.prompt
+        return _render(srv, body)
 
     def apply_template(body: dict[str, Any]) -> dict[str, Any]:
         return {"prompt": template(body)}
 
     def count_tokens(body: dict[str, Any]) -> dict[str, Any]:
-        return CountTokensRequest.model_validate(body).count(llm)
+        return CountTokensRequest.model_validate(body).count(llm, srv.limit.check)
 
     def response_tokens(body: dict[str, Any]) -> dict[str, Any]:
         req = ResponsesRequest.model_validate(body)
+        srv.limit.check(req.prompt_bytes())
         prompt = llm.apply_chat_template(req.messages(), tools=req.chat().tools)
         return {"object": "response.input_tokens", "input_tokens": len(llm.prompt_tokens(prompt.prompt))}
 
@@ -126,6 +112,36 @@ def native_routes(srv: ServerState) -> list[Route]:
     return routes
 
 
+def _render(srv: ServerState, body: dict[str, Any]) -> str:
+    """/apply-template's prompt: the conversation bounded, then rendered."""
+    llm = srv.llm
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("'messages' must be a non-empty list")
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise ValueError("'tools' must be a list")
+    # before the template renders them: the conversation's bounds and the prompt limit
+    check_conversation(messages, tools)
+    text = (m.get("content") for m in messages)
+    n_bytes = sum(len(t.encode("utf-8", "surrogatepass")) for t in text if isinstance(t, str))
+    srv.limit.check(n_bytes + tools_bytes(tools))
+    kwargs = dict(body.get("chat_template_kwargs") or {})
+    add = kwargs.pop("add_generation_prompt", body.get("add_generation_prompt", True))
+    if add and messages[-1].get("role") == "assistant" and body.get("continue_final_message"):
+        raise ValueError("Cannot have both add_generation_prompt and continue_final_message")
+    prompt = llm.apply_chat_template(
+        messages,
+        add_generation_prompt=bool(add),
+        tools=tools,
+        enable_thinking=bool(
+            kwargs.pop("enable_thinking", body.get("enable_thinking", srv.defaults.get("enable_thinking", True)))
+        ),
+        **kwargs,
+    )
+    return prompt.prompt
+
+
 def _endpoint(srv: ServerState, work: Callable[[dict[str, Any]], Any]) -> Callable[[Request], Awaitable[Response]]:
     """A JSON endpoint: the body read (capped, timed), ``work`` run in a thread, its errors as 400s."""
 
@@ -133,8 +149,14 @@ def _endpoint(srv: ServerState, work: Callable[[dict[str, Any]], Any]) -> Callab
         body = await read_json_object(request, MAX_SMALL_BODY, srv.timeout, empty_ok=True)
         if isinstance(body, Response):
             return body
+
+        def reply() -> bytes:  # the JSON too is written off the event loop (/tokenize's pieces may be large)
+            return json.dumps(work(body)).encode()
+
         try:
-            return json_response(await anyio.to_thread.run_sync(work, body, limiter=srv.side_threads))
+            return Response(
+                await anyio.to_thread.run_sync(reply, limiter=srv.side_threads), media_type="application/json"
+            )
         except ValidationError as e:
             return error_response(400, str(describe(e)))
         except Unsupported as e:

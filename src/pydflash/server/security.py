@@ -8,10 +8,12 @@ are read as JSON. One ASGI middleware in front of every route.
   ``authentication_error``.
 - A server that listens on loopback only answers requests whose ``Host`` is a
   loopback name: a web page that rebinds its own DNS name to 127.0.0.1 cannot reach it.
-- A POST body whose type a browser may send without a CORS preflight
-  (``text/plain``, ``multipart/form-data``; ``application/x-www-form-urlencoded``
-  from a browser, i.e. with an ``Origin``) is refused (415), so that a page must pass
-  the preflight, which ``--cors-origins`` answers, before it can start a generation.
+- A POST body from a page (a request with an ``Origin``) must be JSON
+  (``application/json``): any other type, or none (a typeless ``Blob``), needs no CORS
+  preflight, and a page must pass the preflight, which ``--cors-origins`` answers, before
+  it can start a generation (415 otherwise). Without an ``Origin`` (curl, SDKs) a body
+  with no type or a form type is read as JSON, as llama-server reads it; ``text/plain``
+  and ``multipart/form-data`` are refused from anyone.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ __all__ = ["PUBLIC_PATHS", "Guard", "loopback_only"]
 PUBLIC_PATHS = frozenset({"/health", "/v1/health", *WEBUI_PATHS})  # llama-server's: no key needed
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 _SIMPLE_TYPES = frozenset({"text/plain", "multipart/form-data"})
-_FORM = "application/x-www-form-urlencoded"  # curl -d's default: refused from browsers only
 
 
 def loopback_only(hosts: Iterable[str]) -> bool:
@@ -107,11 +108,14 @@ class Guard:
             return error_response(403, f"origin {origin!r} is not allowed (see --cors-origins)")
         if self.keys and scope["path"] not in PUBLIC_PATHS and not self._key_ok(headers):
             return error_response(401, "Invalid API Key")
-        if scope["method"] == "POST":
+        if scope["method"] == "POST" and _has_body(headers):
             kind = headers.get("content-type", "").split(";")[0].strip().lower()
-            if kind in _SIMPLE_TYPES or (kind == _FORM and origin is not None):
+            json_type = kind == "application/json" or kind.endswith("+json")
+            # from a page (an Origin): JSON only, so that it needs the preflight; a tool's
+            # body with no type or curl -d's form type is still read as JSON
+            if kind in _SIMPLE_TYPES or (origin is not None and not json_type):
                 return error_response(
-                    415, f"the request body must be JSON (Content-Type: application/json), not {kind}"
+                    415, f"the request body must be JSON (Content-Type: application/json), not {kind or 'untyped'}"
                 )
         return None
 
@@ -122,6 +126,10 @@ class Guard:
         for key in self.keys:  # every key compared, in constant time each
             ok |= hmac.compare_digest(given, key)
         return ok
+
+
+def _has_body(headers: Headers) -> bool:
+    return headers.get("content-length", "0") not in ("", "0") or "transfer-encoding" in headers
 
 
 def _is_local_origin(origin: str) -> bool:

@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from .http import error_response, json_response, read_body
+from .http import error_body, error_response, json_response, read_body
 
 __all__ = ["HEADER", "StreamSession", "StreamSessions", "stream_routes"]
 
@@ -28,14 +28,16 @@ TTL_S = 300  # llama-server's STREAM_SESSION_TTL_SECONDS
 MAX_BYTES = 8 * 1024 * 1024  # a session's buffer: older bytes are dropped (a replay from them is refused)
 MAX_SESSIONS = 256  # the oldest finished session goes first past this
 MAX_LOOKUP_BODY = 1024 * 1024
+MAX_LOOKUP_IDS = 1024  # ids one lookup may ask about (each live session is answered once at most)
 
 
 class StreamSession:
     """One conversation's recorded stream."""
 
-    def __init__(self, conv_id: str, on_cancel: Callable[[], None]):
+    def __init__(self, conv_id: str, on_cancel: Callable[[], None], named: bool = False):
         self.conv_id = conv_id
         self.on_cancel = on_cancel  # stops the generation that writes here
+        self.named = named  # its events have "event:" lines (Anthropic's, the Responses API's)
         self.data = bytearray()
         self.dropped = 0  # bytes dropped from the front (MAX_BYTES)
         self.done = False
@@ -49,6 +51,8 @@ class StreamSession:
         return self.dropped + len(self.data)
 
     def write(self, chunk: bytes) -> None:
+        if self.done:
+            return  # stopped: what the generation still hands over comes after the end
         self.data += chunk
         if len(self.data) > MAX_BYTES:
             cut = len(self.data) - MAX_BYTES
@@ -62,7 +66,12 @@ class StreamSession:
             self.completed_at = int(time.time())
             self._notify()
 
-    def cancel(self) -> None:
+    def cancel(self, why: str) -> None:
+        """Stop the generation; its readers get one error event saying ``why``, then the end."""
+        if not self.done:
+            err = error_body(499, why, kind="stream_stopped")
+            data = json.dumps({"type": "error", **err} if self.named else err)
+            self.write((b"event: error\n" if self.named else b"") + f"data: {data}\n\n".encode())
         self.cancelled = True
         self.on_cancel()
         self.finish()
@@ -92,13 +101,13 @@ class StreamSessions:
     def __init__(self) -> None:
         self._sessions: dict[str, StreamSession] = {}
 
-    def open(self, conv_id: str, on_cancel: Callable[[], None]) -> StreamSession:
+    def open(self, conv_id: str, on_cancel: Callable[[], None], named: bool = False) -> StreamSession:
         """A new session for ``conv_id``; one already there is stopped and replaced."""
         self._expire()
         old = self._sessions.pop(conv_id, None)
         if old is not None and not old.done:
-            old.cancel()
-        session = self._sessions[conv_id] = StreamSession(conv_id, on_cancel)
+            old.cancel("the stream was replaced by a new one under its conversation id")
+        session = self._sessions[conv_id] = StreamSession(conv_id, on_cancel, named)
         return session
 
     def get(self, conv_id: str) -> StreamSession | None:
@@ -114,24 +123,26 @@ class StreamSessions:
         """The explicit stop: the generation ends and the session is forgotten."""
         session = self._sessions.pop(conv_id, None)
         if session is not None:
-            session.cancel()
+            session.cancel("the stream was stopped: a DELETE named its conversation")
 
     def lookup(self, ids: list[str]) -> list[dict[str, Any]]:
-        """The sessions of the ids asked about (exact, or ``ID::model``); never others."""
+        """The sessions of the ids asked about (exact, or ``ID::model``); never others, and
+        each once, however often it is asked about: the work and the reply grow with the
+        sessions and the ids, not with their product."""
         self._expire()
+        wanted = set(ids)
         out = []
-        for rid in ids:
-            for s in self._sessions.values():
-                if s.conv_id == rid or s.conv_id.startswith(rid + "::"):
-                    out.append(
-                        {
-                            "conversation_id": s.conv_id,
-                            "is_done": s.done,
-                            "total_bytes": s.total,
-                            "started_at": s.started_at,
-                            "completed_at": s.completed_at,
-                        }
-                    )
+        for s in self._sessions.values():
+            if s.conv_id in wanted or any(p in wanted for p in _prefixes(s.conv_id)):
+                out.append(
+                    {
+                        "conversation_id": s.conv_id,
+                        "is_done": s.done,
+                        "total_bytes": s.total,
+                        "started_at": s.started_at,
+                        "completed_at": s.completed_at,
+                    }
+                )
         return out
 
     def _expire(self) -> None:
@@ -144,6 +155,12 @@ class StreamSessions:
             del self._sessions[finished.pop(0)]
 
 
+def _prefixes(conv_id: str) -> list[str]:
+    """The ids whose ``ID::`` starts ``conv_id``: "a::b::c" -> ["a", "a::b"]."""
+    parts = conv_id.split("::")
+    return ["::".join(parts[:i]) for i in range(1, len(parts))]
+
+
 def stream_routes(sessions: StreamSessions, timeout: float) -> list[Route]:
     async def replay(request: Request) -> Response:
         conv_id = request.query_params.get("conv_id", "")
@@ -153,7 +170,7 @@ def stream_routes(sessions: StreamSessions, timeout: float) -> list[Route]:
         if session is None:
             return error_response(404, "Stream not found or expired")
         raw = request.query_params.get("from", "0") or "0"
-        if not raw.isdigit():
+        if not (raw.isascii() and raw.isdigit()):  # str.isdigit() alone takes "²", which int() does not
             return error_response(400, "Invalid 'from' offset")
         if int(raw) < session.dropped:
             return error_response(400, "Stream offset lost, please restart")
@@ -177,6 +194,8 @@ def stream_routes(sessions: StreamSessions, timeout: float) -> list[Route]:
             return error_response(400, f"invalid body: {e}")
         ids = body.get("conversation_ids") if isinstance(body, dict) else None
         wanted = [i for i in ids if isinstance(i, str) and i] if isinstance(ids, list) else []
+        if len(wanted) > MAX_LOOKUP_IDS:
+            return error_response(400, f"'conversation_ids' may hold at most {MAX_LOOKUP_IDS} ids", "conversation_ids")
         return json_response(sessions.lookup(wanted))
 
     return [

@@ -36,12 +36,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FIM_TOKENS", "THINKING_TEMPLATE", "DrafterSpec", "DrafterVariant", "Hparams", "HybridSpec", "TargetSpec",
-    "Tokenizer", "add_hparams", "tokenizer", "write_dflash_gguf", "write_drafter", "write_hybrid_pair",
-    "write_hybrid_target", "write_pair", "write_qwen3_gguf", "write_target",
+    "Tokenizer", "add_hparams", "spm_tokenizer", "tokenizer", "vocabulary", "write_dflash_gguf", "write_drafter",
+    "write_hybrid_pair", "write_hybrid_target", "write_pair", "write_qwen3_gguf", "write_target",
 ]  # fmt: skip
 
 EOS = "<|endoftext|>"
 MASK = "<|mask|>"
+BOS = "<|begin_of_text|>"  # the "bpe-bos" vocabulary's
 # Qwen2.5-Coder's fill-in-the-middle tokens (names llama.cpp's vocabulary also finds by text),
 # by the suffix of their tokenizer.ggml.fim_<part>_token_id key
 FIM_TOKENS = {
@@ -66,6 +67,52 @@ target exactly when the temperature is zero. import os, sys; print("hello world"
 """
 
 
+def vocabulary(kind: str, n_vocab: int = 384, specials: Sequence[str] = ()) -> Tokenizer:
+    """``TargetSpec.vocab``'s tokenizer: "bpe" (``tokenizer``), "bpe-bos" (that one with a
+    BOS the vocabulary asks for) or "spm" (``spm_tokenizer``)."""
+    if kind == "bpe":
+        return tokenizer(n_vocab, specials)
+    if kind == "bpe-bos":
+        tok = tokenizer(n_vocab, [*specials, BOS])
+        return dataclasses.replace(tok, bos=tok.tokens.index(BOS))
+    if kind == "spm":
+        if specials:
+            raise ValueError("the spm vocabulary has no FIM tokens")
+        return spm_tokenizer(n_vocab)
+    raise ValueError(f"vocab must be 'bpe', 'bpe-bos' or 'spm', not {kind!r}")
+
+
+def spm_tokenizer(n_vocab: int = 384) -> Tokenizer:
+    """A SentencePiece-style vocabulary as llama.cpp's ``llama`` tokenizer model reads it:
+    <unk>, <s> (BOS, added), </s> (EOS), the 256 byte-fallback pieces, "▁" and the letters,
+    then the corpus' words as "▁"-prefixed chains ("▁h", "▁he", ... "▁hello", longer ones
+    scored higher, so that bigram merges reach the whole word), a MASK token, unused padding."""
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))]
+    types = [2, 3, 3] + [6] * 256
+    pieces = {p: -1.0 for p in ["▁", *"abcdefghijklmnopqrstuvwxyz"]}
+    room = n_vocab - len(tokens) - 1  # and the MASK
+    words = sorted(set(re.findall(r"[a-z]+", _CORPUS.lower())), key=lambda w: (len(w), w))
+    for word in ["hello", "world", *words]:
+        chain = {"▁" + word[:i]: -1.0 / (i + 1) for i in range(1, len(word) + 1)}
+        if len(pieces.keys() | chain.keys()) > room:
+            break
+        pieces.update(chain)
+    if len(pieces) > room:
+        raise ValueError(f"n_vocab must be >= {len(tokens) + len(pieces) + 1} for the spm vocabulary")
+    tokens += list(pieces)
+    types += [1] * len(pieces)
+    scores = [0.0] * 259 + list(pieces.values())
+    mask = len(tokens)
+    tokens.append(MASK)
+    types.append(3)
+    scores.append(0.0)
+    while len(tokens) < n_vocab:
+        tokens.append(f"<unused_{len(tokens)}>")
+        types.append(5)
+        scores.append(0.0)
+    return Tokenizer(tokens, types, [], eos=2, mask=mask, pre="default", model="llama", bos=1, scores=tuple(scores))
+
+
 def _bytes_to_unicode() -> dict[int, str]:
     # GPT-2's reversible byte -> printable unicode map (byte-level BPE)
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
@@ -81,7 +128,8 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 @dataclasses.dataclass(frozen=True)
 class Tokenizer:
-    """A byte-level BPE as llama.cpp's ``gpt2`` tokenizer model reads it."""
+    """A vocabulary as llama.cpp reads it: a byte-level BPE (its ``gpt2`` tokenizer model),
+    or a SentencePiece-style one (``llama``: pieces with scores, a "▁" space prefix)."""
 
     tokens: list[str]
     types: list[int]
@@ -89,6 +137,9 @@ class Tokenizer:
     eos: int
     mask: int
     pre: str = "qwen2"  # llama.cpp pre-tokenizer name
+    model: str = "gpt2"  # llama.cpp's tokenizer.ggml.model
+    bos: int = -1  # >= 0: the BOS token, which the vocabulary asks to add (add_bos_token)
+    scores: tuple[float, ...] = ()  # a SentencePiece vocabulary's piece scores
 
 
 def tokenizer(n_vocab: int = 384, specials: Sequence[str] = ()) -> Tokenizer:
@@ -156,6 +207,9 @@ class TargetSpec:
     embd_common: float = 0.0
     # > 0: hot head rows come in pairs, the second the first plus this much relative noise (near ties)
     tie_eps: float = 0.0
+    # the vocabulary: "bpe" (byte-level, no BOS), "bpe-bos" (the same with a BOS it asks for) or
+    # "spm" (SentencePiece-style: "▁" pieces with scores, byte fallback, BOS added)
+    vocab: str = "bpe"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -316,13 +370,18 @@ def add_hparams(w: gguf.GGUFWriter, arch: str, hp: Hparams) -> None:
 
 
 def _add_tokenizer(w: gguf.GGUFWriter, tok: Tokenizer, *, mask: bool) -> None:
-    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_model(tok.model)
     w.add_tokenizer_pre(tok.pre)
     w.add_token_list(tok.tokens)
     w.add_token_types(tok.types)
-    w.add_token_merges(tok.merges)
+    if tok.merges:
+        w.add_token_merges(tok.merges)
+    if tok.scores:
+        w.add_token_scores(list(tok.scores))
     w.add_eos_token_id(tok.eos)
-    w.add_add_bos_token(False)
+    w.add_add_bos_token(tok.bos >= 0)
+    if tok.bos >= 0:
+        w.add_bos_token_id(tok.bos)
     if mask:
         w.add_mask_token_id(tok.mask)
 
@@ -412,7 +471,7 @@ def write_target(path: str | Path, spec: TargetSpec = TargetSpec(), *, architect
     smollm3, phi3, gemma3, xverse)."""
     s = spec
     rng = np.random.default_rng(s.seed)
-    tok = tokenizer(s.n_vocab, [FIM_TOKENS[part] for part in s.fim])
+    tok = vocabulary(s.vocab, s.n_vocab, [FIM_TOKENS[part] for part in s.fim])
     hp = Hparams(s.n_ctx, s.n_embd, s.n_layer, s.n_head, s.n_head_kv, s.head_dim, s.n_ff)
     tensors = {"token_embd.weight": _token_embd(rng, s)}
     for i in range(s.n_layer):

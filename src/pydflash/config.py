@@ -119,7 +119,7 @@ class ModelConfig:
     # target layers to offload; -1: all (the CUDA build's default: a GPU is why it was built)
     n_gpu_layers: int = -1 if _core.dynamic_backends() else _MODEL.n_gpu_layers
     draft_n_gpu_layers: int | None = None  # the drafter's; None: as n_gpu_layers
-    main_gpu: int = _MODEL.main_gpu  # the device used with split_mode "none"
+    main_gpu: int = _MODEL.main_gpu  # the device used with split_mode "none"; -1: none (the CPU)
     split_mode: str = _MODEL.split_mode  # across several GPUs: "none", "layer" or "row"
     tensor_split: tuple[float, ...] = ()  # share of the model per device; (): by free memory
     rpc_servers: tuple[str, ...] = ()  # "host:port" of ggml RPC servers (offload targets)

@@ -93,8 +93,14 @@ void set_triggers(const std::vector<common_grammar_trigger>& triggers, ChatPromp
 
 ChatPrompt ChatTemplate::apply(const std::string& messages_json, bool add_generation_prompt, bool enable_thinking,
                                const std::string& tools_json, const std::string& kwargs_json,
-                               const std::string& json_schema, const std::string& grammar) const {
+                               const std::string& json_schema, const std::string& grammar,
+                               const std::string& tool_choice) const {
     common_chat_templates_inputs in;
+    try {
+        in.tool_choice = common_chat_tool_choice_parse_oaicompat(tool_choice);
+    } catch (const std::exception& e) {
+        throw InvalidArgument(std::string(e.what()) + " (auto, none or required)");
+    }
     in.json_schema = json_schema;
     in.grammar = grammar;
     in.messages = parse_messages(messages_json);

@@ -15,7 +15,7 @@ import pytest
 from pydflash import Llama, cli
 from pydflash.cli import build_parser
 from pydflash.cli.main import generate_options
-from pydflash.cli.serve import server_options, serve_llama_options
+from pydflash.cli.serve import serve_llama_options, server_options
 from pydflash.config import ModelConfig, SamplingConfig
 
 

@@ -73,6 +73,9 @@ def add_common(p: argparse.ArgumentParser) -> None:
         help="host:port of RPC servers, comma-separated (see `pydflash rpc-server`)",
     )
     dev.add_argument("-fa", "--flash-attn", choices=FLASH_ATTN, default=d.flash_attn, help="(default: %(default)s)")
+    dev.add_argument(
+        "-nkvo", "--no-kv-offload", action="store_true", help="keep the KV caches in host memory, not on the GPU"
+    )
     dev.add_argument("-ctk", "--cache-type-k", choices=CACHE_TYPES, default=d.type_k, help="target K cache type")
     dev.add_argument(
         "-ctv",
@@ -173,6 +176,7 @@ def llama_options(a: argparse.Namespace) -> dict[str, Any]:
         tensor_split=a.tensor_split,
         rpc_servers=a.rpc,
         flash_attn=a.flash_attn,
+        offload_kqv=not a.no_kv_offload,
         type_k=a.cache_type_k,
         type_v=a.cache_type_v,
         draft_type_k=a.cache_type_k_draft,

@@ -98,13 +98,9 @@ class Llama(LlamaCppApi):
         chat_template: str | None = None,
         **llama_cpp: Unpack[LlamaCppKeywords],
     ):
-        """Options: see ``ModelConfig`` (``n_ctx=0``: the model's own context; devices: ``n_gpu_layers``/
-        ``draft_n_gpu_layers`` (-1 = all), ``main_gpu``, ``split_mode``, ``tensor_split``, ``rpc_servers``; KV
-        cache: ``kv_unified``, ``flash_attn``, ``type_k``/``type_v`` (target), ``draft_type_k``/``draft_type_v``/
-        ``draft_window`` (drafter); draft length: ``draft_max`` None chooses each step's, ``draft_adaptive=False``
-        drafts block size - 1, an int pins it; ``speculative``: llama.cpp's ``--spec-type`` list (``["ngram-mod",
-        "draft-dflash"]``), ``ngram`` its n-gram settings); ``seed``
-        -1: random; llama-cpp-python's keywords too."""
+        """Options: see ``ModelConfig`` (``n_ctx=0``: the model's own context; ``n_gpu_layers`` -1: all layers;
+        the KV caches, the draft length (``draft_max`` None: chosen each step), ``speculative``: llama.cpp's
+        ``--spec-type`` list); ``seed`` -1: random; llama-cpp-python's keywords too (``LlamaCppKeywords``)."""
         self._pair_core: _core.ContextPair | None = None
         self._cache: BaseLlamaCache | None = None  # set_cache()
         self._target: _core.Model | None = None

@@ -52,12 +52,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "1 request per stream, history 512, 2 repeats)",
     )
     b.add_argument("-m", "--model", metavar="TARGET", help="target GGUF (default: the embedded pair)")
-    b.add_argument(
-        "-d",
-        "--draft",
-        metavar="DRAFT",
-        help="DFlash drafter GGUF (with -m; without it: the target alone, and --workloads' n-gram stacks)",
-    )
+    b.add_argument("-d", "--draft", metavar="DRAFT", help="DFlash drafter GGUF (with -m; none: the target alone)")
     b.add_argument(
         "--pad-ffn",
         type=int,

@@ -385,11 +385,8 @@ def create_chat_completion(
     template_format: bool = True,
     tool_choice: ToolChoice | None = None,
 ) -> ChatCompletion | Iterator[ChatCompletionChunk]:
-    """An OpenAI-style chat completion of ``messages`` through the chat template (the GGUF's or ``Llama``'s). Reasoning:
-    ``message["reasoning_content"]`` (``enable_thinking=False``: off where the template can). ``logprobs=True``: per
-    token. ``response_format``, ``json_schema``, ``grammar``: in the template's reply format; ``tools``: its grammar
-    once a call starts, as llama-server, from the first token with ``tool_choice="required"`` or a named function
-    (``ChatTemplate.apply``); ``template_format=False``: its ``--no-jinja``. Others: create_completion's."""
+    """An OpenAI-style chat completion of ``messages`` through the chat template (the reply format, tools and
+    ``tool_choice``: ``ChatTemplate.apply``; ``template_format=False``: --no-jinja). Others: create_completion's."""
     _check_top_logprobs(logprobs, top_logprobs)
     schema, gbnf = constraint(response_format, json_schema, grammar)
     tmpl = _TemplateArgs(enable_thinking, chat_template_kwargs, template_format, tool_choice)

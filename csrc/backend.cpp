@@ -2,7 +2,9 @@
 
 #include <deque>
 #include <mutex>
+#include <string>
 
+#include "errors.h"
 #include "ggml-backend.h"
 #include "llama.h"
 
@@ -41,6 +43,22 @@ void ensure_backend() {
         llama_log_set(log_callback, nullptr);
         llama_backend_init();
     });
+}
+
+int init_numa(int strategy) {
+    if (strategy < 0 || strategy >= GGML_NUMA_STRATEGY_COUNT) {
+        throw InvalidArgument("numa must be a bool or a ggml_numa_strategy in [0, " +
+                              std::to_string(GGML_NUMA_STRATEGY_COUNT - 1) + "], got " + std::to_string(strategy));
+    }
+    static std::once_flag once;
+    static int in_force = GGML_NUMA_STRATEGY_DISABLED;
+    if (strategy == GGML_NUMA_STRATEGY_DISABLED) return in_force;
+    ensure_backend();
+    std::call_once(once, [strategy] {
+        llama_numa_init(static_cast<ggml_numa_strategy>(strategy));
+        in_force = strategy;
+    });
+    return in_force;
 }
 
 void set_log_level(int level) {

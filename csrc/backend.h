@@ -14,6 +14,11 @@ namespace pydflash {
 // Initialise llama.cpp's backends once per process (idempotent, thread-safe).
 void ensure_backend();
 
+// llama.cpp's NUMA placement (ggml_numa_strategy: 0 off, 1 distribute, 2 isolate, 3 numactl,
+// 4 mirror), set once per process as llama.cpp allows; a later call changes nothing and
+// returns the strategy in force. InvalidArgument outside 0..4.
+int init_numa(int strategy);
+
 // ggml_log_level values: 1 debug, 2 info, 3 warn, 4 error. Messages below
 // `level` are dropped before they are queued.
 void set_log_level(int level);

@@ -94,7 +94,8 @@ void set_triggers(const std::vector<common_grammar_trigger>& triggers, ChatPromp
 
 ChatPrompt ChatTemplate::apply(const std::string& messages_json, bool add_generation_prompt, bool enable_thinking,
                                const std::string& tools_json, const std::string& kwargs_json,
-                               const std::string& json_schema, const std::string& grammar) const {
+                               const std::string& json_schema, const std::string& grammar,
+                               const std::string& tool_choice) const {
     // the template and its grammar builder recurse over these: bounded before they read them
     check_json_depth(messages_json, "messages");
     check_json_depth(tools_json, "tools");
@@ -102,6 +103,11 @@ ChatPrompt ChatTemplate::apply(const std::string& messages_json, bool add_genera
     check_schema_text(json_schema);
     if (!grammar.empty()) check_gbnf_limits(grammar);
     common_chat_templates_inputs in;
+    try {
+        in.tool_choice = common_chat_tool_choice_parse_oaicompat(tool_choice);
+    } catch (const std::exception& e) {
+        throw InvalidArgument(std::string(e.what()) + " (auto, none or required)");
+    }
     in.json_schema = json_schema;
     in.grammar = grammar;
     in.messages = parse_messages(messages_json);

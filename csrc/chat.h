@@ -61,10 +61,11 @@ public:
     // `messages_json`: an OpenAI-style JSON array of messages; `tools_json`: "" or a
     // JSON array of tools; `kwargs_json`: "" or a JSON object of extra template variables.
     // Bad messages throw InvalidArgument; a template that fails throws ChatTemplateError.
-    // `json_schema` ("" or JSON text) and `grammar` ("" or GBNF) constrain the reply.
+    // `json_schema` ("" or JSON text) and `grammar` ("" or GBNF) constrain the reply;
+    // `tool_choice`: OpenAI's "auto", "none" or "required" (a call is forced from the start).
     ChatPrompt apply(const std::string& messages_json, bool add_generation_prompt, bool enable_thinking,
                      const std::string& tools_json, const std::string& kwargs_json, const std::string& json_schema = "",
-                     const std::string& grammar = "") const;
+                     const std::string& grammar = "", const std::string& tool_choice = "auto") const;
 
     const std::string& source() const { return source_; }
     bool has_model_template() const { return explicit_; }

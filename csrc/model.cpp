@@ -165,7 +165,10 @@ bool is_endpoint(const std::string& e) {
 
 void ModelParams::validate() const {
     if (n_gpu_layers < -1) throw InvalidArgument("n_gpu_layers must be >= -1, got " + std::to_string(n_gpu_layers));
-    if (main_gpu < 0) throw InvalidArgument("main_gpu must be >= 0, got " + std::to_string(main_gpu));
+    if (main_gpu < -1) {
+        throw InvalidArgument("main_gpu must be >= -1 (-1: no GPU with split_mode none), got " +
+                              std::to_string(main_gpu));
+    }
     check_choice("split_mode", split_mode);
     bool any = false;
     for (float f : tensor_split) {

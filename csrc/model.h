@@ -16,7 +16,7 @@ struct ModelParams {
     int n_gpu_layers = 0;  // < 0: all layers
     bool use_mmap = true;
     bool use_mlock = false;                // keep the weights in RAM (llama.cpp's --mlock)
-    int main_gpu = 0;                      // the device used with split_mode "none"
+    int main_gpu = 0;                      // the device used with split_mode "none" (-1: none, the CPU)
     std::string split_mode = "layer";      // "none", "layer" or "row" (across GPUs)
     std::vector<float> tensor_split;       // share per device; empty: by free memory
     std::vector<std::string> rpc_servers;  // "host:port" of llama.cpp RPC servers

@@ -76,6 +76,7 @@ llama_context_params context_params(const PairParams& p, bool drafter) {
     // limit n_ctx / n_seq is the pair's to keep
     cp.kv_unified = true;
     cp.n_rs_seq = 0;
+    cp.offload_kqv = p.offload_kqv;
     int32_t threads = p.n_threads;
     if (threads <= 0) threads = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
     cp.n_threads = threads;

@@ -39,6 +39,7 @@ struct PairParams {
     int32_t n_ctx = 4096;             // all sequences together; each gets n_ctx / n_seq (llama.cpp's -c, -np)
     int32_t n_seq = 1;                // sequences decoded together (llama.cpp's -np)
     bool kv_unified = false;          // each sequence may fill all n_ctx cells (llama.cpp's -kvu)
+    bool offload_kqv = true;          // KV caches and attention on the layers' GPU (false: llama.cpp's -nkvo)
     int32_t n_batch = 512;            // largest single decode (prefill chunk)
     int32_t n_ubatch = 512;           // physical batch; also the drafter's injection chunk
     int32_t n_threads = 0;            // 0 = number of hardware threads

@@ -168,7 +168,26 @@ def test_bad_bench_arguments(capsys):
         BenchConfig(workload="poetry").validate()
     with pytest.raises(ValueError, match="flash_attn must be auto, on or off"):
         BenchConfig(flash_attn="yes").validate()
-    assert cli(["bench", "-m", "only-target.gguf"]) == 2
+    assert cli(["bench", "-d", "only-drafter.gguf"]) == 2  # a drafter needs its target
+    assert "needs its target" in capsys.readouterr().err
+
+
+def test_a_target_without_a_drafter_is_measured_alone_and_with_ngram_drafts(tmp_path, capsys):
+    target, _ = embedded_pair()
+    j = tmp_path / "b.json"
+    rc = cli(["bench", "-m", target, "--isl", "16", "--repeats", "1", "--warmup", "0", "--pad-ffn", "0",
+              "--engines", "pydflash-target,pydflash-dflash", "--threads", "1", "--no-bandwidth", "--json", str(j)])
+    assert rc == 0, capsys.readouterr().err
+    data = json.loads(j.read_text())
+    assert [(r["engine"], r["isl"]) for r in data["rows"]] == [("pydflash-target", 16)]
+    assert "no drafter" in data["meta"]["skipped"]["pydflash-dflash"]
+    j = tmp_path / "w.json"
+    rc = cli(["bench", "-m", target, "--workloads", "code", "--stack", "ngram-mod,draft-dflash", "--isl", "16",
+              "--osl", "8", "--prompts", "1", "--repeats", "1", "--pad-ffn", "0", "--threads", "1", "--json", str(j)])
+    assert rc == 0, capsys.readouterr().err
+    data = json.loads(j.read_text())
+    assert {r["engine"] for r in data["rows"]} == {"pydflash target", "pydflash ngram-mod"}  # the stack less its drafter
+    assert "no drafter" in data["meta"]["skipped"]["pydflash draft-dflash"]
 
 
 def test_native_output_parser():

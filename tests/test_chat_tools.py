@@ -78,6 +78,49 @@ def test_tool_call_whole_and_streamed(llm, phrase_files, phrase):
     assert [(c["index"], c["function"]) for c in calls] == [(0, call["function"])]
 
 
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+
+
+def test_tool_choice_required_or_named_forces_a_call(llm, phrase_files):
+    """OpenAI's tool_choice as llama-server reads it: "required" makes the tool-call grammar
+    apply from the first token (not lazily), which cannot end before a call: the likeliest
+    reply, ending at once, cannot be written and the call is; a named function does the
+    same with that tool alone."""
+    ids = phrase_files[2]
+    opts = dict(temperature=0.0, max_tokens=4, logit_bias={llm.token_eos(): 1000.0, ids["call"]: 998.0})
+    auto = llm.create_chat_completion(MSGS, tools=TOOLS, **opts)
+    assert auto["choices"][0]["finish_reason"] == "stop" and "tool_calls" not in auto["choices"][0]["message"]
+    for choice in ("required", NAMED):
+        res = llm.create_chat_completion(MSGS, tools=TOOLS, tool_choice=choice, **opts)
+        assert res["choices"][0]["finish_reason"] == "tool_calls", choice
+        (call,) = res["choices"][0]["message"]["tool_calls"]
+        assert call["function"]["name"] == "get_weather"
+        assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+        *_, calls, finish = stream_parts(list(llm.create_chat_completion(
+            MSGS, tools=TOOLS, tool_choice=choice, stream=True, **opts)))
+        assert finish == "tool_calls" and [c["function"]["name"] for c in calls] == ["get_weather"]
+    cp = llm.apply_chat_template(MSGS, tools=TOOLS, tool_choice="required")
+    assert cp.grammar and not cp.grammar_lazy
+    # a named function: the template and the grammar offer that tool alone
+    named = llm.apply_chat_template(MSGS, tools=[TIME, *TOOLS], tool_choice=NAMED)
+    assert "get_time" not in named.prompt + named.grammar and "get_weather" in named.grammar
+    # "none": the tools are shown (as llama-server's template shows them), no call is read
+    none = llm.create_chat_completion(MSGS, tools=TOOLS, max_tokens=1, tool_choice="none", **force(ids, "call"))
+    assert none["choices"][0]["finish_reason"] == "length" and "get_weather" in none["choices"][0]["message"]["content"]
+    assert "get_weather" in llm.apply_chat_template(MSGS, tools=TOOLS, tool_choice="none").prompt
+
+
+@pytest.mark.parametrize("choice, error", [
+    ("sometimes", "auto, none, required"), ({"type": "function", "function": {"name": "nope"}}, "not among the tools"),
+    ({"type": "function"}, "names a function"), (3, "str or a dict"),
+])  # fmt: skip
+def test_a_bad_tool_choice_is_refused(llm, choice, error):
+    with pytest.raises((TypeError, ValueError), match=error):
+        llm.create_chat_completion(MSGS, tools=TOOLS, max_tokens=1, tool_choice=choice)
+    assert llm.create_chat_completion(MSGS, max_tokens=1)["choices"][0]["finish_reason"] == "length"  # still usable
+
+
 def test_without_tools_the_call_is_plain_content(llm, phrase_files):
     # the same text with no tools= offered: the template has no tool section
     res = llm.create_chat_completion(MSGS, max_tokens=1, **force(phrase_files[2], "think+answer"))

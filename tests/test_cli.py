@@ -87,10 +87,30 @@ def test_info_incompatible_json(target_path, tmp_path):
 
 
 def test_demo_runs():
-    proc = run("demo", "--max-tokens", "48", "--prompt", "def f():\n", "--pad-ffn", "2048")
+    # as much decoding as one run of 48 tokens: two interleaved runs of 24
+    proc = run("demo", "--max-tokens", "24", "--repeats", "2", "--prompt", "def f():\n", "--pad-ffn", "2048")
     assert "embedded pair: trained" in proc.stdout
     assert "identical to the target alone: True" in proc.stdout
     assert "speed-up" in proc.stdout and "tau" in proc.stdout and "overall" in proc.stdout
+    assert "over 2 interleaved repeats" in proc.stdout
+
+
+def test_demo_interleaves_repeats_and_says_when_the_machine_is_busy(monkeypatch, capsys):
+    import os
+
+    from pydflash.cli import demo, main
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (float(os.cpu_count() or 1) + 0.5, 0.0, 0.0))
+    rc = main(["demo", "--max-tokens", "16", "--prompt", "def f():\n", "--pad-ffn", "0", "--repeats", "2", "-t", "1"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    first, *rest = out.splitlines()
+    assert first.startswith("warning: the load average") and "cores" in first
+    assert not any(line.startswith("warning") for line in rest)  # one line
+    overall = next(line for line in rest if line.startswith("overall:"))
+    assert "over 2 interleaved repeats" in overall
+    assert demo.busy_warning(load=1.0, cores=2) is None and demo.busy_warning(load=2.5, cores=2)
+    assert demo.spread([2.0, 1.0, 3.0]) == "2.00x (min 1.00x, max 3.00x over 3 interleaved repeats)"
 
 
 def test_step_by_step_example():

@@ -168,6 +168,15 @@ def test_several_sequences_with_other_requests_give_the_target_alone_tokens(pair
             assert ties <= 1
 
 
+# How far apart the two best of log p + g may be and still come out either way on some x86-64
+# CPU: the KV cache is f16 and ggml's CPU flash attention rounds Q to f16, so between a 4-row
+# verification and a 1-row decode a logit may move by one f16 step of its size (2^-11 relative);
+# this model's logits stay under 10 in size, so two tokens' difference moves by up to ~1e-2,
+# ~1.2e-2 at T = 0.8. The gaps measured on the target alone's paths below it are the near-ties
+# a CPU's float order may decide (3 of the 256 positions below, on an AMD EPYC with AVX-512).
+ROUNDING = 1e-2
+
+
 @pytest.mark.parametrize("chain", [
     dict(repeat_penalty=1.3, presence_penalty=0.2, frequency_penalty=0.1),
     dict(top_p=0.9, min_p=0.05, logit_bias={281: -2.0, 57: 1.0}),
@@ -176,19 +185,25 @@ def test_several_sequences_with_other_requests_give_the_target_alone_tokens(pair
 def test_the_whole_sampler_chain_shapes_p_and_q(pair_paths, alone, chain):
     base, _ = alone
     kw = {**SAMPLING, **chain}
-    ties = accepted = 0
+    sites: set[tuple[int, int, int]] = set()  # (prompt, seed, position) of the target's path where one differs
+    close = accepted = 0
     with Llama(pair_paths[0], draft=pair_paths[1], n_ctx=512, n_threads=T1) as llm:
         for i, p in enumerate(PROMPTS):
             for s in SEEDS[:2]:
-                want = base.generate(p, max_tokens=N_TOKENS, seed=s, ignore_eos=True, verify="coupled", **kw)
+                want = base.generate(p, max_tokens=N_TOKENS, seed=s, ignore_eos=True, verify="coupled", **kw).tokens
                 res = llm.generate(p, max_tokens=N_TOKENS, seed=s, ignore_eos=True, verify="coupled", draft_max=3,
                                    **kw)
-                ties += assert_same_or_near_tie(base, p, res.tokens, want.tokens, s, kw)
                 accepted += res.stats.n_accepted
-                if i == 0:  # the target's p: the chain as llama.cpp applies it (the numpy reference)
-                    ref, _ = coupled_replay(base, p, N_TOKENS, s, kw)
-                    ties += assert_same_or_near_tie(base, p, want.tokens, ref, s, kw)
-    assert ties <= 1 and accepted > 0
+                # the target's p as llama.cpp's chain makes it (the numpy reference), and its gaps
+                ref, gaps = coupled_replay(base, p, N_TOKENS, s, kw)
+                close += sum(g < ROUNDING for g in gaps)
+                for got in (res.tokens, ref):
+                    if assert_same_or_near_tie(base, p, got, want, s, kw):
+                        sites.add((i, s, next(j for j, (a, b) in enumerate(zip(got, want, strict=True)) if a != b)))
+    # both comparisons run along the same path of the target alone, so a near-tie on it may show
+    # in both: count where the near-ties are, not how often they are met. Only rounding-level
+    # gaps (ROUNDING) are left to a CPU's float order; at least one may come out either way
+    assert len(sites) <= max(1, close) and accepted > 0
 
 
 def test_a_seeded_coupled_generation_keeps_the_adaptive_length(pair_paths):

@@ -88,7 +88,7 @@ def test_backends_describe_the_cpu():
 @pytest.mark.parametrize("options, error, match", [
     (dict(split_mode="diagonal"), ValueError, "split_mode must be one of"),
     (dict(split_mode=1), TypeError, "split_mode must be a str"),
-    (dict(main_gpu=-1), ValueError, "main_gpu must be >= 0"),
+    (dict(main_gpu=-2), ValueError, "main_gpu must be >= -1"),  # -1: no GPU, as llama.cpp
     (dict(n_gpu_layers=-2), ValueError, "n_gpu_layers must be >= -1"),
     (dict(draft_n_gpu_layers=1.5), TypeError, "draft_n_gpu_layers must be an int"),
     (dict(tensor_split=(1, -1)), ValueError, "tensor_split entries must be >= 0"),

@@ -316,8 +316,9 @@ def test_400_messages_show_no_binding_signatures(server, path, fields):
 
 
 @pytest.mark.parametrize("choice, ok", [
-    ("auto", True), ("none", True), ("required", False), ({"type": "function", "function": {"name": "f"}}, False),
-], ids=["auto", "none", "required", "a function"])
+    ("auto", True), ("none", True), ("required", True), ({"type": "function", "function": {"name": "f"}}, True),
+    ("sometimes", False), ({"type": "function", "function": {"name": "g"}}, False),
+], ids=["auto", "none", "required", "a function", "unknown", "a function not offered"])
 def test_tool_choice(server, choice, ok):
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
     status, _, res = post(server, "/v1/chat/completions",
@@ -327,6 +328,17 @@ def test_tool_choice(server, choice, ok):
     else:
         assert status == 400 and json.dumps(choice) in res["error"]["message"]
         assert res["error"]["param"] == "tool_choice"
+
+
+def test_a_chat_stream_opens_with_llama_servers_first_delta(server):
+    # llama-server's {"role": "assistant", "content": null}; the Python API sends the role alone
+    req = urllib.request.Request(server.url + "/v1/chat/completions",
+                                 body(messages=MSGS, max_tokens=3, temperature=0, stream=True),
+                                 {"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(req, timeout=300) as r:
+        evs = events(r.read())
+    assert evs[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
+    assert all("role" not in e["choices"][0]["delta"] for e in evs[1:-1] if e["choices"])
 
 
 def test_the_server_header_names_no_versions(server):

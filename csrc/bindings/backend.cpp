@@ -20,6 +20,8 @@ void register_backend(py::module_& m) {
             return out;
         },
         "Take queued llama.cpp log lines as (level, text) pairs.");
+    m.def("init_numa", &init_numa, py::arg("strategy"), py::call_guard<py::gil_scoped_release>(),
+          "llama.cpp's NUMA placement, once per process (0 off .. 4 mirror); the strategy in force.");
     m.def("set_log_level", &set_log_level, py::arg("level"),
           "Queue llama.cpp messages at or above this ggml level (1 debug .. 4 error, 5 none).");
     m.def("log_level", &log_level);

@@ -43,18 +43,18 @@ void register_chat(py::module_& m) {
             "apply",
             [](const ChatTemplate& t, const std::string& messages_json, bool add_generation_prompt,
                bool enable_thinking, const std::string& tools_json, const std::string& kwargs_json,
-               const std::string& json_schema, const std::string& grammar) {
+               const std::string& json_schema, const std::string& grammar, const std::string& tool_choice) {
                 ChatPrompt p;
                 {
                     py::gil_scoped_release nogil;
                     p = t.apply(messages_json, add_generation_prompt, enable_thinking, tools_json, kwargs_json,
-                                json_schema, grammar);
+                                json_schema, grammar, tool_choice);
                 }
                 return prompt_to_dict(p);
             },
             py::arg("messages_json"), py::arg("add_generation_prompt") = true, py::arg("enable_thinking") = true,
             py::arg("tools_json") = "", py::arg("kwargs_json") = "", py::arg("json_schema") = "",
-            py::arg("grammar") = "")
+            py::arg("grammar") = "", py::arg("tool_choice") = "auto")
         .def_property_readonly("source", &ChatTemplate::source)
         .def_property_readonly("has_model_template", &ChatTemplate::has_model_template)
         .def_property_readonly("uses_jinja", &ChatTemplate::uses_jinja)

@@ -80,6 +80,7 @@ void register_options(py::module_& m) {
     pair.def_readwrite("n_ctx", &PairParams::n_ctx)
         .def_readwrite("n_seq", &PairParams::n_seq)
         .def_readwrite("kv_unified", &PairParams::kv_unified)
+        .def_readwrite("offload_kqv", &PairParams::offload_kqv)
         .def_readwrite("n_batch", &PairParams::n_batch)
         .def_readwrite("n_ubatch", &PairParams::n_ubatch)
         .def_readwrite("n_threads", &PairParams::n_threads)

@@ -13,7 +13,7 @@ import warnings
 
 # _backends before any use of _core: it loads ggml's backends in the CUDA build
 from . import _backends, _core  # noqa: F401  (_backends is imported for that effect only)
-from .config import Grammar, NgramConfig
+from .config import Grammar, LlamaGrammar, NgramConfig
 from .devices import backends
 from .embedded import embedded_pair
 from .engine.submission import Submission
@@ -29,7 +29,7 @@ from .errors import (
     RollbackError,
 )
 from .llama import Llama
-from .llama_cpp_api import LlamaState
+from .llama_cache import BaseLlamaCache, LlamaDiskCache, LlamaRAMCache, LlamaState
 from .pair import ContextPair
 from .results import (
     GenerationResult,
@@ -45,6 +45,7 @@ from .results import (
 __version__: str = _core.__version__
 
 __all__ = [
+    "BaseLlamaCache",
     "ChatTemplateError",
     "ContextLimitError",
     "ContextPair",
@@ -56,6 +57,9 @@ __all__ = [
     "Grammar",
     "GrammarError",
     "Llama",
+    "LlamaDiskCache",
+    "LlamaGrammar",
+    "LlamaRAMCache",
     "LlamaState",
     "MemoryReport",
     "MemoryRow",

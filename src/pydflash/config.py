@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import operator
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, SupportsIndex, TypedDict
@@ -109,17 +110,20 @@ class ModelConfig:
     sized. Device options apply where a GPU or RPC backend exists; on a CPU-only
     build the layers stay on the CPU. Defaults are the core's."""
 
-    n_ctx: int = _PAIR.n_ctx  # all sequences together: each gets n_ctx // n_parallel (llama.cpp's -c)
+    # all sequences together: each gets n_ctx // n_parallel (llama.cpp's -c); 0: the model's
+    # training context, read when it loads (llama.cpp's -c 0, llama-cpp-python's n_ctx=0)
+    n_ctx: int = _PAIR.n_ctx
     n_parallel: int = _PAIR.n_seq  # sequences decoded together (llama.cpp's -np)
     # llama.cpp's --kv-unified: each sequence may fill all n_ctx cells, shared; when they
     # run out, the decode fails every sequence in it ("the context size has been exceeded")
     kv_unified: bool = False
+    offload_kqv: bool = _PAIR.offload_kqv  # KV caches on the layers' GPU (False: llama.cpp's -nkvo)
     n_batch: int = _PAIR.n_batch
     n_ubatch: int | None = None  # the physical batch; None: min(n_batch, the core's)
     # target layers to offload; -1: all (the CUDA build's default: a GPU is why it was built)
     n_gpu_layers: int = -1 if _core.dynamic_backends() else _MODEL.n_gpu_layers
     draft_n_gpu_layers: int | None = None  # the drafter's; None: as n_gpu_layers
-    main_gpu: int = _MODEL.main_gpu  # the device used with split_mode "none"
+    main_gpu: int = _MODEL.main_gpu  # the device used with split_mode "none"; -1: none (the CPU)
     split_mode: str = _MODEL.split_mode  # across several GPUs: "none", "layer" or "row"
     tensor_split: tuple[float, ...] = ()  # share of the model per device; (): by free memory
     rpc_servers: tuple[str, ...] = ()  # "host:port" of ggml RPC servers (offload targets)
@@ -169,7 +173,7 @@ class ModelConfig:
                 f"not {type(self.draft_adaptive).__name__}"
             )
         int_option("seed", self.seed, bits=64)
-        for name in ("use_mmap", "use_mlock", "embedding"):
+        for name in ("use_mmap", "use_mlock", "embedding", "offload_kqv"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, not {type(getattr(self, name)).__name__}")
         float_option("rope_freq_base", self.rope_freq_base)
@@ -188,8 +192,11 @@ class ModelConfig:
             object.__setattr__(self, "flash_attn", "on" if self.flash_attn else "off")
         for name in ("split_mode", "flash_attn", "type_k", "type_v", "draft_type_k", "draft_type_v", "rollback"):
             str_option(name, getattr(self, name))
-        # the core's rules, before any weights load
-        self.pair_params().validate()
+        # the core's rules, before any weights load (n_ctx 0: with the default in its place)
+        pair = self.pair_params()
+        if self.n_ctx == 0:
+            pair.n_ctx = _PAIR.n_ctx
+        pair.validate()
         self.model_params("target").validate()
         self.model_params("drafter").validate()
 
@@ -215,6 +222,7 @@ class ModelConfig:
             n_ctx=self.n_ctx,
             n_seq=self.n_parallel,
             kv_unified=self.kv_unified,
+            offload_kqv=self.offload_kqv,
             n_batch=self.n_batch,
             n_ubatch=min(self.n_batch, _PAIR.n_ubatch) if self.n_ubatch is None else self.n_ubatch,
             n_threads=self.n_threads or 0,
@@ -263,6 +271,31 @@ class Grammar:
         elif not isinstance(schema, str):
             raise TypeError(f"json_schema must be a mapping or JSON text, not {type(schema).__name__}")
         return cls(_core.json_schema_to_grammar(schema))
+
+
+class LlamaGrammar(Grammar):
+    """llama-cpp-python's name for a ``Grammar``, with its constructors: ``from_string``
+    (GBNF), ``from_file`` and ``from_json_schema`` (a JSON schema's text or mapping).
+    Anything that takes a grammar takes one: ``generate``, the completions, ``sample``."""
+
+    @classmethod
+    def from_string(cls, grammar: str, verbose: bool = True) -> LlamaGrammar:
+        """A grammar from GBNF text (``verbose``: accepted, as llama-cpp-python's)."""
+        del verbose
+        return cls(grammar)
+
+    @classmethod
+    def from_file(cls, file: str | os.PathLike[str], verbose: bool = True) -> LlamaGrammar:
+        """A grammar from a GBNF file."""
+        del verbose
+        with open(file, encoding="utf-8") as f:
+            return cls(f.read())
+
+    @classmethod
+    def from_json_schema(cls, json_schema: Mapping[str, Any] | str, verbose: bool = True) -> LlamaGrammar:
+        """llama.cpp's grammar for a JSON schema (see ``Grammar.from_json_schema``)."""
+        del verbose
+        return cls(Grammar.from_json_schema(json_schema).gbnf)
 
 
 def schema_json(schema: Mapping[str, Any]) -> str:
@@ -460,4 +493,4 @@ class GenerateOptions(TypedDict, total=False):
     json_schema: Mapping[str, Any] | str | None
 
 
-__all__ = ["CHOICES", "GenerateOptions", "Grammar", "ModelConfig", "SamplingConfig", "Unpack"]
+__all__ = ["CHOICES", "GenerateOptions", "Grammar", "LlamaGrammar", "ModelConfig", "SamplingConfig", "Unpack"]

@@ -75,3 +75,12 @@ def explain_context_failure(err: PyDFlashError, model: _core.Model, cfg: ModelCo
     need = kv_cache_bytes(model, cfg)
     what = _needs(need, cfg) if need is not None else f"n_ctx={cfg.n_ctx} is too large for the memory available"
     return ContextLimitError(f"the context does not fit: {what}; lower n_ctx ({text})")
+
+
+def model_context(model: _core.Model) -> int:
+    """The context ``model`` was trained with, which ``n_ctx=0`` asks for (llama.cpp's
+    ``-c 0``); ValueError where its GGUF names none."""
+    n = model.n_ctx_train
+    if n < 8:
+        raise ValueError(f"n_ctx=0 takes the model's context, but {model.path} names none; give n_ctx")
+    return n

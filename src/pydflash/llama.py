@@ -3,6 +3,7 @@ process."""
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import weakref
@@ -15,7 +16,8 @@ from .engine.engine import Engine
 from .engine.generation import Generation, Prompt
 from .engine.submission import Submission
 from .errors import PyDFlashError
-from .fit import check_context_fits, explain_context_failure
+from .fit import check_context_fits, explain_context_failure, model_context
+from .llama_cache import BaseLlamaCache, load_longest_prefix
 from .llama_cpp_api import LlamaCppApi, LlamaCppKeywords, llama_cpp_options, token_list
 from .openai.chat import ChatTemplate
 from .pair import ContextPair
@@ -76,7 +78,7 @@ class Llama(LlamaCppApi):
         draft_n_gpu_layers: int | None = None,
         main_gpu: int = _DEFAULTS.main_gpu,
         split_mode: str = _DEFAULTS.split_mode,
-        tensor_split: Sequence[float] = (),
+        tensor_split: Sequence[float] | None = (),
         rpc_servers: str | Sequence[str] = (),
         flash_attn: bool | str = _DEFAULTS.flash_attn,
         type_k: str = _DEFAULTS.type_k,
@@ -96,13 +98,11 @@ class Llama(LlamaCppApi):
         chat_template: str | None = None,
         **llama_cpp: Unpack[LlamaCppKeywords],
     ):
-        """Options: see ``ModelConfig`` (devices: ``n_gpu_layers``/``draft_n_gpu_layers`` (-1 = all), ``main_gpu``,
-        ``split_mode``, ``tensor_split``, ``rpc_servers``; KV cache: ``kv_unified``, ``flash_attn``, ``type_k``/
-        ``type_v`` (target), ``draft_type_k``/``draft_type_v``/``draft_window`` (drafter); draft length: ``draft_max``
-        None chooses each step's, ``draft_adaptive=False`` drafts block size - 1, an int pins it; ``speculative``:
-        llama.cpp's ``--spec-type`` list (``["ngram-mod", "draft-dflash"]``), ``ngram`` its n-gram settings); ``seed``
-        -1: random; llama-cpp-python's keywords too."""
+        """Options: see ``ModelConfig`` (``n_ctx=0``: the model's own context; ``n_gpu_layers`` -1: all layers;
+        the KV caches, the draft length (``draft_max`` None: chosen each step), ``speculative``: llama.cpp's
+        ``--spec-type`` list); ``seed`` -1: random; llama-cpp-python's keywords too (``LlamaCppKeywords``)."""
         self._pair_core: _core.ContextPair | None = None
+        self._cache: BaseLlamaCache | None = None  # set_cache()
         self._target: _core.Model | None = None
         self._draft: _core.Model | None = None
         compat = llama_cpp_options(llama_cpp, draft, chat_template)
@@ -117,7 +117,7 @@ class Llama(LlamaCppApi):
             draft_n_gpu_layers=draft_n_gpu_layers,
             main_gpu=main_gpu,
             split_mode=split_mode,
-            tensor_split=tensor_split,  # type: ignore[arg-type]  # normalised by ModelConfig (above)
+            tensor_split=tensor_split or (),  # type: ignore[arg-type]  # normalised by ModelConfig (above)
             rpc_servers=rpc_servers,  # type: ignore[arg-type]  # normalised by ModelConfig (above)
             flash_attn=flash_attn,  # type: ignore[arg-type]  # normalised by ModelConfig (above)
             type_k=type_k,
@@ -136,6 +136,7 @@ class Llama(LlamaCppApi):
         )
         self.set_seed(seed)
         _logging.set_verbose(verbose)
+        compat.apply_numa()
         self._engine: Engine | None = None
         self._chat_template_source = chat_template  # None: the GGUF's own (ChatML if none)
         self._chat_template: ChatTemplate | None = None
@@ -150,6 +151,8 @@ class Llama(LlamaCppApi):
         cfg = self.config
         try:
             self._target = _core.Model.load(os.fspath(model_path), cfg.model_params("target"), "target")
+            if cfg.n_ctx == 0:  # the model's own context (llama.cpp's -c 0)
+                self.config = cfg = dataclasses.replace(cfg, n_ctx=model_context(self._target))
             if draft is not None:
                 self._draft = _core.Model.load_drafter(os.fspath(draft), cfg.model_params("drafter"))
             check_context_fits(self._target, cfg)
@@ -556,6 +559,8 @@ class Llama(LlamaCppApi):
         """Queue ``gen`` for the engine (a free slot, else its turn)."""
         self._model()
         assert self._engine is not None
+        if self._cache is not None and gen.config.cache_prompt and self._pair_core is not None:
+            load_longest_prefix(self._cache, self._pair_core, self._engine, gen.prompt)
         self._engine.submit(gen)
 
     def cancel_generation(self, gen: Generation) -> None:

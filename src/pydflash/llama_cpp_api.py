@@ -14,10 +14,11 @@ import difflib
 import os
 import random
 import tempfile
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar, cast, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -25,6 +26,7 @@ import numpy.typing as npt
 from . import _core
 from .config import Grammar, ModelConfig, SamplingConfig, make_grammar
 from .errors import PyDFlashError
+from .llama_cache import BaseLlamaCache, LlamaState, sequence_state
 from .openai.completions import CompletionHost, create_chat_completion, create_completion
 from .openai.embeddings import CreateEmbeddingResponse, Vector, embed_texts, embedding_response
 
@@ -35,22 +37,11 @@ if TYPE_CHECKING:
     from .pair import ContextPair
 
 __all__ = ["EmbedOutput", "LlamaCppApi", "LlamaCppKeywords", "LlamaState", "llama_cpp_options", "token_list"]
+# LlamaState is llama_cache's: named here too, where llama-cpp-python programs find it
 
+_Result = TypeVar("_Result")
 # a text's vector, or one per token (pooling "none"); for a list of texts, a list of them
 EmbedOutput = Vector | list[Vector] | list[Vector | list[Vector]]
-
-
-@dataclasses.dataclass(frozen=True)
-class LlamaState:
-    """What ``save_state`` keeps: the evaluated tokens and both contexts' memory of
-    them (the target's KV cache, the drafter's features), as llama-cpp-python's
-    ``LlamaState`` (``llama_state`` is pydflash's slot file, not llama.cpp's)."""
-
-    input_ids: npt.NDArray[np.intc]
-    n_tokens: int
-    llama_state: bytes
-    llama_state_size: int
-    seed: int
 
 
 def token_list(tokens: Sequence[int], n_vocab: int) -> list[int]:
@@ -76,6 +67,7 @@ class LlamaCppApi:
     _embedder: _core.Embedder | None = None
     _input_ids: tuple[int, ...] = ()  # what eval() took
     _rng: random.Random | None = None
+    _cache: BaseLlamaCache | None = None  # set_cache()
 
     if TYPE_CHECKING:
 
@@ -283,6 +275,39 @@ class LlamaCppApi:
         self._input_ids = tuple(int(t) for t in state.input_ids)
         self.set_seed(state.seed)
 
+    def set_cache(self, cache: BaseLlamaCache | None) -> None:
+        """Keep states in ``cache`` (``LlamaRAMCache``, ``LlamaDiskCache``; None: none), as
+        llama-cpp-python: after each completion its sequence's state is saved under its tokens,
+        and a generation whose prompt shares a longer prefix with a cached state than with what
+        the sequence holds starts from that state. One sequence's (``n_parallel=1``)."""
+        if cache is not None and not isinstance(cache, BaseLlamaCache):
+            raise TypeError(f"cache must be a LlamaRAMCache or LlamaDiskCache, not {type(cache).__name__}")
+        if cache is not None and self.config.n_parallel != 1:
+            raise ValueError("set_cache keeps one sequence's states (n_parallel=1); with more, each slot's prompt "
+                             "cache serves")  # fmt: skip
+        self._cache = cache
+
+    def _save_cached(self) -> None:
+        """Sequence 0's state into the cache, under the tokens it holds."""
+        cache, core, engine = self._cache, self._pair_core, self._engine
+        if cache is not None and core is not None and engine is not None:
+            state = sequence_state(core, engine, self.config.seed)
+            if state is not None:
+                cache[state.input_ids.tolist()] = state
+
+    def _cached(self, out: _Result, stream: bool) -> _Result:
+        """A completion's result (a stream: once it ends), its state saved in the cache."""
+        if self._cache is None:
+            return out
+        if not stream:
+            self._save_cached()
+            return out
+        return cast("_Result", self._saved_after(cast("Iterator[Any]", out)))
+
+    def _saved_after(self, chunks: Iterator[Any]) -> Iterator[Any]:
+        yield from chunks
+        self._save_cached()
+
     def set_seed(self, seed: int) -> None:
         """The seed of every later sampled call that names none (-1: random each time)."""
         self.config = dataclasses.replace(self.config, seed=seed)
@@ -312,7 +337,7 @@ class LlamaCppApi:
         """OpenAI-style text completion (``stream=True``: chunks); options and
         defaults as llama-cpp-python's. See ``pydflash.completions.create_completion``."""
         kwargs["stream"] = stream
-        return create_completion(cast("CompletionHost", self), prompt, *args, **kwargs)
+        return self._cached(create_completion(cast("CompletionHost", self), prompt, *args, **kwargs), stream)
 
     @overload
     def __call__(self, prompt: Prompt, *args: Any, stream: Literal[False] = False, **kwargs: Any) -> Completion: ...
@@ -329,8 +354,7 @@ class LlamaCppApi:
         self, prompt: Prompt, *args: Any, stream: bool = False, **kwargs: Any
     ) -> Completion | Iterator[CompletionChunk]:
         """Same as ``create_completion``."""
-        kwargs["stream"] = stream
-        return create_completion(cast("CompletionHost", self), prompt, *args, **kwargs)
+        return self.create_completion(prompt, *args, stream=stream, **kwargs)
 
     @overload
     def create_chat_completion(
@@ -351,7 +375,7 @@ class LlamaCppApi:
         """OpenAI-style chat completion through the model's chat template
         (``stream=True``: chunks). See ``pydflash.completions.create_chat_completion``."""
         kwargs["stream"] = stream
-        return create_chat_completion(cast("CompletionHost", self), messages, *args, **kwargs)
+        return self._cached(create_chat_completion(cast("CompletionHost", self), messages, *args, **kwargs), stream)
 
     # -- embeddings ----------------------------------------------------------------
 
@@ -404,6 +428,11 @@ class LlamaCppKeywords(TypedDict, total=False):
     n_ubatch: int
     rope_freq_base: float  # the target's; 0: the model's
     last_n_tokens_size: int  # only llama-cpp-python's default (64): pydflash sets the window per call
+    offload_kqv: bool  # False: the KV caches stay in host memory (llama.cpp's -nkvo)
+    numa: bool | int  # llama.cpp's NUMA placement: True (distribute) or a ggml_numa_strategy, once per process
+    lora_path: str | os.PathLike[str] | None  # only None: LoRA adapters are not supported
+    lora_base: str | os.PathLike[str] | None  # only None (it goes with lora_path)
+    lora_scale: float  # accepted; it applies to a lora_path only
 
 
 # llama-cpp-python's chat_format names whose llama.cpp template is named differently
@@ -413,11 +442,46 @@ _PENALTY_LAST_N = SamplingConfig().penalty_last_n
 
 @dataclasses.dataclass(frozen=True)
 class LlamaCppOptions:
-    """``LlamaCppKeywords`` read: ``ModelConfig`` fields, the drafter's path, the template."""
+    """``LlamaCppKeywords`` read: ``ModelConfig`` fields, the drafter's path, the template,
+    the NUMA strategy (0: none asked)."""
 
     config: dict[str, object]
     draft: str | os.PathLike[str] | None
     chat_template: str | None
+    numa: int = 0
+
+    def apply_numa(self) -> None:
+        """Set the NUMA placement asked for (once per process, as llama.cpp allows: a later,
+        different one is warned about and changes nothing)."""
+        if self.numa:
+            in_force = _core.init_numa(self.numa)
+            if in_force != self.numa:
+                warnings.warn(f"numa={self.numa} ignored: this process already placed memory with strategy "
+                              f"{in_force} (llama.cpp sets it once)", stacklevel=3)  # fmt: skip
+
+
+def _numa(value: object) -> int:
+    """llama-cpp-python's ``numa``: a bool (True: distribute) or a ggml_numa_strategy int."""
+    if isinstance(value, bool):
+        return 1 if value else 0
+    if not isinstance(value, int):
+        raise TypeError(f"numa must be a bool or an int (a ggml_numa_strategy), not {type(value).__name__}")
+    if not 0 <= value <= 4:
+        raise ValueError(f"numa must be a bool or a ggml_numa_strategy in [0, 4], got {value}")
+    return value
+
+
+def _check_lora(kw: Mapping[str, object]) -> None:
+    """llama-cpp-python's LoRA keywords: accepted as None (its default), refused by name otherwise."""
+    for name in ("lora_path", "lora_base"):
+        if kw.get(name) is not None:
+            raise ValueError(
+                f"{name}={kw[name]!r}: LoRA adapters are not supported by pydflash (merge the adapter into the "
+                "model, e.g. with llama.cpp's llama-export-lora, and load the merged GGUF)"
+            )
+    scale = kw.get("lora_scale", 1.0)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"lora_scale must be a number, not {type(scale).__name__}")
 
 
 def llama_cpp_options(
@@ -432,7 +496,8 @@ def llama_cpp_options(
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise TypeError(f"Llama() got an unexpected keyword argument {name!r}{hint}")
     config: dict[str, object] = {}
-    for name in ("use_mmap", "use_mlock", "embedding", "n_threads_batch", "n_ubatch", "rope_freq_base"):
+    _check_lora(kw)
+    for name in ("use_mmap", "use_mlock", "embedding", "n_threads_batch", "n_ubatch", "rope_freq_base", "offload_kqv"):
         if name in kw:
             config[name] = kw[name]
     if "logits_all" in kw and not isinstance(kw["logits_all"], bool):
@@ -466,7 +531,7 @@ def llama_cpp_options(
         if chat_template is not None:
             raise ValueError("give chat_template or chat_format, not both")
         chat_template = fmt
-    return LlamaCppOptions(config, draft, chat_template)
+    return LlamaCppOptions(config, draft, chat_template, _numa(kw.get("numa", False)))
 
 
 # pydflash's own Llama keywords, for the "did you mean" of a misspelt one

@@ -84,8 +84,13 @@ class BenchConfig:
             raise ValueError(f"workload must be one of {sorted(WORKLOADS)}, not {self.workload!r}")
         if self.flash_attn not in FLASH_ATTN:
             raise ValueError(f"flash_attn must be auto, on or off, not {self.flash_attn!r}")
-        if (self.target is None) != (self.draft is None):
-            raise ValueError("give both target and draft, or neither (the embedded pair)")
+        check_models(self.target, self.draft)
+
+
+def check_models(target: str | None, draft: str | None) -> None:
+    """A drafter needs its target; a target alone is measured alone (and with n-gram drafts)."""
+    if draft is not None and target is None:
+        raise ValueError("a drafter (-d) needs its target (-m); give neither for the embedded pair")
 
 
 def run(cfg: BenchConfig, log: Log = print) -> dict[str, Any]:
@@ -99,7 +104,9 @@ def run(cfg: BenchConfig, log: Log = print) -> dict[str, Any]:
         engines, skipped = _start(cfg, target, draft, n_ctx, threads, log)
         try:
             max_draft = next((e.info["max_draft"] for e in engines if e.uses_draft and "max_draft" in e.info), None)
-            if max_draft is None:
+            if max_draft is None and draft is None:
+                max_draft = 0  # no drafter: the target-only engines alone
+            elif max_draft is None:
                 from ..llama import Llama
 
                 with Llama(target, draft=draft, n_ctx=256) as probe:
@@ -141,17 +148,17 @@ def round_up(n: int, k: int) -> int:
 
 def prepare_models(
     given_target: str | None, given_draft: str | None, pad_ffn: int | None, workdir: Path, log: Log
-) -> tuple[str, str, dict[str, str]]:
-    """(target, drafter, source): the given pair or the embedded one, the target
-    replaced by its FFN-padded copy in ``workdir`` when ``pad_ffn`` asks (None:
-    16384 for the embedded pair, as is for a given one)."""
+) -> tuple[str, str | None, dict[str, str]]:
+    """(target, drafter, source): the given pair (or target alone: no drafter) or the
+    embedded one, the target replaced by its FFN-padded copy in ``workdir`` when
+    ``pad_ffn`` asks (None: 16384 for the embedded pair, as is for a given one)."""
     from ..embedded import embedded_pair
 
+    d: str | None
     if given_target is None:
         t, d = embedded_pair()
         desc = "embedded pair (stdlib-code qwen3 target + DFlash drafter)"
     else:
-        assert given_draft is not None  # validate(): both or neither
         t, d = given_target, given_draft
         desc = str(t)
     target = str(t)
@@ -162,16 +169,27 @@ def prepare_models(
         target = str(write_padded(t, workdir / "target-padded.gguf", pad))
         desc += f", FFN zero-padded to {pad} (memory-bound copy, identical outputs)"
         log(f"target: {desc} ({Path(target).stat().st_size / 2**20:.0f} MiB)")
-    return target, str(d), {"tokenizer_model": str(t), "target_desc": desc, "draft_desc": str(d)}
+    draft_desc = str(d) if d is not None else "none (the target alone, and n-gram drafts)"
+    return (
+        target,
+        None if d is None else str(d),
+        {"tokenizer_model": str(t), "target_desc": desc, "draft_desc": draft_desc},
+    )
+
+
+NO_DRAFTER = "no drafter: give -d DRAFT"
 
 
 def _start(
-    cfg: BenchConfig, target: str, draft: str, n_ctx: int, threads: int, log: Log
+    cfg: BenchConfig, target: str, draft: str | None, n_ctx: int, threads: int, log: Log
 ) -> tuple[list[Engine], dict[str, str]]:
     engines: list[Engine] = []
     skipped: dict[str, str] = {}
     for name in cfg.engines:
         e: Engine
+        if draft is None and name in (report.DFLASH, report.ADAPTIVE, report.NATIVE):
+            skipped[name] = NO_DRAFTER
+            continue
         try:
             if name == report.TARGET_ONLY:
                 e = WorkerEngine(name, "pydflash", target, None, n_ctx, threads, n_ctx, cfg.flash_attn)

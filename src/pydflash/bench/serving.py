@@ -100,6 +100,7 @@ def run(cfg: ServingConfig, log: Log = print) -> dict[str, Any]:
     log_dir.mkdir(parents=True, exist_ok=True)
     with sigterm_unwinds(), tempfile.TemporaryDirectory(prefix="pydflash-bench-serving-") as td:
         target, draft, source = prepare_models(cfg.target, cfg.draft, cfg.pad_ffn, Path(td), log)
+        assert draft is not None  # validate(): both or neither
         settings: dict[str, Any] = dict(
             target=target, draft=draft, threads=threads, flash_attn=cfg.flash_attn,
             draft_max=_max_draft(target, draft) if cfg.draft_max is None else cfg.draft_max,

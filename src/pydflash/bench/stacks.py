@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .engines import Engine, EngineUnavailable, Measurement, NativeEngine, WorkerEngine, find_native
-from .run import Log, machine_info, prepare_models, round_up
+from .run import NO_DRAFTER, Log, check_models, machine_info, prepare_models, round_up
 from .tasks import WORKLOADS, prompts
 from .workload import text_codec
 
@@ -46,8 +46,7 @@ class WorkloadConfig:
             raise ValueError(f"unknown workloads {sorted(unknown)}; choose from {', '.join(WORKLOADS)}")
         if self.prompts < 1 or self.repeats < 1 or self.isl < 16 or self.osl < 1:
             raise ValueError("prompts and repeats must be >= 1, isl >= 16, osl >= 1")
-        if (self.target is None) != (self.draft is None):
-            raise ValueError("give both target and draft, or neither (the embedded pair)")
+        check_models(self.target, self.draft)
 
 
 def run(cfg: WorkloadConfig, log: Log = print) -> dict[str, Any]:
@@ -58,7 +57,8 @@ def run(cfg: WorkloadConfig, log: Log = print) -> dict[str, Any]:
         target, draft, source = prepare_models(cfg.target, cfg.draft, cfg.pad_ffn, Path(td), log)
         n_ctx = round_up(cfg.isl * 2 + cfg.osl + 64, 256)
         engines, skipped = _start(cfg, target, draft, n_ctx, threads, log)
-        dm = cfg.draft_max or next(e.info["max_draft"] for e in engines if e.name == "pydflash draft-dflash")
+        # no drafter: 0, and the n-gram stacks draft their own lengths
+        dm = cfg.draft_max or next((e.info["max_draft"] for e in engines if e.name == "pydflash draft-dflash"), 0)
         try:
             work = _prompts(source["tokenizer_model"], cfg)
             ms = _measure(engines, work, cfg, dm, log)
@@ -81,21 +81,25 @@ def run(cfg: WorkloadConfig, log: Log = print) -> dict[str, Any]:
 
 
 def _start(
-    cfg: WorkloadConfig, target: str, draft: str, n_ctx: int, threads: int, log: Log
+    cfg: WorkloadConfig, target: str, draft: str | None, n_ctx: int, threads: int, log: Log
 ) -> tuple[list[Engine], dict[str, str]]:
     fa = cfg.flash_attn
-    engines: list[Engine] = [
-        WorkerEngine(TARGET, "pydflash", target, None, n_ctx, threads, n_ctx, fa),
-        WorkerEngine("pydflash draft-dflash", "pydflash", target, draft, n_ctx, threads, n_ctx, fa),
-        WorkerEngine(ADAPTIVE, "pydflash", target, draft, n_ctx, threads, n_ctx, fa),
-    ]
+    engines: list[Engine] = [WorkerEngine(TARGET, "pydflash", target, None, n_ctx, threads, n_ctx, fa)]
+    skipped: dict[str, str] = {}
+    if draft is not None:
+        engines += [
+            WorkerEngine("pydflash draft-dflash", "pydflash", target, draft, n_ctx, threads, n_ctx, fa),
+            WorkerEngine(ADAPTIVE, "pydflash", target, draft, n_ctx, threads, n_ctx, fa),
+        ]
+    else:
+        skipped |= {"pydflash draft-dflash": NO_DRAFTER, ADAPTIVE: NO_DRAFTER}
+    stacks = [s for s in (_stack(s, draft) for s in cfg.stacks) if s]
     engines += [
         WorkerEngine(f"pydflash {s}", "pydflash", target, _draft(s, draft), n_ctx, threads, n_ctx, fa, spec_type=s)
-        for s in cfg.stacks
+        for s in stacks
     ]
-    skipped: dict[str, str] = {}
     exe = find_native(cfg.native)
-    for s in ("draft-dflash", *cfg.stacks):
+    for s in (["draft-dflash"] if draft is not None else []) + stacks:
         try:
             d = _draft(s, draft)
             engines.append(NativeEngine(exe, target, d, n_ctx, threads, fa, spec_type=s, name=f"llama.cpp {s}"))
@@ -105,7 +109,14 @@ def _start(
     return engines, skipped
 
 
-def _draft(spec_type: str, draft: str) -> str | None:
+def _stack(spec_type: str, draft: str | None) -> str:
+    """The stack as it runs: without a drafter, its n-gram types alone ("" where none is left)."""
+    if draft is not None:
+        return spec_type
+    return ",".join(t for t in spec_type.split(",") if t != "draft-dflash")
+
+
+def _draft(spec_type: str, draft: str | None) -> str | None:
     """A draft-mtp stack drafts with the target's own MTP head: no drafter file."""
     return None if "draft-mtp" in spec_type.split(",") else draft
 

@@ -1,5 +1,5 @@
 """The `pydflash` command line: generate, demo, bench, serve, info."""
 
-from .main import main
+from .main import build_parser, main
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]

@@ -73,6 +73,9 @@ def add_common(p: argparse.ArgumentParser) -> None:
         help="host:port of RPC servers, comma-separated (see `pydflash rpc-server`)",
     )
     dev.add_argument("-fa", "--flash-attn", choices=FLASH_ATTN, default=d.flash_attn, help="(default: %(default)s)")
+    dev.add_argument(
+        "-nkvo", "--no-kv-offload", action="store_true", help="keep the KV caches in host memory, not on the GPU"
+    )
     dev.add_argument("-ctk", "--cache-type-k", choices=CACHE_TYPES, default=d.type_k, help="target K cache type")
     dev.add_argument(
         "-ctv",
@@ -102,9 +105,13 @@ def _add_load(p: argparse.ArgumentParser, d: ModelConfig) -> None:
         default=d.n_ctx,
         help="context size in tokens, shared by --parallel sequences (default: %(default)s)",
     )
-    p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads; 0 or -1: all cores (default: all)")
     p.add_argument(
-        "-tb", "--threads-batch", type=int, default=None, help="CPU threads of prompt passes (default: --threads)"
+        "-tb",
+        "--threads-batch",
+        type=int,
+        default=None,
+        help="CPU threads of prompt passes; 0 or -1: all cores (default: --threads)",
     )
     p.add_argument("-b", "--batch-size", type=int, default=d.n_batch, help="logical batch (default: %(default)s)")
     p.add_argument(
@@ -144,12 +151,17 @@ def ngram_options(a: argparse.Namespace) -> NgramConfig:
     return NgramConfig(**{f.name: getattr(a, "spec_ngram_" + f.name) for f in dataclasses.fields(NgramConfig)})
 
 
+def _all_cores(n: int | None) -> int | None:
+    """llama.cpp's -t/-tb: 0 or below is every core (None)."""
+    return None if n is None or n <= 0 else n
+
+
 def llama_options(a: argparse.Namespace) -> dict[str, Any]:
     """Llama's keyword options from add_common's flags."""
     return dict(
         n_ctx=a.n_ctx,
-        n_threads=a.threads,
-        n_threads_batch=a.threads_batch,
+        n_threads=_all_cores(a.threads),
+        n_threads_batch=_all_cores(a.threads_batch),
         n_batch=a.batch_size,
         n_ubatch=a.ubatch_size,
         use_mlock=a.mlock,
@@ -164,6 +176,7 @@ def llama_options(a: argparse.Namespace) -> dict[str, Any]:
         tensor_split=a.tensor_split,
         rpc_servers=a.rpc,
         flash_attn=a.flash_attn,
+        offload_kqv=not a.no_kv_offload,
         type_k=a.cache_type_k,
         type_v=a.cache_type_v,
         draft_type_k=a.cache_type_k_draft,

@@ -26,7 +26,8 @@ from .common import DRAFT_MAX_HELP, add_common, llama_options, stats_line
 from .serve import add_serve, cmd_serve
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``pydflash`` command line's parser, every subcommand included."""
     ap = argparse.ArgumentParser(
         prog="pydflash", description="DFlash speculative decoding of GGUF models with llama.cpp, in-process."
     )
@@ -133,21 +134,26 @@ def _add_sampling(g: argparse.ArgumentParser) -> None:
     s.add_argument("-s", "--seed", type=int, default=-1, help="-1 = random (default: %(default)s)")
 
 
-def _sampling_options(a: argparse.Namespace) -> dict[str, Any]:
-    names = (
-        "temperature",
-        "top_k",
-        "top_p",
-        "min_p",
-        "typical_p",
-        "top_n_sigma",
-        "repeat_penalty",
-        "penalty_last_n",
-        "presence_penalty",
-        "frequency_penalty",
-        "seed",
+def generate_options(a: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``generate``'s flags as (``Llama``'s keyword options, ``generate``'s), negative values
+    read as llama.cpp reads them: ``-n`` -1 (or -2) until EOS or a full context, ``--temp``
+    below 0 greedy, ``--top-k`` below 1 off; ``--repeat-last-n`` -1 (the context) stays -1
+    for the command to resolve once the model's context is known."""
+    llama = dict(draft_max=a.draft_max, seed=a.seed, **llama_options(a))
+    names = ("top_p", "min_p", "typical_p", "top_n_sigma", "repeat_penalty", "penalty_last_n", "presence_penalty")
+    kw: dict[str, Any] = {n: getattr(a, n) for n in names}
+    kw.update(
+        max_tokens=None if a.max_tokens in (-1, -2) else a.max_tokens,
+        temperature=max(a.temperature, 0.0),
+        top_k=max(a.top_k, 0),
+        frequency_penalty=a.frequency_penalty,
+        seed=a.seed,
+        ignore_eos=a.ignore_eos,
+        draft_min=a.draft_min,
+        draft_p_min=a.draft_p_min,
+        **_structured(a),
     )
-    return {n: getattr(a, n) for n in names}
+    return llama, kw
 
 
 def _structured(a: argparse.Namespace) -> dict[str, str]:
@@ -200,15 +206,10 @@ def _cmd_generate(a: argparse.Namespace) -> int:
             print("pydflash generate: error: -d needs -m (the drafter's target)", file=sys.stderr)
             return 2
         model, draft = embedded_pair()
-    with Llama(model, draft=draft, draft_max=a.draft_max, seed=a.seed, **llama_options(a)) as llm:
-        kw = dict(
-            max_tokens=a.max_tokens,
-            ignore_eos=a.ignore_eos,
-            **_sampling_options(a),
-            draft_min=a.draft_min,
-            draft_p_min=a.draft_p_min,
-            **_structured(a),
-        )
+    llama, kw = generate_options(a)
+    with Llama(model, draft=draft, **llama) as llm:
+        if kw["penalty_last_n"] == -1:  # llama.cpp's -1: the whole context
+            kw["penalty_last_n"] = llm.n_ctx_slot
         if a.stream and not a.json:
             for step in llm.stream(a.prompt, **kw):
                 sys.stdout.write(step.text)
@@ -388,7 +389,7 @@ def _cmd_rpc_server(a: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    a = _parser().parse_args(argv)
+    a = build_parser().parse_args(argv)
     a.argv = list(sys.argv[1:] if argv is None else argv)  # the exact command, for the bench's JSON
     # llama.cpp's own log is printed by -v as llama.cpp prints it (pydflash._logging), not twice
     shown = logging.StreamHandler()

@@ -12,7 +12,7 @@ from typing import Any
 
 from .common import DRAFT_MAX_HELP, add_common, llama_options
 
-__all__ = ["add_serve", "cmd_serve", "server_options"]
+__all__ = ["add_serve", "cmd_serve", "serve_llama_options", "server_options"]
 
 log = logging.getLogger("pydflash.serve")
 
@@ -96,7 +96,8 @@ def add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=int,
         default=1,
         metavar="N",
-        help="generations the model runs at once (default: %(default)s)",
+        help="generations the model runs at once; -1: llama-server's auto, 4 sharing one KV cache "
+        "(default: %(default)s)",
     )
     _add_serving_flags(s)
     s.add_argument(
@@ -273,12 +274,14 @@ def server_options(a: argparse.Namespace) -> dict[str, Any]:
     if a.api_key_file:
         keys += [line.strip() for line in Path(a.api_key_file).read_text(encoding="utf-8").splitlines() if line.strip()]
     hosts = [h.strip() for arg in (a.host or ["127.0.0.1"]) for h in arg.split(",") if h.strip()]
+    temp, top_k = getattr(a, "temp", None), getattr(a, "top_k", None)
     defaults = {
         k: v
         for k, v in {
             "max_tokens": getattr(a, "n_predict", -1),
-            "temperature": getattr(a, "temp", None),
-            "top_k": getattr(a, "top_k", None),
+            # llama.cpp's: a negative temperature is greedy, a top-k below 1 is off
+            "temperature": None if temp is None else max(temp, 0.0),
+            "top_k": None if top_k is None else max(top_k, 0),
             "top_p": getattr(a, "top_p", None),
             "min_p": getattr(a, "min_p", None),
             "seed": getattr(a, "seed", None),
@@ -308,6 +311,15 @@ def server_options(a: argparse.Namespace) -> dict[str, Any]:
         "defaults": defaults,
         "tags": [t for t in a.tags.split(",") if t.strip()],
     }
+
+
+def serve_llama_options(a: argparse.Namespace) -> dict[str, Any]:
+    """``Llama``'s keyword options from the flags, ``n_parallel`` and ``kv_unified`` included:
+    ``-np -1`` is llama-server's auto (4 sequences sharing one KV cache)."""
+    if a.parallel == 0:
+        raise ValueError("--parallel must be >= 1, or -1 (auto), got 0")
+    auto = a.parallel < 0
+    return dict(llama_options(a), n_parallel=4 if auto else a.parallel, kv_unified=a.kv_unified or auto)
 
 
 def chat_template(a: argparse.Namespace) -> str | None:
@@ -341,12 +353,11 @@ def cmd_serve(a: argparse.Namespace) -> int:
     def ready(srv: Server) -> None:
         print(f"pydflash: serving {srv.alias} on {srv.url} (OpenAI API at {srv.url}/v1)", file=sys.stderr, flush=True)
 
-    llama = llama_options(a)
-    llama["kv_unified"] = a.kv_unified
+    llama = serve_llama_options(a)
     serve(
         model,
         draft,
-        parallel=a.parallel,
+        parallel=llama.pop("n_parallel"),
         server=options,
         ready=ready,
         chat_template=template,

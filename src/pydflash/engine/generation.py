@@ -164,6 +164,7 @@ class Generation:
         slot: int | None = None,
         progress: bool = False,
         timings_per_token: bool = False,
+        per_token: bool = False,
     ):
         self.host = host
         self.config = config
@@ -219,6 +220,9 @@ class Generation:
         self._processed = -1  # the last progress event's (a chunk that gave it none sends none)
         # llama-server's timings_per_token: each step's event carries the timings as they stand
         self.timings_per_token = timings_per_token
+        # llama-server's native stream: one event per token (its own logprobs and timings),
+        # speculative step or not, with the text that token made final
+        self.per_token = per_token
         self.n_prompt_done = 0  # prompt tokens evaluated so far (the cache's not counted)
         self.cancelled = False  # the consumer left: the engine drops it
         self.cancel_check: Callable[[], bool] | None = None
@@ -382,12 +386,44 @@ class Generation:
         self.steps.append(step)
         self.n_drafted += step.n_drafted
         self.n_accepted += step.n_accepted
+        if self.per_token and not self.channel.quiet:
+            self._take_each(step)
+            return
         self._take(step.tokens, step.logprobs)
         if self.finish is None and (self.channel.quiet or not deliver):
             if self.text.stop_strings:  # released step by step all the same: each stop-string
                 self._held.append(self.text.release(final=False))  # search covers new text only
             return
         self._deliver(self._event(step))
+
+    def _take_each(self, step: _core.StepResult) -> None:
+        """``take_step`` one token at a time, an event for each (``per_token``): its own
+        logprobs and timings, and the text it made final (none where a stop string may
+        still begin, all that is left at the end)."""
+        for i, token in enumerate(step.tokens):
+            n = len(self.tokens)
+            self._take([token], step.logprobs[i : i + 1])
+            kept = len(self.tokens) > n  # not an end-of-generation token
+            text, _ = self.text.release(final=self.finish is not None)
+            self.n_released = len(self.tokens)  # each token is handed with its own event
+            lps = None if self.logprobs is None or not kept else [self.logprobs[-1]]
+            first = i == 0  # the step's counts ride on its first token's event
+            self._deliver(
+                StreamStep(
+                    tokens=[token] if kept else [],
+                    logprobs=lps,
+                    text=text,
+                    n_drafted=step.n_drafted if first else 0,
+                    n_accepted=step.n_accepted if first else 0,
+                    drafted=list(step.drafted) if first else [],
+                    finish_reason=self.finish,
+                    source=step.source,
+                    draft_max=step.draft_max,
+                    timings=self.timings() if self.timings_per_token else None,
+                )
+            )
+            if self.finish is not None:
+                return
 
     def fail(self, exc: BaseException) -> None:
         self.done = True

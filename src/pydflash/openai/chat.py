@@ -12,7 +12,11 @@ from typing import Any
 from .. import _core
 from ..config import schema_json
 
-__all__ = ["ChatPrompt", "ChatReply", "ChatTemplate", "builtin_templates"]
+__all__ = ["ChatPrompt", "ChatReply", "ChatTemplate", "builtin_templates", "resolve_tool_choice"]
+
+# OpenAI's tool_choice: "auto", "none", "required", or {"type": "function", "function": {"name": ...}}
+ToolChoice = str | Mapping[str, Any]
+TOOL_CHOICES = ("auto", "none", "required")
 
 _CHATML_END = "<|im_end|>"
 
@@ -98,12 +102,14 @@ class ChatTemplate:
         tools: Sequence[Mapping[str, Any]] | None = None,
         json_schema: Mapping[str, Any] | None = None,
         grammar: str | None = None,
+        tool_choice: ToolChoice | None = None,
         **template_kwargs: Any,
     ) -> ChatPrompt:
         """Render ``messages`` (OpenAI-style dicts) into a prompt; ``json_schema`` or
         ``grammar`` (GBNF) constrain the reply, as the template combines them with its
-        own format (``ChatPrompt.grammar``)."""
+        own format (``ChatPrompt.grammar``); ``tool_choice``: see ``resolve_tool_choice()``."""
         _check_messages(messages)
+        tools, choice = resolve_tool_choice(tools, tool_choice)
         try:
             mj = json.dumps(list(messages))
             tj = json.dumps(list(tools)) if tools else ""
@@ -111,7 +117,7 @@ class ChatTemplate:
             sj = schema_json(json_schema) if json_schema is not None else ""
         except (TypeError, ValueError) as e:
             raise TypeError(f"messages, tools and template arguments must be JSON-serialisable: {e}") from None
-        d = self._t.apply(mj, add_generation_prompt, enable_thinking, tj, kj, sj, grammar or "")
+        d = self._t.apply(mj, add_generation_prompt, enable_thinking, tj, kj, sj, grammar or "", choice)
         stops = _strs(d["additional_stops"])
         if self._fallback and _CHATML_END not in stops:
             stops.append(_CHATML_END)
@@ -144,6 +150,32 @@ class ChatTemplate:
         if not isinstance(calls, (list, tuple)):
             raise TypeError(f"the core's tool_calls must be a list, not {type(calls).__name__}")
         return ChatReply(str(d["content"]), str(d["reasoning_content"]), tuple(_tool_call(c) for c in calls))
+
+
+def resolve_tool_choice(
+    tools: Sequence[Mapping[str, Any]] | None, choice: ToolChoice | None
+) -> tuple[Sequence[Mapping[str, Any]] | None, str]:
+    """The tools the template offers and llama.cpp's tool choice for OpenAI's ``tool_choice``:
+    "auto" (None; the model may call one), "none" (the tools are shown, no call is read) or
+    "required" (a call is forced from the first token: the tool-call grammar is not lazy), as
+    llama-server; a named function (``{"type": "function", "function": {"name": ...}}``)
+    offers that tool alone, required (llama-server reads it as "auto")."""
+    if choice is None:
+        return tools, "auto"
+    if isinstance(choice, str):
+        if choice not in TOOL_CHOICES:
+            raise ValueError(f"tool_choice must be {', '.join(TOOL_CHOICES)} or a named function, got {choice!r}")
+        return tools, choice
+    if not isinstance(choice, Mapping):
+        raise TypeError(f"tool_choice must be a str or a dict, not {type(choice).__name__}")
+    function = choice.get("function")
+    name = function.get("name") if choice.get("type") == "function" and isinstance(function, Mapping) else None
+    if not isinstance(name, str):
+        raise ValueError("a tool_choice dict names a function: {'type': 'function', 'function': {'name': ...}}")
+    named = [t for t in tools or () if isinstance(t.get("function"), Mapping) and t["function"].get("name") == name]
+    if not named:
+        raise ValueError(f"tool_choice names the function {name!r}, which is not among the tools")
+    return named, "required"
 
 
 # The core returns dicts of plain values (str, int, lists): these read them with

@@ -13,11 +13,11 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, Protocol, TypedDict, TypeVar
 
-from ..config import SamplingConfig
+from ..config import Grammar, SamplingConfig
 from ..engine.generation import Generation, GenerationHost
 from ..errors import ChatTemplateError
 from ..results import FinishReason, PromptProgress, TokenLogprob
-from .chat import ChatPrompt, ChatReply, ChatTemplate
+from .chat import ChatPrompt, ChatReply, ChatTemplate, ToolChoice
 from .logprobs import chat_logprobs, completion_logprobs
 from .speculation import StreamSpeculation
 from .structured import chat_grammar, constraint
@@ -147,7 +147,7 @@ def create_completion(
     post_sampling_probs: bool = False,
     response_format: Mapping[str, Any] | None = None,
     json_schema: Mapping[str, Any] | None = None,
-    grammar: str | None = None,
+    grammar: str | Grammar | None = None,
     id_slot: int | None = None,
     n: int = 1,
     cancel: Callable[[], bool] | None = None,
@@ -354,7 +354,7 @@ def create_chat_completion(
     post_sampling_probs: bool = False,
     response_format: Mapping[str, Any] | None = None,
     json_schema: Mapping[str, Any] | None = None,
-    grammar: str | None = None,
+    grammar: str | Grammar | None = None,
     id_slot: int | None = None,
     n: int = 1,
     cancel: Callable[[], bool] | None = None,
@@ -362,14 +362,14 @@ def create_chat_completion(
     return_progress: bool = False,
     timings_per_token: bool = False,
     template_format: bool = True,
+    tool_choice: ToolChoice | None = None,
 ) -> ChatCompletion | Iterator[ChatCompletionChunk]:
-    """An OpenAI-style chat completion of ``messages`` through the chat template (the GGUF's or ``Llama``'s). Reasoning:
-    ``message["reasoning_content"]`` (``enable_thinking=False``: off where the template can). ``logprobs=True``: per
-    token. ``response_format``, ``json_schema``, ``grammar``: in the template's reply format; ``tools``: its grammar
-    once a call starts, as llama-server (``template_format=False``: its ``--no-jinja``). Others: create_completion's."""
+    """An OpenAI-style chat completion of ``messages`` through the chat template (the reply format, tools and
+    ``tool_choice``: ``ChatTemplate.apply``; ``template_format=False``: --no-jinja). Others: create_completion's."""
     _check_top_logprobs(logprobs, top_logprobs)
     schema, gbnf = constraint(response_format, json_schema, grammar)
-    cp = _chat_prompt(llm, messages, tools, enable_thinking, chat_template_kwargs, schema, gbnf, template_format)
+    tmpl = _TemplateArgs(enable_thinking, chat_template_kwargs, template_format, tool_choice)
+    cp = _chat_prompt(llm, messages, tools, tmpl, schema, gbnf)
     cfg = SamplingConfig.build(
         max_tokens=_budget(max_tokens),
         temperature=temperature,
@@ -437,22 +437,33 @@ def _chat_completion(gen: Generation, cancel: Callable[[], bool] | None, cp: Cha
 _OWN_ARGUMENTS = ("messages", "tools", "json_schema", "grammar")
 
 
+@dataclasses.dataclass(frozen=True)
+class _TemplateArgs:
+    """How a chat request asks its template to render (beside messages, tools, constraint)."""
+
+    enable_thinking: bool = True
+    kwargs: Mapping[str, Any] | None = None  # chat_template_kwargs
+    template_format: bool = True  # False: llama-server's --no-jinja (the reply is all content)
+    tool_choice: ToolChoice | None = None
+
+
 def _chat_prompt(
     llm: CompletionHost,
     messages: Sequence[Mapping[str, Any]],
     tools: Sequence[Mapping[str, Any]] | None,
-    enable_thinking: bool,
-    chat_template_kwargs: Mapping[str, Any] | None,
+    tmpl: _TemplateArgs,
     schema: Mapping[str, Any] | None,
     gbnf: str | None,
-    template_format: bool = True,
 ) -> ChatPrompt:
-    if not template_format:
-        cp = _chat_prompt(llm, messages, None, enable_thinking, chat_template_kwargs, None, None)
+    if not tmpl.template_format:
+        if tmpl.tool_choice not in (None, "auto"):  # llama-server's rule
+            raise ValueError("tool_choice needs the template's reply format (llama-server: the --jinja flag)")
+        cp = _chat_prompt(llm, messages, None, _TemplateArgs(tmpl.enable_thinking, tmpl.kwargs), None, None)
         return _text_only(cp, tools)
-    if gbnf is not None and tools:
+    if gbnf is not None and tools and tmpl.tool_choice != "none":
         raise ValueError("a custom grammar cannot be combined with tools")
-    kwargs = dict(chat_template_kwargs or {})
+    enable_thinking = tmpl.enable_thinking
+    kwargs = dict(tmpl.kwargs or {})
     if "enable_thinking" in kwargs:
         enable_thinking = bool(kwargs.pop("enable_thinking"))
     # llama-server reads add_generation_prompt from here too (False: continue the last message)
@@ -467,6 +478,7 @@ def _chat_prompt(
         tools=tools,
         json_schema=schema,
         grammar=gbnf,
+        tool_choice=tmpl.tool_choice,
         **kwargs,
     )
 
@@ -487,7 +499,8 @@ def chat_prompt(llm: CompletionHost, messages: Sequence[Mapping[str, Any]], **kw
     template's, with the tools and reply format ``kw`` asks for."""
     schema, gbnf = constraint(kw.get("response_format"), kw.get("json_schema"), kw.get("grammar"))
     thinking = bool(kw.get("enable_thinking", True))
-    return _chat_prompt(llm, messages, kw.get("tools"), thinking, kw.get("chat_template_kwargs"), schema, gbnf).prompt
+    tmpl = _TemplateArgs(thinking, kw.get("chat_template_kwargs"), True, kw.get("tool_choice"))
+    return _chat_prompt(llm, messages, kw.get("tools"), tmpl, schema, gbnf).prompt
 
 
 def _generation_prompt_tokens(llm: CompletionHost, text: str) -> list[int]:
@@ -565,13 +578,13 @@ def _chat_chunks(
     try:
         for step in it:
             if step.prompt_progress is not None:  # llama-server's progress delta: the role alone
-                progress = chunk({"role": "assistant", "content": None})
+                progress = chunk({"role": "assistant"})
                 progress["prompt_progress"] = _progress_json(step.prompt_progress)
                 yield spec.timed(progress, step)
                 continue
             if not started:  # after the first step: a prompt that fails fails before any chunk
-                started = True
-                yield chunk({"role": "assistant", "content": None})
+                started = True  # the role alone, as llama-cpp-python (the server adds llama-server's content null)
+                yield chunk({"role": "assistant"})
             if pending is not None and step.logprobs:
                 pending.extend(step.logprobs)
             if not step.text:
@@ -588,7 +601,7 @@ def _chat_chunks(
             if d:
                 yield spec.timed(chunk(d), step)
         if not started:
-            yield chunk({"role": "assistant", "content": None})
+            yield chunk({"role": "assistant"})
         finish = _finish(gen.finish)
         if cp.needs_parse:
             reply = _parse_final(text, cp)

@@ -38,9 +38,10 @@ def _schema_of(response_format: Mapping[str, Any]) -> Mapping[str, Any] | None:
 def constraint(
     response_format: Mapping[str, Any] | None,
     json_schema: Mapping[str, Any] | None,
-    grammar: str | None,
+    grammar: str | Grammar | None,
 ) -> Constraint:
-    """The one constraint the options ask for (ValueError when they ask for two)."""
+    """The one constraint the options ask for (ValueError when they ask for two); a
+    ``Grammar`` (``LlamaGrammar``) stands for its GBNF text."""
     if response_format is not None and not isinstance(response_format, Mapping):
         raise ValueError("response_format must be an object")
     schema = _schema_of(response_format) if response_format is not None else None
@@ -51,8 +52,12 @@ def constraint(
         raise ValueError("json_schema must be an object")
     if schema is not None and grammar is not None:
         raise ValueError("give a JSON schema (response_format, json_schema) or grammar, not both")
+    if isinstance(grammar, Grammar):
+        if grammar.lazy or grammar.prefill:
+            raise ValueError("a lazy or prefilled Grammar applies to generate() only; give its GBNF text here")
+        grammar = grammar.gbnf
     if grammar is not None and not isinstance(grammar, str):
-        raise TypeError(f"grammar must be GBNF text, not {type(grammar).__name__}")
+        raise TypeError(f"grammar must be GBNF text or a Grammar, not {type(grammar).__name__}")
     return schema, grammar
 
 

@@ -212,7 +212,7 @@ class ChatCompletionChunkDelta(TypedDict, total=False):
     """What a streamed chat chunk adds to the message."""
 
     role: Literal["assistant"]
-    content: str | None  # None in the first chunk, as llama-server and OpenAI send it
+    content: str | None  # absent from the first chunk (the role alone, as llama-cpp-python); the server sends None
     reasoning_content: str
     tool_calls: list[dict[str, Any]]
 

@@ -128,13 +128,18 @@ class _Messages(BaseModel):
             for t in self.tools
         ]
 
-    def openai_tool_choice(self) -> str | None:
-        kind = (self.tool_choice or {}).get("type")
+    def openai_tool_choice(self) -> str | dict[str, Any] | None:
+        """Anthropic's ``tool_choice`` in OpenAI's words: "any" is "required", a named tool
+        that function alone (llama-server reads both as "required")."""
+        choice = self.tool_choice or {}
+        kind = choice.get("type")
         if kind in (None, "auto"):
             return None
-        if kind == "none":
-            return "none"
-        raise BadRequest(f"tool_choice {kind!r} is not supported (supported: auto, none)", "tool_choice")
+        if kind in ("none", "any"):
+            return "none" if kind == "none" else "required"
+        if kind == "tool" and isinstance(choice.get("name"), str):
+            return {"type": "function", "function": {"name": choice["name"]}}
+        raise BadRequest(f"tool_choice {kind!r} is not supported (supported: auto, any, tool, none)", "tool_choice")
 
 
 class AnthropicRequest(_Messages):

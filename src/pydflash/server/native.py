@@ -2,7 +2,8 @@
 generation loop: its request fields (``n_predict``, ``n_probs``, ``return_tokens``,
 prompts as text, token ids or mixed lists), its response (``content``, ``tokens``,
 ``stop_type``, ``timings``, ``generation_settings``, ``completion_probabilities``)
-and its stream (one object per step, no ``[DONE]``), with the same defaults."""
+and its stream (one object per token, speculative step or not, each with that token's
+probabilities and timings; no ``[DONE]``), with the same defaults."""
 
 from __future__ import annotations
 
@@ -340,6 +341,7 @@ class NativeRequest(BaseModel):
             slot=slot,
             progress=self.stream and self.return_progress,
             timings_per_token=self.stream and self.timings_per_token,
+            per_token=self.stream,
         )
         settings = self.settings(llm, cfg)
         if self.stream:

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, Valida
 from pydantic_core import PydanticCustomError
 
 from .._core import __version__
+from ..openai.chat import resolve_tool_choice
 from ..openai.completions import MAX_CHOICES, chat_prompt
 
 if TYPE_CHECKING:
@@ -368,11 +369,6 @@ class CompletionRequest(_Request):
         return prompt, kw
 
 
-# what create_chat_completion accepts of OpenAI's tool_choice: "auto" (the model
-# may call an offered tool) and "none" (no tools are offered)
-_TOOL_CHOICES = ("auto", "none")
-
-
 class ChatRequest(_Request):
     """``POST /v1/chat/completions``."""
 
@@ -411,18 +407,16 @@ class ChatRequest(_Request):
             raise BadRequest(
                 "Cannot set both add_generation_prompt and continue_final_message to true.", "continue_final_message"
             )
-        if self.tool_choice is not None and self.tool_choice not in _TOOL_CHOICES:
-            raise BadRequest(
-                f"tool_choice {json.dumps(self.tool_choice)} is not supported (supported: "
-                + ", ".join(f'"{c}"' for c in _TOOL_CHOICES)
-                + ")",
-                "tool_choice",
-            )
+        try:  # "auto", "none", "required" or a named function (create_chat_completion reads it)
+            resolve_tool_choice(self.tools, self.tool_choice)
+        except (TypeError, ValueError) as e:
+            raise BadRequest(f"tool_choice {json.dumps(self.tool_choice)}: {e}", "tool_choice") from None
 
     def arguments(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """(messages, keyword arguments) of ``create_chat_completion``."""
         kw = self.options()
-        kw["tools"] = None if self.tool_choice == "none" else self.tools
+        kw["tools"] = self.tools  # with "none" too: llama-server's template shows them
+        kw["tool_choice"] = self.tool_choice
         kw["chat_template_kwargs"] = self.chat_template_kwargs
         if self.add_generation_prompt is not None:
             kw["chat_template_kwargs"] = {
@@ -500,10 +494,15 @@ def _usage_apart(chunks: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
 
 
 def _fingerprinted(chunks: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-    """Each chunk with ``system_fingerprint`` (OpenAI's field; llama-server's "b<build>-<commit>")."""
+    """Each chunk with ``system_fingerprint`` (OpenAI's field; llama-server's "b<build>-<commit>"),
+    and a chat delta that names the role with llama-server's ``"content": null`` beside it."""
     try:
         for chunk in chunks:
             chunk["system_fingerprint"] = FINGERPRINT
+            for choice in chunk.get("choices", ()):
+                delta = choice.get("delta")
+                if delta is not None and "role" in delta:
+                    delta.setdefault("content", None)
             yield chunk
     finally:
         chunks.close()  # type: ignore[attr-defined]  # a generator: leaving early ends the generation

@@ -49,9 +49,12 @@ private:
     std::vector<llama_token> draft(int32_t seq, const std::vector<llama_token>& history, llama_token last,
                                    llama_pos pos0, int32_t n_max, DraftKind& kind);
 
+    struct Free {
+        void operator()(common_speculative* spec) const;
+    };
     struct Source {
         DraftKind kind;
-        common_speculative* spec;
+        std::unique_ptr<common_speculative, Free> spec;  // freed even when a later one fails to start
     };
     std::vector<Source> srcs_;
     std::vector<int32_t> last_;  // per sequence: the type of its last n-gram draft (-1: none yet)

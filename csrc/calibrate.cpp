@@ -41,7 +41,7 @@ Calibration ContextPair::calibrate(int32_t seq, int32_t max_rows, int32_t reps) 
                               " holds tokens (reset it first, or calibrate another)");
     }
     if (reps < 1) throw InvalidArgument("reps must be >= 1, got " + std::to_string(reps));
-    const int32_t limit = std::min(params_.n_batch, n_ctx_seq());
+    const int32_t limit = std::min(info_.params.n_batch, n_ctx_seq());
     if (max_rows < 1 || max_rows > limit) {
         throw InvalidArgument("max_rows must be in [1, " + std::to_string(limit) + "] (n_batch and one sequence's " +
                               "context), got " + std::to_string(max_rows));
@@ -58,30 +58,21 @@ Calibration ContextPair::calibrate(int32_t seq, int32_t max_rows, int32_t reps) 
         llama_memory_seq_rm(mem_tgt, seq, -1, -1);
         return ms;
     };
-    auto drafter_pass = [&](int32_t rows) { return dflash_->timed_pass(seq, rows); };
+    auto drafter_pass = [&](int32_t rows) { return sources_->timed_pass(seq, rows); };
     Calibration cal;
     cal.reps = reps;
     cal.verify_rows = calibration_sizes(max_rows);
-    // a drafter pass drafts every sequence's block at once: up to n_seq blocks
-    // (DFlash2 / DSpark graphs slice a pass into equal blocks: one block of one sequence at most)
-    const int32_t draft_limit =
-        spec_.equal_blocks() ? spec_.lead_rows() + std::max(1, draft_max_) : spec_.block_size * params_.n_seq;
-    if (drafter_) cal.draft_rows = calibration_sizes(std::min(max_rows, draft_limit));
-    if (spec_.equal_blocks()) {  // and never a block without a drafted row, which draft_blocks never sends
-        const int32_t least = spec_.lead_rows() + 1;
-        cal.draft_rows.erase(
-            std::remove_if(cal.draft_rows.begin(), cal.draft_rows.end(), [&](int32_t r) { return r < least; }),
-            cal.draft_rows.end());
-    }
+    cal.draft_rows = sources_->calibration_rows(max_rows);  // empty: no drafter pass of fixed size
+    const bool drafter = !cal.draft_rows.empty();
     std::vector<std::vector<double>> tv(cal.verify_rows.size()), td(cal.draft_rows.size());
     target_pass(max_rows);  // warm-up: first-use allocations, caches
-    if (drafter_) drafter_pass(cal.draft_rows.back());
+    if (drafter) drafter_pass(cal.draft_rows.back());
     // sizes interleaved (see calibrate.h): a timed pass follows an untimed one of its size
     // (llama.cpp reuses its graph) and, for a drafting step's passes, one of the other model
     for (int32_t r = 0; r < reps; ++r) {
         for (size_t i = 0; i < cal.verify_rows.size(); ++i) {
             target_pass(cal.verify_rows[i]);
-            if (drafter_ && cal.verify_rows[i] > 1) drafter_pass(cal.draft_rows.front());  // any size: all weights
+            if (drafter && cal.verify_rows[i] > 1) drafter_pass(cal.draft_rows.front());  // any size: all weights
             tv[i].push_back(target_pass(cal.verify_rows[i]));
         }
         for (size_t i = 0; i < cal.draft_rows.size(); ++i) {

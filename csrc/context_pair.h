@@ -1,8 +1,8 @@
-// The pair: the target context and its drafters, driven together one
-// speculative step at a time: plan the step, draft (DFlashDrafter, MtpDrafter,
-// n-grams), verify every block in one target pass, accept (Acceptor) the
-// agreeing prefix plus the target's own token, roll back the rest, inject the
-// kept positions' features into the drafter and commit.
+// The pair: the target context and its draft sources (draft_sources.h), driven
+// together one speculative step at a time: plan the step, draft (each sequence's
+// first source with a draft), verify every draft in one target pass, accept
+// (Acceptor) the agreeing prefix plus the target's own token, roll back the rest,
+// tell the sources what was kept and commit. The pair knows no source by kind.
 #pragma once
 
 #include <atomic>
@@ -19,18 +19,16 @@
 #include "acceptor.h"
 #include "calibrate.h"
 #include "decode_failure.h"
-#include "dflash_drafter.h"
-#include "drafter.h"
+#include "draft_sources.h"
 #include "fault.h"
 #include "grammar.h"
 #include "handles.h"
 #include "model.h"
-#include "mtp.h"
-#include "ngram.h"
 #include "pair_params.h"
 #include "rollback.h"
 #include "sampler.h"
 #include "sequence.h"
+#include "slot_state.h"
 
 namespace pydflash {
 
@@ -38,10 +36,10 @@ struct StepResult {
     std::vector<llama_token> tokens;     // new tokens: the accepted drafts, then the target's own
     std::vector<llama_token> drafted;    // what the drafter proposed
     std::vector<TokenLogprob> logprobs;  // one per token, when SamplingParams::logprobs
-    std::string source;     // who drafted: "draft-dflash", "draft-mtp", an n-gram type, "external"; "": nobody
-    int32_t seq = 0;        // the sequence this step advanced
-    int32_t draft_max = 0;  // the block length this step asked for (after the block, context and
-                            // draft_min rules; 0: plain decoding); n_drafted <= it (draft_p_min cuts)
+    DraftKind kind = DraftKind::None;    // who drafted (draft_kind_name: "draft-dflash", "ngram-mod", ...)
+    int32_t seq = 0;                     // the sequence this step advanced
+    int32_t draft_max = 0;               // the block length this step asked for (after the block, context and
+                                         // draft_min rules; 0: plain decoding); n_drafted <= it (draft_p_min cuts)
     int32_t n_drafted = 0;
     int32_t n_accepted = 0;
     int32_t n_past = 0;          // tokens in the target cache after the step
@@ -72,6 +70,24 @@ struct MemoryRow {
     size_t compute = 0;  // compute buffers
 };
 
+// What the pair is, fixed at creation.
+struct PairInfo {
+    PairParams params;  // as given, batch sizes grown for the drafts
+    RollbackKind rollback = RollbackKind::KvTrim;
+    uint32_t n_rs_seq = 0;    // rollback depth of the target's state planes
+    DraftInfo draft;          // its draft sources and model drafter
+    std::string fingerprint;  // the models and settings a saved sequence needs (slot files)
+};
+
+// One sequence's counters (read without the pair's lock, as a running step changes them).
+struct SequenceInfo {
+    int32_t n_past = 0;
+    int32_t n_cached = 0;    // prompt tokens the last prefill took from the cache
+    int32_t n_deferred = 0;  // rows whose features wait for the drafter's next pass
+    bool pending = false;    // a token to continue from
+    bool grammar = false;
+};
+
 class ContextPair : private DecodeFailure {
 public:
     ContextPair(std::shared_ptr<Model> target, std::shared_ptr<Model> drafter, const PairParams& params);
@@ -79,38 +95,29 @@ public:
     ContextPair(const ContextPair&) = delete;
     ContextPair& operator=(const ContextPair&) = delete;
 
-    // Evaluate `tokens` (all but the last, which is kept pending for the first
-    // step) in sequence `seq`, from an empty cache; with `reuse`, the longest
-    // prefix the caches already hold for it is kept (prompt cache; see
-    // n_cached()). Returns the time spent in ms.
-    double prefill(int32_t seq, const std::vector<llama_token>& tokens, bool reuse = false);
-    // The same in parts, so that other sequences' steps run in between:
-    // prefill_begin checks the prompt, keeps the cached prefix and returns its
-    // length; each prefill_some evaluates at most `budget` more prompt tokens of
-    // the given sequences in one target pass (a sequence whose prompt is done
-    // has its pending token). Returns the time spent in ms. With `defer`, the
-    // prompt's features wait in the sequence until it next drafts, as a plain
-    // step's do (for a generation not expected to draft: one that ends without
-    // drafting costs its drafter nothing).
+    // A prompt for sequence `seq`, in parts so that other sequences' steps run in
+    // between (prefill() below: all at once): prefill_begin checks the prompt, keeps
+    // the cached prefix (with `reuse`: the longest prefix the caches already hold
+    // for it; see n_cached) and returns its length; each prefill_some evaluates at
+    // most `budget` more prompt tokens of the given sequences in one target pass (a
+    // sequence whose prompt is done has its pending token: the prompt's last) and
+    // returns the time spent in ms. With `defer`, the prompt's features wait in the
+    // sequence until it next drafts, as a plain step's do (for a generation not
+    // expected to draft: one that ends without drafting costs its drafter nothing).
     int32_t prefill_begin(int32_t seq, const std::vector<llama_token>& tokens, bool reuse, bool defer = false);
     double prefill_some(const std::vector<int32_t>& seqs, int32_t budget);
     int32_t prefill_remaining(int32_t seq) const;
 
-    // One speculative step of one sequence. draft_max < 0 uses the pair's
-    // default; 0 is plain target decoding. With `external`, those tokens are
-    // verified instead of the drafter's block (any source: prompt lookup, tests).
-    StepResult step(int32_t seq, const DraftControl& control, const std::optional<std::vector<llama_token>>& external);
-    // One step of several sequences: one drafter pass drafts all their blocks,
-    // one target pass verifies them all, then each is accepted, rolled back and
-    // injected on its own. Results in the order of `steps`.
+    // One step of several sequences: each sequence's draft from its first draft source
+    // (draft_sources.h: the caller's, an n-gram's, the model drafter's block: all blocks
+    // in one drafter pass), one target pass verifies them all, then each is accepted,
+    // rolled back and injected on its own. Results in the order of `steps`.
     std::vector<StepResult> step_batch(const std::vector<SeqStep>& steps);
-    // Up to `n_steps` steps of one sequence in this loop (its budget shrinking by
-    // the tokens taken), each as step_batch({step}) would take it. Stops after a
-    // step that failed, one that brought the tokens to `n_tokens`, or one with an
-    // end-of-generation token (`stop_at_eog`), and before the context is full.
-    std::vector<StepResult> step_run(const SeqStep& step, int32_t n_steps, int32_t n_tokens, bool stop_at_eog);
-    // step_run of several sequences stepping together (each drops out as it stops;
-    // the others go on); the results per sequence, in the order of `steps`.
+    // Up to `n_steps` steps of several sequences stepping together, each as
+    // step_batch would take it (its budget shrinking by the tokens taken). A sequence
+    // stops after a step that failed, one that brought its tokens to its `n_tokens`,
+    // or one with an end-of-generation token (`stop_at_eog`), and before its context
+    // is full; the others go on. The results per sequence, in the order of `steps`.
     std::vector<std::vector<StepResult>> step_runs(const std::vector<SeqStep>& steps, int32_t n_steps,
                                                    const std::vector<int32_t>& n_tokens, bool stop_at_eog);
 
@@ -128,18 +135,17 @@ public:
 
     std::vector<MemoryRow> memory() const;
 
-    // One sequence's state (history, pending token, both contexts' memory of it)
-    // to a file, and back into a sequence of a pair on the same models and
-    // settings (checked first: InvalidArgument, the sequence untouched; a state
-    // llama.cpp then refuses leaves it empty).
-    void save_sequence(int32_t seq, const std::string& path);
-    void load_sequence(int32_t seq, const std::string& path);
+    // One sequence's state (history, pending token, both contexts' memory of it) for a
+    // slot file (slot_state.h: save_sequence, load_sequence), and back into a sequence:
+    // `read` gets what the state must match and checks it as it reads (InvalidArgument,
+    // the sequence untouched); a state llama.cpp then refuses leaves it empty.
+    SlotState save_state(int32_t seq);
+    void load_state(int32_t seq, const std::function<SlotState(const SlotCheck&)>& read);
 
     void set_sampling(int32_t seq, const SamplingParams& params);
     // The grammar the next tokens of `seq` must follow, from its start (an empty
     // gbnf: none); every prefill starts it over. InvalidArgument when it does not parse.
     void set_grammar(int32_t seq, const GrammarSpec& spec);
-    bool has_grammar(int32_t seq) const { return seq_at(seq).grammar != nullptr; }
     void reset();             // every sequence
     void reset(int32_t seq);  // one: its caches and history
 
@@ -159,48 +165,17 @@ public:
     }
 
     bool closed() const { return !ctx_tgt_; }
-    bool has_drafter() const { return drafter_ != nullptr; }
-    int32_t n_seq() const { return params_.n_seq; }
-    int32_t n_past(int32_t seq) const { return seq_at(seq).n_past; }
-    int32_t n_cached(int32_t seq) const { return seq_at(seq).n_cached; }  // taken from the cache by the last prefill
-    int32_t n_deferred(int32_t seq) const {                               // rows whose features wait
-        seq_at(seq);
-        return dflash_ ? dflash_->n_deferred(seq) : 0;
-    }
-    int32_t n_ctx() const { return params_.n_ctx; }
-    // one sequence's limit; unified: all cells, shared (a decode that finds none fails them all)
-    int32_t n_ctx_seq() const { return params_.kv_unified ? params_.n_ctx : params_.n_ctx / params_.n_seq; }
-    int32_t block_size() const { return drafter_ ? spec_.block_size : 0; }
-    // the longest model draft: the drafter's block, or the MTP head's length fixed at creation
-    int32_t max_draft() const { return drafter_ ? spec_.max_draft() : mtp_n_max_; }
-    std::string drafter_kind() const { return drafter_ ? drafter_kind_name(spec_.kind) : mtp_ ? "mtp" : ""; }
-    std::string drafter_description() const;
-    int32_t default_draft_max() const { return draft_max_; }
-    // rows of one sequence's drafter pass, whatever it keeps of the block (draft_blocks);
-    // 0: no drafter pass of fixed size (MTP drafts token by token)
-    int32_t draft_pass_rows() const { return drafter_ ? spec_.lead_rows() + draft_max_ : 0; }
-    // the positions before a block that the drafter sees (draft_window.cpp); 0: the whole context
-    int32_t draft_window() const { return dflash_ ? dflash_->view() : 0; }
-    bool has_pending(int32_t seq) const { return seq_at(seq).pending.has_value(); }
+    const PairInfo& info() const { return info_; }
+    SequenceInfo sequence(int32_t seq) const;
     std::vector<llama_token> tokens(int32_t seq) const;  // cached tokens + the pending one
-    const DraftSpec& spec() const { return spec_; }
-    RollbackKind rollback() const { return rollback_; }
-    uint32_t n_rs_seq() const { return n_rs_seq_; }
-    const PairParams& params() const { return params_; }
 
 private:
-    // rows [row0, row0 + n) of the last target pass, of `seq` at pos0..
-    using Span = DFlashDrafter::Span;
     // one sequence's share of a batched step
     struct Work {
-        int32_t seq;
-        Sequence* s;
-        const SeqStep* req;
+        DraftRequest d;  // its draft, from the first source that has one
+        const SeqStep* req = nullptr;
         StepResult r;
-        std::vector<llama_token> draft;
-        std::vector<Distribution> q;
-        int32_t k_draft = 0;  // block length asked of the drafter
-        int32_t row = 0;      // first row of its batch in the verification pass
+        int32_t row = 0;  // first row of its batch in the verification pass
         bool checkpointed = false;
         int32_t n_keep = 0;
     };
@@ -215,24 +190,14 @@ private:
     };
 
     // the phases of step_batch
-    std::vector<Work> plan(const std::vector<SeqStep>& steps);  // checks every request first
-    std::vector<StepResult> run_step(std::vector<Work>& work);  // draft, verify, accept, commit
+    std::vector<Work> plan(const std::vector<SeqStep>& steps, int32_t& n_rows);  // checks every request first
+    std::vector<StepResult> run_step(std::vector<Work>& work, int32_t n_rows);   // draft, verify, accept, commit
     void save_checkpoints(std::vector<Work>& work);
     void verify(std::vector<Work>& work);
     void roll_back_and_inject(std::vector<Work>& work, StepTimes& t);
     std::vector<StepResult> commit(std::vector<Work>& work, const StepTimes& t);
 
-    void check_speculative_list() const;
-    bool mtp_listed() const;  // speculative lists 'draft-mtp'
-    // The MTP head's drafts of the steps that asked for a model draft.
-    void draft_mtp(std::vector<Work>& work);
-    // Feeds the head the tokens of the target pass just decoded (verify or prefill).
-    void mtp_process(const std::vector<MtpDrafter::Entry>& entries);
-    // A sequence's history was replaced (prefill done, slot loaded): the n-gram drafters start over.
-    void history_replaced(int32_t seq);
-    // The n-gram drafters' drafts, where they have one, replace the drafter's blocks.
-    void draft_ngrams(std::vector<Work>& work, int32_t n_rows);
-    std::string fingerprint() const;  // the models and settings a saved sequence needs
+    int32_t n_ctx_seq() const { return info_.params.n_ctx_seq(); }
     const Sequence& seq_at(int32_t seq) const;
     Sequence& seq_at(int32_t seq);
     void require_open() const;
@@ -245,8 +210,6 @@ private:
     void decode_target_batch();
     // Picks the rollback for this target, creating the target context.
     void create_target_context();
-    // The model drafter's blocks (DFlash or MTP) of the steps that asked for one.
-    void draft_blocks(std::vector<Work>& work);
     // Removes a verified batch's rejected tail from the target (kv-trim, planes), or
     // restores the checkpoint ahead of a replay (returns true: replay needed).
     bool roll_back_target(Work& w, int32_t n_batch);
@@ -256,20 +219,12 @@ private:
     static bool grammar_stop(void* self);  // a grammar mask's stop check: abort_callback's
 
     std::shared_ptr<Model> target_;
-    std::shared_ptr<Model> drafter_;
-    PairParams params_;
-    DraftSpec spec_;
-    int32_t draft_max_ = 0;
-    RollbackKind rollback_ = RollbackKind::KvTrim;
-    uint32_t n_rs_seq_ = 0;                 // rollback depth of the target's state planes
-    std::unique_ptr<NgramDrafters> ngram_;  // null: no n-gram type listed
+    PairInfo info_;
     // the parts below reference the target context: declared after it, freed before it
     ContextPtr ctx_tgt_;
     BatchPtr batch_tgt_;
-    std::unique_ptr<DFlashDrafter> dflash_;  // null: no DFlash drafter loaded
-    int32_t mtp_n_max_ = 0;                  // the MTP head's draft length (0: no MTP)
-    std::unique_ptr<MtpDrafter> mtp_;        // null: 'draft-mtp' not listed
     std::unique_ptr<Acceptor> acceptor_;
+    std::unique_ptr<DraftSources> sources_;
     std::vector<Sequence> seqs_;
     // the allowed-token caches of the last few grammars (by GBNF text), least recent first
     static constexpr size_t kGrammarCaches = 4;
@@ -280,5 +235,18 @@ private:
     std::chrono::steady_clock::time_point last_check_{};
     FaultPlan fault_;  // tests only
 };
+
+// Conveniences over the pair's calls:
+// All of a prompt in sequence `seq` (prefill_begin, then prefill_some until it is
+// done); returns the time spent in ms.
+double prefill(ContextPair& pair, int32_t seq, const std::vector<llama_token>& tokens, bool reuse = false);
+// One speculative step of one sequence (draft_max < 0: the pair's default; 0: plain
+// decoding; `external`: verify these tokens instead of a draft source's); a step that
+// fails alone (its grammar) throws GrammarError.
+StepResult step(ContextPair& pair, int32_t seq, const DraftControl& control,
+                const std::optional<std::vector<llama_token>>& external);
+// step_runs of one sequence.
+std::vector<StepResult> step_run(ContextPair& pair, const SeqStep& step, int32_t n_steps, int32_t n_tokens,
+                                 bool stop_at_eog);
 
 }  // namespace pydflash

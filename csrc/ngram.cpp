@@ -4,6 +4,7 @@
 #include <set>
 
 #include "common.h"
+#include "draft_sources.h"
 #include "errors.h"
 #include "speculative.h"
 
@@ -115,39 +116,61 @@ NgramDrafters::NgramDrafters(const std::vector<std::string>& types, const NgramP
         common_params_speculative c = to_llama(params, common_speculative_type_from_name(name));
         common_speculative* spec = common_speculative_init(c, static_cast<uint32_t>(n_seq));
         if (spec == nullptr) throw Error("llama.cpp could not create the '" + name + "' drafter");
-        srcs_.push_back({name, spec});
+        srcs_.push_back(
+            {draft_kind_of(name).value_or(DraftKind::None), std::unique_ptr<common_speculative, Free>(spec)});
     }
 }
 
-NgramDrafters::~NgramDrafters() {
-    for (Source& s : srcs_) common_speculative_free(s.spec);
+void NgramDrafters::Free::operator()(common_speculative* spec) const { common_speculative_free(spec); }
+
+NgramDrafters::~NgramDrafters() = default;
+
+void NgramDrafters::describe(DraftInfo& info) const {
+    for (const Source& s : srcs_) info.sources.push_back(s.kind);
 }
 
 void NgramDrafters::begin(int32_t seq, const std::vector<llama_token>& history) {
-    for (Source& s : srcs_) common_speculative_begin(s.spec, seq, history);
+    for (Source& s : srcs_) common_speculative_begin(s.spec.get(), seq, history);
+}
+
+void NgramDrafters::draft(DraftRound& round) {
+    for (DraftRequest* r : round.requests()) {
+        if (!r->open()) continue;  // the caller's draft: verify what was given
+        const Sequence& s = *r->s;
+        DraftKind kind = DraftKind::None;
+        std::vector<llama_token> d = draft(r->seq, s.history, *s.pending, s.n_past, round.room(*r), kind);
+        if (!d.empty()) round.take(*r, std::move(d), kind);
+    }
 }
 
 std::vector<llama_token> NgramDrafters::draft(int32_t seq, const std::vector<llama_token>& history, llama_token last,
-                                              llama_pos pos0, int32_t n_max, std::string& source) {
+                                              llama_pos pos0, int32_t n_max, DraftKind& kind) {
     std::vector<llama_token> out;
     if (n_max <= 0) return out;
     for (size_t i = 0; i < srcs_.size(); ++i) {
-        common_speculative_get_draft_params(srcs_[i].spec, seq) = {true, n_max, pos0, last, &history, &out};
-        common_speculative_draft(srcs_[i].spec);  // truncates to n_max
+        common_speculative* spec = srcs_[i].spec.get();
+        common_speculative_get_draft_params(spec, seq) = {true, n_max, pos0, last, &history, &out};
+        common_speculative_draft(spec);  // truncates to n_max
         if (!out.empty()) {
             last_.at(static_cast<size_t>(seq)) = static_cast<int32_t>(i);
-            source = srcs_[i].name;
+            kind = srcs_[i].kind;
             return out;
         }
     }
     return out;
 }
 
-void NgramDrafters::accept(int32_t seq, int32_t n_accepted) {
+void NgramDrafters::accept(int32_t seq, int32_t n_accepted, bool mine) {
     const int32_t i = last_.at(static_cast<size_t>(seq));
-    if (i < 0) return;
+    if (!mine || i < 0) return;
     const auto n = static_cast<uint16_t>(std::clamp(n_accepted, 0, 65535));
-    common_speculative_accept(srcs_[static_cast<size_t>(i)].spec, seq, n);
+    common_speculative_accept(srcs_[static_cast<size_t>(i)].spec.get(), seq, n);
+}
+
+std::unique_ptr<DraftSource> make_ngram_source(const std::vector<std::string>& types, const NgramParams& params,
+                                               int32_t n_seq) {
+    if (std::none_of(types.begin(), types.end(), is_ngram_type)) return nullptr;
+    return std::make_unique<NgramDrafters>(types, params, n_seq);
 }
 
 }  // namespace pydflash

@@ -65,6 +65,8 @@ struct PairParams {
 
     // InvalidArgument naming the first bad value (no model needed).
     void validate() const;
+    // one sequence's limit; unified: all cells, shared (a decode that finds none fails them all)
+    int32_t n_ctx_seq() const { return kv_unified ? n_ctx : n_ctx / n_seq; }
 };
 
 // llama.cpp's context parameters of the target or the drafter (n_seq sequences

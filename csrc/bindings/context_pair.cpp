@@ -51,6 +51,20 @@ std::string repr(const TokenLogprob& lp) {
 
 void register_context_pair(py::module_& m) {
     g_main_thread = py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
+    py::enum_<DraftKind>(m, "DraftKind", "Who drafted a step: llama.cpp's --spec-type kinds, or the caller.")
+        .value("NONE", DraftKind::None)
+        .value("NGRAM_SIMPLE", DraftKind::NgramSimple)
+        .value("NGRAM_MAP_K", DraftKind::NgramMapK)
+        .value("NGRAM_MAP_K4V", DraftKind::NgramMapK4v)
+        .value("NGRAM_MOD", DraftKind::NgramMod)
+        .value("NGRAM_CACHE", DraftKind::NgramCache)
+        .value("DRAFT_MTP", DraftKind::DraftMtp)
+        .value("DRAFT_DFLASH", DraftKind::DraftDFlash)
+        .value("DRAFT_DSPARK", DraftKind::DraftDSpark)
+        .value("EXTERNAL", DraftKind::External)
+        .def_property_readonly(
+            "spec_type", [](DraftKind k) { return draft_kind_name(k); },
+            "llama.cpp's --spec-type name ('ngram-mod', 'draft-dflash', ...), 'external'; '' for NONE.");
     py::class_<TokenLogprob>(m, "TokenLogprob", "A new token's log-probability and the top tokens at its position.")
         .def_readonly("token", &TokenLogprob::token)
         .def_readonly("logprob", &TokenLogprob::logprob)
@@ -64,8 +78,11 @@ void register_context_pair(py::module_& m) {
         .def_readonly("n_batch_seqs", &StepResult::n_batch_seqs, "Sequences that shared this step's passes.")
         .def_readonly("error", &StepResult::error,
                       "Non-empty: this sequence failed alone (its grammar allows nothing more) and was reset.")
-        .def_readonly("source", &StepResult::source,
-                      "Who drafted: 'draft-dflash', an n-gram type ('ngram-mod', ...), 'external'; '': nobody.")
+        .def_readonly("kind", &StepResult::kind, "Who drafted (DraftKind.NONE: nobody).")
+        .def_property_readonly(
+            "source", [](const StepResult& r) { return draft_kind_name(r.kind); },
+            "Who drafted, by llama.cpp's name: 'draft-dflash', an n-gram type ('ngram-mod', ...), 'external'; '': "
+            "nobody.")
         .def_readonly("draft_max", &StepResult::draft_max,
                       "The drafter block length this step asked for (0: none); an n-gram draft may be longer.")
         .def_readonly("n_drafted", &StepResult::n_drafted)
@@ -119,7 +136,7 @@ void register_context_pair(py::module_& m) {
         .def(
             "prefill",
             [](ContextPair& self, const std::vector<llama_token>& tokens, bool reuse, int32_t seq) {
-                return self.prefill(seq, tokens, reuse);
+                return prefill(self, seq, tokens, reuse);
             },
             py::arg("tokens"), py::arg("reuse") = false, py::arg("seq") = 0, release())
         .def("prefill_begin", &ContextPair::prefill_begin, py::arg("seq"), py::arg("tokens"), py::arg("reuse"),
@@ -129,10 +146,16 @@ void register_context_pair(py::module_& m) {
         .def("prefill_some", &ContextPair::prefill_some, py::arg("seqs"), py::arg("budget"), release(),
              "Evaluate at most `budget` more prompt tokens of these sequences in one target pass (ms).")
         .def("prefill_remaining", &ContextPair::prefill_remaining, py::arg("seq"), release())
-        .def("save_sequence", &ContextPair::save_sequence, py::arg("seq"), py::arg("path"), release(),
-             "Write sequence `seq` (history, pending token, both contexts' state of it) to `path`.")
-        .def("load_sequence", &ContextPair::load_sequence, py::arg("seq"), py::arg("path"), release(),
-             "Replace sequence `seq` with one saved by save_sequence (same models and settings).")
+        .def(
+            "save_sequence",
+            [](ContextPair& self, int32_t seq, const std::string& path) { save_sequence(self, seq, path); },
+            py::arg("seq"), py::arg("path"), release(),
+            "Write sequence `seq` (history, pending token, both contexts' state of it) to `path`.")
+        .def(
+            "load_sequence",
+            [](ContextPair& self, int32_t seq, const std::string& path) { load_sequence(self, seq, path); },
+            py::arg("seq"), py::arg("path"), release(),
+            "Replace sequence `seq` with one saved by save_sequence (same models and settings).")
         .def(
             "step",
             [](ContextPair& self, int32_t draft_max, int32_t draft_min, float draft_p_min,
@@ -142,7 +165,7 @@ void register_context_pair(py::module_& m) {
                 control.draft_min = draft_min;
                 control.draft_p_min = draft_p_min;
                 control.budget = budget;
-                return self.step(seq, control, draft);
+                return step(self, seq, control, draft);
             },
             py::arg("draft_max") = -1, py::arg("draft_min") = 0, py::arg("draft_p_min") = 0.0f,
             py::arg("draft") = py::none(), py::arg("seq") = 0, py::arg("budget") = -1, release())
@@ -151,10 +174,14 @@ void register_context_pair(py::module_& m) {
              "(median of `reps` each); leaves it empty.")
         .def("step_batch", &ContextPair::step_batch, py::arg("steps"), release(),
              "One step of several sequences in shared passes; a result per SeqStep, in order.")
-        .def("step_run", &ContextPair::step_run, py::arg("step"), py::arg("n_steps"), py::arg("n_tokens"),
-             py::arg("stop_at_eog"), release(),
-             "Up to `n_steps` steps of one sequence in one call: stops after a failed step, at `n_tokens` "
-             "tokens, after an end-of-generation token (`stop_at_eog`) and before the context is full.")
+        .def(
+            "step_run",
+            [](ContextPair& self, const SeqStep& st, int32_t n_steps, int32_t n_tokens, bool stop_at_eog) {
+                return step_run(self, st, n_steps, n_tokens, stop_at_eog);
+            },
+            py::arg("step"), py::arg("n_steps"), py::arg("n_tokens"), py::arg("stop_at_eog"), release(),
+            "Up to `n_steps` steps of one sequence in one call: stops after a failed step, at `n_tokens` "
+            "tokens, after an end-of-generation token (`stop_at_eog`) and before the context is full.")
         .def("step_runs", &ContextPair::step_runs, py::arg("steps"), py::arg("n_steps"), py::arg("n_tokens"),
              py::arg("stop_at_eog"), release(),
              "step_run of several sequences stepping together, `n_tokens` one count per sequence: each "
@@ -196,7 +223,9 @@ void register_context_pair(py::module_& m) {
             "The grammar the next tokens follow, from its start ('' for none); lazy: only after a trigger "
             "(a regex on the output, or a token); prefill: tokens it consumes first. ValueError if it does not "
             "parse.")
-        .def("has_grammar", &ContextPair::has_grammar, py::arg("seq") = 0)
+        .def(
+            "has_grammar", [](const ContextPair& self, int32_t seq) { return self.sequence(seq).grammar; },
+            py::arg("seq") = 0)
         .def("check", &ContextPair::check, py::arg("control"),
              "ValueError unless the draft controls suit this pair (draft_max within the block).")
         .def(
@@ -235,39 +264,55 @@ void register_context_pair(py::module_& m) {
         // so that the other Python threads (a server's event loop) run meanwhile
         .def("tokens", &ContextPair::tokens, py::arg("seq") = 0, release())
         .def_property_readonly("closed", &ContextPair::closed)
-        .def_property_readonly("has_drafter", &ContextPair::has_drafter)
-        .def("n_past", &ContextPair::n_past, py::arg("seq") = 0)
-        .def("n_deferred", &ContextPair::n_deferred, py::arg("seq") = 0,
-             "Rows of `seq` whose target features wait for its drafter's next pass (deferred injection).")
-        .def("n_cached", &ContextPair::n_cached, py::arg("seq") = 0,
-             "Prompt tokens the last prefill of `seq` took from the cache (prefill(reuse=True)).")
-        .def_property_readonly("n_seq", &ContextPair::n_seq)
-        .def_property_readonly("n_ctx", &ContextPair::n_ctx)
-        .def_property_readonly("n_ctx_seq", &ContextPair::n_ctx_seq,
-                               "One sequence's context: n_ctx / n_seq (n_ctx with kv_unified).")
-        .def_property_readonly("n_batch", [](const ContextPair& s) { return s.params().n_batch; })
-        .def_property_readonly("block_size", &ContextPair::block_size)
-        .def_property_readonly("max_draft", &ContextPair::max_draft)
-        .def_property_readonly("drafter_kind", &ContextPair::drafter_kind,
-                               "'dflash', 'dflash2' or 'dspark' ('' without a drafter).")
+        .def_property_readonly("has_drafter", [](const ContextPair& s) { return s.info().draft.has_drafter; })
+        .def(
+            "n_past", [](const ContextPair& s, int32_t seq) { return s.sequence(seq).n_past; }, py::arg("seq") = 0)
+        .def(
+            "n_deferred", [](const ContextPair& s, int32_t seq) { return s.sequence(seq).n_deferred; },
+            py::arg("seq") = 0,
+            "Rows of `seq` whose target features wait for its drafter's next pass (deferred injection).")
+        .def(
+            "n_cached", [](const ContextPair& s, int32_t seq) { return s.sequence(seq).n_cached; }, py::arg("seq") = 0,
+            "Prompt tokens the last prefill of `seq` took from the cache (prefill(reuse=True)).")
+        .def_property_readonly("n_seq", [](const ContextPair& s) { return s.info().params.n_seq; })
+        .def_property_readonly("n_ctx", [](const ContextPair& s) { return s.info().params.n_ctx; })
         .def_property_readonly(
-            "drafter_description", &ContextPair::drafter_description,
+            "n_ctx_seq", [](const ContextPair& s) { return s.info().params.n_ctx_seq(); },
+            "One sequence's context: n_ctx / n_seq (n_ctx with kv_unified).")
+        .def_property_readonly("n_batch", [](const ContextPair& s) { return s.info().params.n_batch; })
+        .def_property_readonly("block_size", [](const ContextPair& s) { return s.info().draft.block_size; })
+        .def_property_readonly("max_draft", [](const ContextPair& s) { return s.info().draft.max_draft; })
+        .def_property_readonly(
+            "drafter_kind", [](const ContextPair& s) { return s.info().draft.kind; },
+            "'dflash', 'dflash2', 'dspark' or 'mtp' ('' without a drafter).")
+        .def_property_readonly(
+            "drafter_description", [](const ContextPair& s) { return s.info().draft.description; },
             "The drafter's kind and variant, e.g. 'dflash2 (selector top-k 4)', 'dflash (d2t vocabulary 200)'.")
         .def_property_readonly(
-            "draft_vocab", [](const ContextPair& s) { return s.spec().n_vocab_draft; },
-            "Rows of a reduced drafter vocabulary (d2t); 0: the full vocabulary.")
-        .def_property_readonly("default_draft_max", &ContextPair::default_draft_max)
-        .def_property_readonly("draft_pass_rows", &ContextPair::draft_pass_rows)
-        .def_property_readonly("draft_window", &ContextPair::draft_window,
-                               "Positions before a block the drafter sees (its window); 0: the whole context.")
-        .def("has_pending", &ContextPair::has_pending, py::arg("seq") = 0)
-        .def_property_readonly("target_layer_ids", [](const ContextPair& s) { return s.spec().target_layer_ids; })
-        .def_property_readonly("mask_token", [](const ContextPair& s) { return s.spec().mask_token; })
+            "draft_sources", [](const ContextPair& s) { return s.info().draft.sources; },
+            "The draft sources in the order a step tries them (llama.cpp's priority): EXTERNAL, the n-gram "
+            "types, the model drafter.")
         .def_property_readonly(
-            "rollback", [](const ContextPair& s) { return std::string(rollback_name(s.rollback())); },
+            "draft_vocab", [](const ContextPair& s) { return s.info().draft.spec.n_vocab_draft; },
+            "Rows of a reduced drafter vocabulary (d2t); 0: the full vocabulary.")
+        .def_property_readonly("default_draft_max",
+                               [](const ContextPair& s) { return s.info().draft.default_draft_max; })
+        .def_property_readonly("draft_pass_rows", [](const ContextPair& s) { return s.info().draft.pass_rows; })
+        .def_property_readonly(
+            "draft_window", [](const ContextPair& s) { return s.info().draft.window; },
+            "Positions before a block the drafter sees (its window); 0: the whole context.")
+        .def(
+            "has_pending", [](const ContextPair& s, int32_t seq) { return s.sequence(seq).pending; },
+            py::arg("seq") = 0)
+        .def_property_readonly("target_layer_ids",
+                               [](const ContextPair& s) { return s.info().draft.spec.target_layer_ids; })
+        .def_property_readonly("mask_token", [](const ContextPair& s) { return s.info().draft.spec.mask_token; })
+        .def_property_readonly(
+            "rollback", [](const ContextPair& s) { return std::string(rollback_name(s.info().rollback)); },
             "How rejected tokens leave the target: kv-trim, recurrent-planes or checkpoint.")
-        .def_property_readonly("n_rs_seq", &ContextPair::n_rs_seq,
-                               "Recurrent-state planes of the target (the deepest partial rollback).");
+        .def_property_readonly(
+            "n_rs_seq", [](const ContextPair& s) { return s.info().n_rs_seq; },
+            "Recurrent-state planes of the target (the deepest partial rollback).");
 }
 
 }  // namespace pydflash::bindings

@@ -19,12 +19,16 @@ from pydflash.cli.serve import serve_llama_options, server_options
 from pydflash.config import ModelConfig, SamplingConfig
 
 
-def _numeric_flags() -> list[tuple[str, str, str, type]]:
-    """(subcommand, flag, dest, type) for every int or float flag of the whole parser."""
+def _subparsers() -> dict[str, argparse.ArgumentParser]:
     root = build_parser()
     (sub,) = (a for a in root._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def _numeric_flags() -> list[tuple[str, str, str, type]]:
+    """(subcommand, flag, dest, type) for every int or float flag of the whole parser."""
     out = []
-    for name, parser in sub.choices.items():
+    for name, parser in _subparsers().items():
         for action in parser._actions:
             if action.option_strings and action.type in (int, float):
                 out.extend((name, flag, action.dest, action.type) for flag in action.option_strings)
@@ -32,11 +36,16 @@ def _numeric_flags() -> list[tuple[str, str, str, type]]:
 
 
 FLAGS = _numeric_flags()
+# a placeholder for each option a command requires (train-drafter's -m and -o)
+REQUIRED = {
+    name: [x for a in p._actions if a.required and a.option_strings for x in (a.option_strings[0], "x")]
+    for name, p in _subparsers().items()
+}
 
 
 def test_the_sweep_covers_every_command_and_llama_cpps_short_flags():
     seen = {(cmd, flag) for cmd, flag, _, _ in FLAGS}
-    assert {cmd for cmd, _ in seen} == {"generate", "demo", "bench", "serve", "rpc-server"}
+    assert {cmd for cmd, _ in seen} == {"generate", "demo", "bench", "serve", "rpc-server", "train-drafter"}
     for flag in ("-n", "-t", "-tb", "-ngl", "-ngld", "-mg", "-c", "-b", "-ub", "-s", "--temp", "--top-k"):
         assert ("generate", flag) in seen, flag
     for flag in ("-n", "-np", "-ngl", "-s", "--temp", "--top-k", "--sleep-idle-seconds", "--spec-draft-n-max"):
@@ -46,7 +55,7 @@ def test_the_sweep_covers_every_command_and_llama_cpps_short_flags():
 @pytest.mark.parametrize(("command", "flag", "dest", "kind"), FLAGS, ids=[f"{c} {f}" for c, f, _, _ in FLAGS])
 def test_minus_one_is_the_flags_value(command: str, flag: str, dest: str, kind: type):
     for value in ("-1", "-1.5") if kind is float else ("-1",):
-        a = build_parser().parse_args([command, flag, value])
+        a = build_parser().parse_args([command, *REQUIRED[command], flag, value])
         assert getattr(a, dest) == kind(value)
 
 
@@ -121,3 +130,18 @@ def test_serve_reads_negative_values_as_llama_server_does():
     assert (llama["n_parallel"], llama["kv_unified"], llama["n_threads"]) == (3, False, None)
     with pytest.raises(ValueError, match="parallel"):
         _serve("-np", "0")
+
+
+TRAIN_FLAGS = [(flag, dest) for cmd, flag, dest, _ in FLAGS if cmd == "train-drafter" and flag.startswith("--")]
+
+
+@pytest.mark.parametrize(("flag", "dest"), TRAIN_FLAGS, ids=[f for f, _ in TRAIN_FLAGS])
+def test_train_drafter_refuses_a_negative_by_the_options_name(flag: str, dest: str):
+    # llama.cpp has no meaning for these: refused before any model loads or anything is written
+    from pydflash.train import TrainingInputError
+    from pydflash.train.config import TrainConfig
+
+    a = build_parser().parse_args(["train-drafter", "-m", "t.gguf", "-o", "d.gguf", flag, "-1"])
+    opts = {f.name: getattr(a, f.name) for f in dataclasses.fields(TrainConfig) if f.name not in ("target", "output")}
+    with pytest.raises(TrainingInputError, match=dest):
+        TrainConfig.build("t.gguf", "d.gguf", **opts)

@@ -136,6 +136,10 @@ class TrainConfig:
             raise TrainingInputError(f"draft_max {self.draft_max} must be below block_size {self.block_size}")
         if self.time_budget is not None and not self.time_budget > 0:
             raise TrainingInputError(f"time_budget must be > 0 minutes, not {self.time_budget}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise TrainingInputError(
+                f"seed must be an int >= 0 (a run is reproducible and resumable), not {self.seed!r}"
+            )
         if not self.lr > 0:
             raise TrainingInputError(f"lr must be > 0, not {self.lr}")
         if self.device not in ("cpu", "cuda"):

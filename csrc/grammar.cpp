@@ -83,13 +83,13 @@ void GrammarDeleter::operator()(llama_grammar* g) const noexcept { llama_grammar
 
 namespace {
 
-// llama.cpp's work per character grows with the parse stacks its alive ones advance to
-// (and its de-duplication of them is quadratic): "" when the state is within the limit
-std::string too_ambiguous(const llama_grammar& g) {
-    const size_t n = grammar_branches(g, GrammarLimits::kBranches + 1);
-    if (n <= GrammarLimits::kBranches) return "";
-    return "the grammar is too ambiguous: over " + std::to_string(GrammarLimits::kBranches) +
-           " alternatives would follow the next character (the grammar branch limit)";
+// Each alive alternative is a parse stack, and llama.cpp's work per token grows with
+// their number times the number each one advances to (its de-duplication is
+// quadratic): a grammar of many optional items in a row ("a"? "a"? ...) holds
+// hundreds and takes seconds per token.
+std::string too_ambiguous(size_t n) {
+    return "the grammar is too ambiguous: " + std::to_string(n) + " alternatives alive at once, over " +
+           std::to_string(GrammarLimits::kStacks) + " (the grammar stack limit)";
 }
 
 // -inf for every entry not in `allowed` (sorted ids)
@@ -124,9 +124,9 @@ Grammar::Grammar(const llama_vocab* vocab, const GrammarSpec& spec, std::shared_
         throw InvalidArgument(std::string("the grammar could not be built: ") + e.what());
     }
     if (!g_) throw InvalidArgument("the grammar could not be built (see the log)");
+    if (g_->stacks.size() > GrammarLimits::kStacks) throw InvalidArgument(too_ambiguous(g_->stacks.size()));
     index_rules();
     for (llama_token t : spec.prefill) accept(t);
-    if (const std::string why = too_ambiguous(*g_); !why.empty()) throw InvalidArgument(why);
 }
 
 Grammar::Grammar(const llama_vocab* vocab, llama_grammar* g, std::shared_ptr<MaskCache> cache)
@@ -286,7 +286,7 @@ void Grammar::accept(llama_token t) {
     } catch (const std::exception& e) {
         throw GrammarError(std::string("the output does not fit the grammar: ") + e.what());
     }
-    if (const std::string why = too_ambiguous(*g_); !why.empty()) throw GrammarError(why);
+    if (g_->stacks.size() > GrammarLimits::kStacks) throw GrammarError(too_ambiguous(g_->stacks.size()));
 }
 
 }  // namespace pydflash

@@ -73,7 +73,7 @@ public:
     // Interrupted when the stop check (set_stop) says so between chunks of it.
     void mask(float* logits, int32_t n_vocab);
     // Advances past an emitted token; GrammarError when the grammar cannot take it,
-    // or when the state after it is over GrammarLimits::kBranches (grammar_limits.h).
+    // or when more than GrammarLimits::kStacks alternatives are alive after it.
     void accept(llama_token t);
     // What mask() asks between chunks of the vocabulary (the pair's abort check, as
     // a decode asks it): true stops the work. Copies (clone) keep it.

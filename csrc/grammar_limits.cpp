@@ -7,7 +7,6 @@
 
 #include "common/json.h"
 #include "errors.h"
-#include "llama-grammar.h"
 
 namespace pydflash {
 
@@ -284,69 +283,6 @@ void check_schema_text(const std::string& text) {
     if (text.empty()) return;
     const common_json schema = common_json::parse_no_throw(text);
     if (!schema.is_discarded()) check_schema_limits(schema);
-}
-
-namespace {
-
-bool is_end(const llama_grammar_element* e) { return e->type == LLAMA_GRETYPE_END || e->type == LLAMA_GRETYPE_ALT; }
-
-// The element after a terminal once it matched (its character set's last element passed)
-const llama_grammar_element* after_terminal(const llama_grammar_element* e) {
-    if (e->type == LLAMA_GRETYPE_TOKEN || e->type == LLAMA_GRETYPE_TOKEN_NOT) return e + 1;
-    do {
-        ++e;
-    } while (e->type == LLAMA_GRETYPE_CHAR_ALT || e->type == LLAMA_GRETYPE_CHAR_RNG_UPPER);
-    return e;
-}
-
-// A stack as llama.cpp's advance builds it: the first `depth` elements of an alive stack,
-// then what was pushed since
-struct Branch {
-    size_t depth;
-    std::vector<const llama_grammar_element*> pushed;
-};
-
-}  // namespace
-
-size_t grammar_branches(const llama_grammar& g, size_t cap) {
-    size_t total = 0, steps = 0;
-    std::vector<Branch> todo;
-    for (const auto& stack : g.stacks) {
-        if (stack.empty()) {
-            ++total;
-            continue;
-        }
-        Branch first{stack.size() - 1, {}};
-        if (const auto* next = after_terminal(stack.back()); !is_end(next)) first.pushed.push_back(next);
-        todo.push_back(std::move(first));
-        while (!todo.empty()) {
-            if (total >= cap || ++steps > 64 * cap) return cap;
-            Branch b = std::move(todo.back());
-            todo.pop_back();
-            const llama_grammar_element* top = !b.pushed.empty() ? b.pushed.back()
-                                               : b.depth > 0     ? stack[b.depth - 1]
-                                                                 : nullptr;
-            if (top == nullptr || top->type != LLAMA_GRETYPE_RULE_REF) {
-                ++total;  // a terminal on top (or a complete parse): one stack
-                continue;
-            }
-            // the reference is replaced by its continuation and each alternative, as in advance
-            if (b.pushed.empty()) {
-                --b.depth;
-            } else {
-                b.pushed.pop_back();
-            }
-            if (!is_end(top + 1)) b.pushed.push_back(top + 1);
-            for (const llama_grammar_element* alt = g.rules[top->value].data();; ++alt) {
-                Branch next = b;
-                if (!is_end(alt)) next.pushed.push_back(alt);
-                todo.push_back(std::move(next));
-                while (!is_end(alt)) ++alt;
-                if (alt->type != LLAMA_GRETYPE_ALT) break;
-            }
-        }
-    }
-    return total;
 }
 
 }  // namespace pydflash

@@ -13,7 +13,6 @@
 #include <string>
 
 class common_json;
-struct llama_grammar;
 
 namespace pydflash {
 
@@ -22,15 +21,11 @@ struct GrammarLimits {
     static constexpr int kDepth = 64;               // nested groups ( ... )
     static constexpr uint64_t kRules = 16384;       // rules once repetitions are expanded
     static constexpr uint64_t kElements = 1 << 20;  // rule elements once expanded
-    // alternatives llama.cpp's grammar engine makes out of its alive ones for the next
-    // character, summed (each alive one is a parse stack; optional items in a row make a
-    // stack per item, and each of them a stack per following item: "a"? x 300 took 6 s
-    // per token); a 1,000-value enum is 1,000
-    static constexpr size_t kBranches = 4096;
-    static constexpr int kJsonDepth = 100;     // nested objects/arrays of a schema, tools, messages
-    static constexpr size_t kKeyBytes = 1024;  // a JSON schema's property name
-    static constexpr size_t kRefs = 1000;      // a JSON schema's $refs
-    static constexpr int kPatternDepth = 64;   // nested groups of a schema's regex pattern
+    static constexpr size_t kStacks = 256;          // parse stacks (alternatives alive at once)
+    static constexpr int kJsonDepth = 100;          // nested objects/arrays of a schema, tools, messages
+    static constexpr size_t kKeyBytes = 1024;       // a JSON schema's property name
+    static constexpr size_t kRefs = 1000;           // a JSON schema's $refs
+    static constexpr int kPatternDepth = 64;        // nested groups of a schema's regex pattern
 };
 
 // InvalidArgument when `gbnf` is over a GrammarLimits bound (nothing is parsed).
@@ -43,11 +38,6 @@ void check_json_depth(const std::string& text, const char* what);
 // $refs, regex nesting (check_json_depth first: the walk is iterative, the parse
 // of a deep text is not what this guards).
 void check_schema_limits(const common_json& schema);
-
-// Up to `cap`: the parse stacks llama.cpp's advance would make, summed over the alive ones,
-// once each has matched its next character (counted as paths, an upper bound of its
-// de-duplicated stacks). Iterative; `cap` once over it or after 64 x `cap` steps.
-size_t grammar_branches(const llama_grammar& g, size_t cap);
 
 // Both checks of a schema given as JSON text ("" or text that does not parse passes:
 // whoever parses it says why).

@@ -90,7 +90,7 @@ GRAMMARS = {
     "deep": ("root ::= " + "(" * 20000 + '"a"' + ")" * 20000, "grammar depth limit"),
     "bomb": ("root ::= " + '"a"{0,1999} ' * 1000, "grammar rule limit"),
     "max below min": ('root ::= "a"{5,2}', "maximum below its minimum"),
-    "ambiguous": ("root ::= " + '"a"? ' * 1000 + '"b"', "grammar branch limit"),
+    "ambiguous": ("root ::= " + '"a"? ' * 1000 + '"b"', "grammar stack limit"),
 }
 
 

@@ -17,7 +17,7 @@ void register_grammar(py::module_& m) {
     limits["depth"] = GrammarLimits::kDepth;
     limits["rules"] = GrammarLimits::kRules;
     limits["elements"] = GrammarLimits::kElements;
-    limits["branches"] = GrammarLimits::kBranches;
+    limits["stacks"] = GrammarLimits::kStacks;
     limits["json_depth"] = GrammarLimits::kJsonDepth;
     limits["schema_key_bytes"] = GrammarLimits::kKeyBytes;
     limits["schema_refs"] = GrammarLimits::kRefs;

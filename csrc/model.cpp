@@ -265,6 +265,9 @@ std::shared_ptr<Model> Model::load(const std::string& path, const ModelParams& p
     m->path_ = path;
     m->info_ = std::move(info);
     m->mtp_loaded_ = params.load_mtp && m->n_layer_nextn() > 0;
+    for (llama_token t = 0; t < m->n_vocab(); ++t) {
+        if (llama_vocab_is_eog(m->vocab_, t)) m->eog_.push_back(t);
+    }
     return m;
 }
 
@@ -334,6 +337,27 @@ std::string Model::token_to_piece(llama_token token, bool special) const {
         return big;
     }
     return std::string(buf, static_cast<size_t>(n));
+}
+
+std::vector<std::string> Model::token_pieces(const std::vector<llama_token>& tokens, bool special) const {
+    for (llama_token t : tokens) check_token(t);
+    std::vector<std::string> out;
+    out.reserve(tokens.size());
+    for (llama_token t : tokens) out.push_back(token_to_piece(t, special));
+    return out;
+}
+
+std::vector<std::pair<std::string, llama_token>> Model::fim_tokens() const {
+    const std::pair<const char*, llama_token> parts[] = {
+        {"pre", llama_vocab_fim_pre(vocab_)}, {"suf", llama_vocab_fim_suf(vocab_)},
+        {"mid", llama_vocab_fim_mid(vocab_)}, {"pad", llama_vocab_fim_pad(vocab_)},
+        {"rep", llama_vocab_fim_rep(vocab_)}, {"sep", llama_vocab_fim_sep(vocab_)},
+    };
+    std::vector<std::pair<std::string, llama_token>> out;
+    for (const auto& [part, t] : parts) {
+        if (t != LLAMA_TOKEN_NULL) out.emplace_back(part, t);
+    }
+    return out;
 }
 
 bool Model::is_eog(llama_token token) const { return llama_vocab_is_eog(vocab_, token); }

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "handles.h"
@@ -62,7 +63,15 @@ public:
     std::vector<llama_token> tokenize(const std::string& text, bool add_special, bool parse_special) const;
     std::string detokenize(const std::vector<llama_token>& tokens, bool remove_special, bool unparse_special) const;
     std::string token_to_piece(llama_token token, bool special) const;
+    // every token's piece in one call (the whole vocabulary in milliseconds); InvalidArgument
+    // before any work if one id is out of range
+    std::vector<std::string> token_pieces(const std::vector<llama_token>& tokens, bool special) const;
     bool is_eog(llama_token token) const;
+    // the ids llama_vocab_is_eog holds, ascending (found once, at load)
+    const std::vector<llama_token>& eog_tokens() const { return eog_; }
+    // the FIM tokens the vocabulary has, as llama.cpp finds them (the GGUF's ids, else known
+    // texts), by part: "pre", "suf", "mid", "pad", "rep", "sep"
+    std::vector<std::pair<std::string, llama_token>> fim_tokens() const;
     llama_token bos() const;
     llama_token eos() const;
     bool add_bos() const;
@@ -75,6 +84,7 @@ private:
     std::string path_;
     GgufInfo info_;
     bool mtp_loaded_ = false;
+    std::vector<llama_token> eog_;
 };
 
 }  // namespace pydflash

@@ -79,7 +79,31 @@ void register_model(py::module_& m) {
             "token_to_piece",
             [](const Model& self, llama_token t, bool special) { return py::bytes(self.token_to_piece(t, special)); },
             py::arg("token"), py::arg("special") = false)
+        .def(
+            "token_pieces",
+            [](const Model& self, const std::vector<llama_token>& tokens, bool special) {
+                std::vector<std::string> pieces;
+                {
+                    py::gil_scoped_release nogil;
+                    pieces = self.token_pieces(tokens, special);
+                }
+                py::list out(pieces.size());
+                for (size_t i = 0; i < pieces.size(); ++i) out[i] = py::bytes(pieces[i]);
+                return out;
+            },
+            py::arg("tokens"), py::arg("special") = false, "token_to_piece of each token, in one call.")
         .def("is_eog", &Model::is_eog, py::arg("token"))
+        .def(
+            "eog_tokens", [](const Model& self) { return self.eog_tokens(); },
+            "Every end-of-generation token (llama_vocab_is_eog), ascending.")
+        .def(
+            "fim_tokens",
+            [](const Model& self) {
+                py::dict d;
+                for (const auto& [part, t] : self.fim_tokens()) d[py::str(part)] = t;
+                return d;
+            },
+            "The FIM tokens the vocabulary has (llama_vocab_fim_*), by part: pre, suf, mid, pad, rep, sep.")
         .def(
             "drafter_incompatibility",
             [](const Model& self, const Model& drafter) { return text(drafter_incompatibility(self, drafter)); },

@@ -45,7 +45,7 @@ class StreamSpeculation:
         try:
             for step in steps:
                 if self.on and step.tokens:
-                    self._note([self.gen.model.token_to_piece(t, False) for t in step.tokens])
+                    self._note(self.gen.model.token_pieces(step.tokens, False))
                 yield step
         finally:
             steps.close()  # type: ignore[attr-defined]  # the generation's run(): a generator

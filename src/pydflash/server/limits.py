@@ -28,7 +28,7 @@ class PromptLimit:
         with self._lock:
             if self._longest is None:
                 model = self.llm.core_model
-                self._longest = max(1, max(len(model.token_to_piece(t, True)) for t in range(model.n_vocab)))
+                self._longest = max(1, max(map(len, model.token_pieces(range(model.n_vocab), True))))
             return self._longest
 
     def check(self, n_bytes: int) -> None:

@@ -32,7 +32,7 @@ from .requests import (
     n_predict,
 )
 
-__all__ = ["FIM_TEXTS", "InfillRequest", "NativeRequest", "fim_tokens", "piece", "tokenize_mixed"]
+__all__ = ["InfillRequest", "NativeRequest", "fim_tokens", "pieces", "tokenize_mixed"]
 
 _STOP_TYPE = {"eos": "eos", "stop": "word", "length": "limit", None: "none"}
 Mixed = list[Annotated[str | int, Field(union_mode="left_to_right")]]
@@ -53,18 +53,6 @@ class JsonPrompt(BaseModel):
         return self.prompt_string
 
 
-def eog_tokens(llm: Llama) -> tuple[int, ...]:
-    """The vocabulary's end-of-generation tokens (llama-server's ``logit_bias_eog``)."""
-    model = llm.core_model
-    key = (model.path, llm.n_vocab())  # by file, so that the cache keeps no model alive
-    if key not in _EOG:
-        _EOG[key] = tuple(t for t in range(key[1]) if model.is_eog(t))
-    return _EOG[key]
-
-
-_EOG: dict[tuple[str, int], tuple[int, ...]] = {}
-
-
 def tokenize_mixed(llm: Llama, prompt: str | Sequence[str | int], add_special: bool, parse_special: bool) -> list[int]:
     """llama-server's ``tokenize_mixed``: text, ids, or a list of both (the first
     text part alone gets BOS)."""
@@ -82,13 +70,16 @@ def tokenize_mixed(llm: Llama, prompt: str | Sequence[str | int], add_special: b
     return out
 
 
-def piece(llm: Llama, token: int) -> str | list[int]:
-    """A token's text; its bytes where they are not valid UTF-8 (as llama-server)."""
-    raw = bytes(llm.core_model.token_to_piece(token, True))
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return list(raw)
+def pieces(llm: Llama, tokens: Sequence[int]) -> list[str | list[int]]:
+    """Each token's text; its bytes where they are not valid UTF-8 (as llama-server)."""
+
+    def text(raw: bytes) -> str | list[int]:
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return list(raw)
+
+    return [text(raw) for raw in llm.core_model.token_pieces(tokens, True)]
 
 
 def _probs(llm: Llama, lps: Sequence[TokenLogprob], post: bool) -> list[dict[str, Any]]:
@@ -230,7 +221,7 @@ class NativeRequest(BaseModel):
                     raise BadRequest(f"logit_bias token {t} is out of range [0, {llm.n_vocab()})", "logit_bias")
                 out[t] = value
         if self.ignore_eos:  # llama-server's: the end-of-generation tokens are never sampled
-            out.update(dict.fromkeys(eog_tokens(llm), -math.inf))
+            out.update(dict.fromkeys(llm.core_model.eog_tokens(), -math.inf))
         return out or None
 
     def tokens(self, llm: Llama, prompt: str | Mixed) -> list[int]:
@@ -408,44 +399,15 @@ class NativeRequest(BaseModel):
             it.close()
 
 
-# the FIM tokens llama.cpp's vocabulary finds by text where the GGUF names none (src/llama-vocab.cpp)
-FIM_TEXTS = {
-    "pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\uff5cfim\u2581begin\uff5c>", "<PRE>", "\u2581<PRE>",
-            "<|code_prefix|>", "<|prefix|>"),
-    "suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<\uff5cfim\u2581hole\uff5c>", "<SUF>", "\u2581<SUF>",
-            "<|code_suffix|>", "<|suffix|>"),
-    "mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<\uff5cfim\u2581end\uff5c>", "<MID>", "\u2581<MID>",
-            "<|code_middle|>", "<|middle|>"),
-    "rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
-    "sep": ("<|file_sep|>",),
-}  # fmt: skip
-# the deprecated keys llama.cpp still reads for the first three
-_FIM_OLD_KEYS = {"pre": "prefix", "suf": "suffix", "mid": "middle"}
 # between extra chunks when the vocabulary has no FIM_SEP (llama-server's k_chunk_prefix_str)
 SNIPPET = "\n\n--- snippet ---\n\n"
 
 
 def fim_tokens(llm: Llama) -> dict[str, int]:
-    """The model's FIM tokens (``pre``, ``suf``, ``mid``, ``rep``, ``sep``: those it has),
-    as llama.cpp's vocabulary finds them: the GGUF's ids (one out of range counts as
-    none), else a token of one of the known texts."""
-    meta = llm.metadata
-    model = llm.core_model
-    out: dict[str, int] = {}
-    for part, texts in FIM_TEXTS.items():
-        for key in (f"tokenizer.ggml.fim_{part}_token_id", f"tokenizer.ggml.{_FIM_OLD_KEYS.get(part)}_token_id"):
-            value = meta.get(key, "")
-            if value.isdigit() and int(value) < llm.n_vocab():
-                out[part] = int(value)
-                break
-        if part in out:
-            continue
-        for text in texts:
-            ids = model.tokenize(text, False, True)
-            if len(ids) == 1 and bytes(model.token_to_piece(ids[0], True)).decode("utf-8", "replace") == text:
-                out[part] = ids[0]
-                break
-    return out
+    """The model's FIM tokens the infill prompt uses (``pre``, ``suf``, ``mid``, ``rep``,
+    ``sep``: those it has), as llama.cpp's vocabulary finds them (the GGUF's ids, else a
+    token of one of the known texts)."""
+    return {part: t for part, t in llm.core_model.fim_tokens().items() if part != "pad"}
 
 
 class InfillRequest(NativeRequest):

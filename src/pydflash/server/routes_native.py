@@ -19,7 +19,7 @@ from starlette.routing import Route
 from ..errors import PyDFlashError
 from .anthropic import CountTokensRequest
 from .http import error_response, json_response, read_json_object
-from .native import piece, tokenize_mixed
+from .native import pieces, tokenize_mixed
 from .requests import Unsupported, check_conversation, describe, tools_bytes
 from .responses import ResponsesRequest
 
@@ -60,7 +60,7 @@ def native_routes(srv: ServerState) -> list[Route]:
             llm, content, bool(body.get("add_special", False)), bool(body.get("parse_special", True))
         )
         if body.get("with_pieces", False):
-            return {"tokens": [{"id": t, "piece": piece(llm, t)} for t in tokens]}
+            return {"tokens": [{"id": t, "piece": p} for t, p in zip(tokens, pieces(llm, tokens), strict=True)]}
         return {"tokens": tokens}
 
     def detokenize(body: dict[str, Any]) -> dict[str, Any]:
@@ -71,7 +71,7 @@ def native_routes(srv: ServerState) -> list[Route]:
             if not 0 <= t < llm.n_vocab():
                 raise ValueError(f"token id {t} is out of range [0, {llm.n_vocab()})")
         # the pieces joined, as llama-server's tokens_to_str (no clean-up of spaces)
-        raw = b"".join(bytes(llm.core_model.token_to_piece(t, True)) for t in tokens)
+        raw = b"".join(llm.core_model.token_pieces(tokens, True))
         return {"content": raw.decode("utf-8", "replace")}
 
     def template(body: dict[str, Any]) -> str:

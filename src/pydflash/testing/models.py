@@ -466,9 +466,15 @@ def _head(rng: np.random.Generator, s: TargetSpec, tok: Tokenizer) -> np.ndarray
     return head
 
 
-def write_target(path: str | Path, spec: TargetSpec = TargetSpec(), *, architecture: str = "qwen3") -> Path:
+def write_target(
+    path: str | Path,
+    spec: TargetSpec = TargetSpec(),
+    *,
+    architecture: str = "qwen3",
+    extra_kv: Mapping[str, str | int] | None = None,
+) -> Path:
     """Write a tiny random ``qwen3`` target GGUF (or another llama-style ``architecture``: qwen2, llama,
-    smollm3, phi3, gemma3, xverse)."""
+    smollm3, phi3, gemma3, xverse); ``extra_kv``: more metadata (``tokenizer.ggml.eot_token_id``, ...)."""
     s = spec
     rng = np.random.default_rng(s.seed)
     tok = vocabulary(s.vocab, s.n_vocab, [FIM_TOKENS[part] for part in s.fim])
@@ -494,6 +500,7 @@ def write_target(path: str | Path, spec: TargetSpec = TargetSpec(), *, architect
     extra: dict[str, str | int] = {"tokenizer.chat_template": s.chat_template} if s.chat_template is not None else {}
     if s.fim:
         extra.update({f"tokenizer.ggml.fim_{part}_token_id": tok.tokens.index(FIM_TOKENS[part]) for part in s.fim})
+    extra.update(extra_kv or {})
     return write_qwen3_gguf(
         path,
         hp,

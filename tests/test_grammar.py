@@ -59,6 +59,30 @@ def test_gbnf_greedy_is_the_constrained_target(embedded, prompt):
     assert a.stats.n_accepted > 0  # the drafter's blocks follow the grammar too
 
 
+def py_def_prefix(text: str) -> bool:
+    """``text`` can still become a PY_DEF match (a prefix of one, or one)."""
+    if len(text) <= 4:
+        return "def ".startswith(text)
+    m = re.fullmatch(r"def ([a-z_]{0,20})(?:\(([a-z, ]{0,24})(\)?|\):))?", text)
+    return m is not None and (m.group(2) is None or len(m.group(1)) >= 1)
+
+
+@pytest.mark.parametrize("prompt", ["# a helper\n", "import os\n\n", "class A:\n    "])
+def test_every_drafted_block_follows_the_grammar(embedded, prompt):
+    # the drafter's blocks are masked as the target's tokens are: each one continues the
+    # accepted text within the grammar (unmasked drafts are merely rejected, still lossless)
+    llm, _ = embedded
+    done: list[int] = []
+    n_drafted = 0
+    for step in llm.stream(prompt, max_tokens=48, grammar=PY_DEF, draft_max=llm.pair.max_draft):
+        if step.drafted:
+            n_drafted += len(step.drafted)
+            text = llm.detokenize(done + list(step.drafted)).decode("utf-8", "replace")
+            assert py_def_prefix(text), (text, step.drafted)
+        done += step.tokens
+    assert n_drafted > 0 and re.fullmatch(r"def [a-z_]{1,20}\([a-z, ]{0,24}\):", llm.detokenize(done).decode())
+
+
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_json_schema_greedy_parses_validates_and_is_lossless(embedded, prompt):
     llm, base = embedded

@@ -192,6 +192,10 @@ class NativeRequest(BaseModel):
                 f"'stop' may hold at most {MAX_STOP} strings of at most {MAX_STOP_CHARS} characters", "stop"
             )
         budget(n_predict(self), self._n_default)
+        if self.repeat_last_n < -1:
+            raise BadRequest(
+                f"'repeat_last_n' must be -1 (the context) or >= 0, got {self.repeat_last_n}", "repeat_last_n"
+            )
         if not -1 <= self.id_slot < parallel:
             raise BadRequest(f"'id_slot' must be -1 (any) or a slot in [0, {parallel})", "id_slot")
         if self.stream and len(self._prompts()) != 1:
@@ -261,6 +265,7 @@ class NativeRequest(BaseModel):
             repeat_penalty=self.repeat_penalty,
             frequency_penalty=self.frequency_penalty,
             presence_penalty=self.presence_penalty,
+            penalty_last_n=llm.n_ctx_slot if self.repeat_last_n == -1 else self.repeat_last_n,  # -1: the context
             seed=None if self.seed is None or self.seed < 0 else self.seed,
             stop=[s for s in stops if s],
             logit_bias=self._bias(llm),
@@ -304,7 +309,7 @@ class NativeRequest(BaseModel):
             "min_p": cfg.min_p,
             "typical_p": cfg.typical_p,
             "top_n_sigma": cfg.top_n_sigma,
-            "repeat_last_n": self.repeat_last_n,
+            "repeat_last_n": cfg.penalty_last_n,
             "repeat_penalty": cfg.repeat_penalty,
             "presence_penalty": cfg.presence_penalty,
             "frequency_penalty": cfg.frequency_penalty,

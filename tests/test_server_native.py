@@ -255,4 +255,7 @@ def test_reasoning_off_is_a_server_default(tmp_path):
         with Server(llm, port=0, defaults={"enable_thinking": False}) as srv:  # serve --reasoning off
             off = call(srv, "/apply-template", msgs)[2]["prompt"]
             explicit = call(srv, "/apply-template", {**msgs, "enable_thinking": True})[2]["prompt"]
+            # a server default that one kind of request has no field for leaves that kind alone
+            status, _, res = call(srv, "/v1/completions", {"prompt": "x", "max_tokens": 2})
+            assert status == 200 and res["usage"]["completion_tokens"] == 2, res
     assert on != off and explicit == on

@@ -290,7 +290,7 @@ class _Request(BaseModel):
                 self._n_default = value  # what n_predict -1 or absent means (budget)
             elif key == "jinja":
                 self._jinja = bool(value)
-            elif getattr(self, key, None) is None and key not in self.model_fields_set:
+            elif key in type(self).model_fields and key not in self.model_fields_set:  # (chat's alone: enable_thinking)
                 setattr(self, key, value)
 
     def check(self, n_vocab: int, parallel: int) -> None:

@@ -157,3 +157,18 @@ def test_repeat_last_n_reaches_the_generation_on_completion(spread_server, local
     assert n_ctx == local.n_ctx_slot and whole["content"] == lib(n_ctx)
     status, res = post(spread_server, dict(PENALISED, repeat_last_n=-2), "/completion")
     assert status == 400 and "repeat_last_n" in res["error"]["message"], res
+
+
+@pytest.mark.parametrize("field", [dict(mirostat=2), dict(xtc_probability=0.5), dict(dry_multiplier=0.8),
+                                   dict(dynatemp_range=0.5), dict(adaptive_target=0.5)],
+                         ids=lambda f: next(iter(f)))
+def test_a_refused_sampler_has_one_message_on_every_endpoint(spread_server, field):
+    name = next(iter(field))
+    bodies = {"/v1/completions": dict(prompt=PROMPT), "/completion": dict(prompt=PROMPT),
+              "/v1/chat/completions": dict(messages=[{"role": "user", "content": "hi"}])}
+    errors = []
+    for path, body in bodies.items():
+        status, res = post(spread_server, dict(body, max_tokens=2, **field), path)
+        assert status == 400 and res["error"]["param"] == name, (path, res)
+        errors.append(res["error"]["message"])
+    assert f"'{name}' sampler is not supported" in errors[0] and errors == [errors[0]] * len(errors)

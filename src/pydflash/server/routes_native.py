@@ -18,9 +18,10 @@ from starlette.routing import Route
 
 from ..errors import PyDFlashError
 from .anthropic import CountTokensRequest
+from .base import Unsupported
 from .http import error_response, json_response, read_json_object
 from .native import piece, tokenize_mixed
-from .requests import Unsupported, check_conversation, describe, tools_bytes
+from .requests import check_conversation, describe, tools_bytes
 from .responses import ResponsesRequest
 
 if TYPE_CHECKING:

@@ -174,6 +174,33 @@ def test_llamacpp_metrics(server):
     assert "pydflash_draft_tokens_total" in text  # the speculative metrics beside them
 
 
+def _requests_total(srv: Server) -> dict[str, float]:
+    """requests_total by its endpoint label."""
+    text = call(srv, "/metrics")[2]
+    lines = (line.rsplit(" ", 1) for line in text.splitlines() if line.startswith("pydflash_requests_total{"))
+    return {key.split('"')[1]: float(value) for key, value in lines}
+
+
+def test_one_route_table_each_route_reachable_and_labelled(server):
+    seen: set[tuple[str, str]] = set()
+    for path, methods in server.routes:
+        for method in methods:
+            assert (path, method) not in seen, f"{method} {path}: an earlier route answers it"
+            seen.add((path, method))
+    assert ("/v1/responses", "POST") in seen and ("/slots/{id_slot}", "POST") in seen
+    # each request counted under its route's path (a path parameter's route under its template)
+    hits = [("/tokenize", {"content": "x"}), ("/props", None), ("/webui/app.js", None), ("/", None),
+            ("/v1/responses/input_tokens", {"input": "hi"}), ("/embeddings", {}), ("/slots/0?action=fly", {}),
+            ("/no/such/route", None)]
+    before = _requests_total(server)
+    for path, body in hits:
+        call(server, path, body)
+    after = _requests_total(server)
+    labels = ["/tokenize", "/props", "/webui/app.js", "/", "/v1/responses/input_tokens", "/embeddings",
+              "/slots/{id_slot}", "other"]
+    assert {k: after[k] - before.get(k, 0.0) for k in labels} == dict.fromkeys(labels, 1.0)
+
+
 def test_metrics_and_slots_can_be_off(embedded_dflash):
     with Server(embedded_dflash, port=0, metrics=False, slots=False) as srv:
         assert call(srv, "/metrics")[0] == 501

@@ -39,11 +39,6 @@ _UNSUPPORTED: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("/lora-adapters",), "POST", "LoRA adapters"),
     (("/models/load", "/models/unload"), "POST", "the model router"),
     (("/v1/audio/transcriptions", "/audio/transcriptions"), "POST", "multimodal input (audio)"),
-    (
-        ("/v1/responses", "/responses", "/v1/responses/input_tokens", "/responses/input_tokens"),
-        "POST",
-        "the OpenAI Responses API",
-    ),
 )
 
 

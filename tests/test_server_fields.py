@@ -129,3 +129,46 @@ def test_concurrent_requests_are_served_one_after_the_other(spread_server, local
     after = metrics(spread_server)
     assert after["pydflash_requests_processing"] == 0 and after["pydflash_requests_deferred"] == 0
     assert after["pydflash_tokens_predicted_total"] - before["pydflash_tokens_predicted_total"] == 258
+
+
+# llama-server's repeat_last_n on its native /completion (issue 61: accepted and echoed
+# in generation_settings, never passed on): the window the repeat penalty looks at
+PENALISED = dict(prompt=PROMPT, temperature=0, repeat_penalty=2.0, n_predict=40, ignore_eos=True)
+
+
+def test_repeat_last_n_reaches_the_generation_on_completion(spread_server, local):
+    def native(last_n: int) -> dict:
+        status, res = post(spread_server, dict(PENALISED, repeat_last_n=last_n), "/completion")
+        assert status == 200, res
+        if last_n >= 0:
+            assert res["generation_settings"]["repeat_last_n"] == last_n
+        return res
+
+    def lib(last_n: int) -> str:
+        return local.generate(PROMPT, max_tokens=40, temperature=0, repeat_penalty=2.0, penalty_last_n=last_n,
+                              ignore_eos=True).text
+
+    short, window = native(1)["content"], native(64)["content"]
+    assert short != window  # the window changed the output
+    assert short == lib(1) and native(2)["content"] == lib(2) and window == lib(64)
+    # -1: the slot's context, as llama.cpp's -1 (echoed as the window it became)
+    whole = native(-1)
+    n_ctx = whole["generation_settings"]["repeat_last_n"]
+    assert n_ctx == local.n_ctx_slot and whole["content"] == lib(n_ctx)
+    status, res = post(spread_server, dict(PENALISED, repeat_last_n=-2), "/completion")
+    assert status == 400 and "repeat_last_n" in res["error"]["message"], res
+
+
+@pytest.mark.parametrize("field", [dict(mirostat=2), dict(xtc_probability=0.5), dict(dry_multiplier=0.8),
+                                   dict(dynatemp_range=0.5), dict(adaptive_target=0.5)],
+                         ids=lambda f: next(iter(f)))
+def test_a_refused_sampler_has_one_message_on_every_endpoint(spread_server, field):
+    name = next(iter(field))
+    bodies = {"/v1/completions": dict(prompt=PROMPT), "/completion": dict(prompt=PROMPT),
+              "/v1/chat/completions": dict(messages=[{"role": "user", "content": "hi"}])}
+    errors = []
+    for path, body in bodies.items():
+        status, res = post(spread_server, dict(body, max_tokens=2, **field), path)
+        assert status == 400 and res["error"]["param"] == name, (path, res)
+        errors.append(res["error"]["message"])
+    assert f"'{name}' sampler is not supported" in errors[0] and errors == [errors[0]] * len(errors)

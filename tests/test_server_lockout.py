@@ -298,12 +298,16 @@ def test_host_origin_and_content_type(keyed):
 
 # -- 9. slot erase while busy, NUL in a file name --------------------------------------------------
 
-def test_erasing_a_busy_slot_is_a_503(slotted):
+def test_a_busy_slot_is_a_503(slotted):
+    # save, restore and erase of a slot a generation holds: SlotBusyError, 503
     with Conn(slotted) as running:
         running.request("POST", "/v1/completions", completion(max_tokens=1000, stream=True))
         assert running.head()[0] == 200
-        status, _, res = post(slotted, "/slots/0?action=erase", b"")
-        assert status == 503 and "busy" in res["error"]["message"] and res["error"]["type"] == "unavailable_error"
+        for action, body in (("erase", b""), ("save", b'{"filename": "busy.bin"}'),
+                             ("restore", b'{"filename": "busy.bin"}')):
+            status, _, res = post(slotted, f"/slots/0?action={action}", body)
+            assert status == 503 and res["error"]["type"] == "unavailable_error", (action, res)
+            assert res["error"]["message"] == "slot 0 is busy", (action, res)
         running.reset()
     idle(slotted)
 

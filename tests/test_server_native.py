@@ -174,6 +174,33 @@ def test_llamacpp_metrics(server):
     assert "pydflash_draft_tokens_total" in text  # the speculative metrics beside them
 
 
+def _requests_total(srv: Server) -> dict[str, float]:
+    """requests_total by its endpoint label."""
+    text = call(srv, "/metrics")[2]
+    lines = (line.rsplit(" ", 1) for line in text.splitlines() if line.startswith("pydflash_requests_total{"))
+    return {key.split('"')[1]: float(value) for key, value in lines}
+
+
+def test_one_route_table_each_route_reachable_and_labelled(server):
+    seen: set[tuple[str, str]] = set()
+    for path, methods in server.routes:
+        for method in methods:
+            assert (path, method) not in seen, f"{method} {path}: an earlier route answers it"
+            seen.add((path, method))
+    assert ("/v1/responses", "POST") in seen and ("/slots/{id_slot}", "POST") in seen
+    # each request counted under its route's path (a path parameter's route under its template)
+    hits = [("/tokenize", {"content": "x"}), ("/props", None), ("/webui/app.js", None), ("/", None),
+            ("/v1/responses/input_tokens", {"input": "hi"}), ("/embeddings", {}), ("/slots/0?action=fly", {}),
+            ("/no/such/route", None)]
+    before = _requests_total(server)
+    for path, body in hits:
+        call(server, path, body)
+    after = _requests_total(server)
+    labels = ["/tokenize", "/props", "/webui/app.js", "/", "/v1/responses/input_tokens", "/embeddings",
+              "/slots/{id_slot}", "other"]
+    assert {k: after[k] - before.get(k, 0.0) for k in labels} == dict.fromkeys(labels, 1.0)
+
+
 def test_metrics_and_slots_can_be_off(embedded_dflash):
     with Server(embedded_dflash, port=0, metrics=False, slots=False) as srv:
         assert call(srv, "/metrics")[0] == 501
@@ -255,4 +282,7 @@ def test_reasoning_off_is_a_server_default(tmp_path):
         with Server(llm, port=0, defaults={"enable_thinking": False}) as srv:  # serve --reasoning off
             off = call(srv, "/apply-template", msgs)[2]["prompt"]
             explicit = call(srv, "/apply-template", {**msgs, "enable_thinking": True})[2]["prompt"]
+            # a server default that one kind of request has no field for leaves that kind alone
+            status, _, res = call(srv, "/v1/completions", {"prompt": "x", "max_tokens": 2})
+            assert status == 200 and res["usage"]["completion_tokens"] == 2, res
     assert on != off and explicit == on

@@ -67,6 +67,10 @@ def test_input_tokens_and_refusals(server, client):
     assert body["object"] == "response.input_tokens" and body["input_tokens"] > 0
     with pytest.raises(openai.BadRequestError):
         client.responses.create(model="x", input="hi", previous_response_id="resp_1")
+    # a token budget out of range is named by the field the request sent
+    with pytest.raises(openai.BadRequestError, match="Field 'max_output_tokens'") as e:
+        client.responses.create(model="x", input="hi", max_output_tokens=-2)
+    assert e.value.body["param"] == "max_output_tokens"
 
 
 def test_timings_per_token_and_the_last_event(server):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pydflash import Llama, PyDFlashError, embedded_pair
+from pydflash import Llama, PyDFlashError, SlotBusyError, embedded_pair
 from support.pairs import PAIRS, THREADS
 
 TURN1 = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5] * 4
@@ -95,8 +95,11 @@ def test_a_busy_slot_and_bad_slot_numbers(target_path, model_dir, tmp_path):
     with open_pair(target_path, model_dir / "drafter-b8.gguf") as llm:
         sub = llm.submit([5, 6, 7], max_tokens=200, ignore_eos=True, slot=0)
         next(iter(sub))
-        with pytest.raises(PyDFlashError, match="slot 0 is busy"):
-            llm.save_slot(0, tmp_path / "x.bin")
+        for call in (lambda: llm.save_slot(0, tmp_path / "x.bin"), lambda: llm.load_slot(0, tmp_path / "x.bin"),
+                     lambda: llm.erase_slot(0)):
+            with pytest.raises(SlotBusyError, match="slot 0 is busy"):
+                call()
+        assert issubclass(SlotBusyError, PyDFlashError)
         sub.cancel()
         for bad in (-1, 2, True):
             with pytest.raises(ValueError, match="slot must be"):

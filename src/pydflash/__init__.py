@@ -27,6 +27,7 @@ from .errors import (
     ModelLoadError,
     PyDFlashError,
     RollbackError,
+    SlotBusyError,
 )
 from .llama import Llama
 from .llama_cache import BaseLlamaCache, LlamaDiskCache, LlamaRAMCache, LlamaState
@@ -67,6 +68,7 @@ __all__ = [
     "NgramConfig",
     "PyDFlashError",
     "RollbackError",
+    "SlotBusyError",
     "SourceStats",
     "StepResult",
     "StreamStep",

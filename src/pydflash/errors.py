@@ -12,6 +12,7 @@ __all__ = [
     "ModelLoadError",
     "PyDFlashError",
     "RollbackError",
+    "SlotBusyError",
 ]
 
 
@@ -67,3 +68,9 @@ class GrammarError(PyDFlashError, ValueError):
     """The output cannot continue under its grammar: a lazy (tool-call) grammar whose
     triggered text does not fit it, or a row where the grammar allows no token. The
     generation stops; the model stays usable."""
+
+
+class SlotBusyError(PyDFlashError):
+    """A slot's save, load or erase while a generation holds the slot (or another
+    save or load of it runs). Nothing was done; retry once it is free (the server
+    answers HTTP 503)."""

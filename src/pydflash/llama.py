@@ -311,8 +311,8 @@ class Llama(LlamaCppApi):
     def save_slot(self, slot: int, path: str | os.PathLike[str]) -> None:
         """Write sequence slot ``slot``'s state (its tokens and both contexts' memory
         of them: the target's KV cache and recurrent state, the drafter's features)
-        to ``path``, as llama-server's slot save. PyDFlashError while a generation
-        uses the slot."""
+        to ``path``, as llama-server's slot save. SlotBusyError while a generation
+        uses the slot (load_slot and erase_slot too)."""
         seq = self._slot_index(slot)
         assert self._engine is not None and self._pair_core is not None
         with self._engine.reserve(seq):

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 
 from .. import _core
 from ..drafting.policy import CONFIDENCE_CUT, CostModel, DraftPolicy, Outcome, SequenceDraft
-from ..errors import GenerationInterrupted, GrammarError, PyDFlashError
+from ..errors import GenerationInterrupted, GrammarError, PyDFlashError, SlotBusyError
 from ..pair import ContextPair
 from .generation import Generation
 
@@ -119,14 +119,14 @@ class Engine:
 
     @contextlib.contextmanager
     def reserve(self, seq: int) -> Iterator[None]:
-        """Hold slot ``seq`` while it is saved or loaded; PyDFlashError when a
+        """Hold slot ``seq`` while it is saved or loaded; SlotBusyError when a
         generation is using it."""
         with self._cv:
             if self._closed:
                 raise PyDFlashError("this Llama object is closed")
             slot = self._slots[seq]
             if slot.gen is not None or slot.reserved:
-                raise PyDFlashError(f"slot {seq} is busy")
+                raise SlotBusyError(f"slot {seq} is busy")
             slot.reserved = True
         try:
             yield

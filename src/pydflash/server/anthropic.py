@@ -10,18 +10,10 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, PrivateAttr
+from pydantic import BaseModel, ConfigDict
 
-from .requests import (
-    MAX_STOP,
-    MAX_STOP_CHARS,
-    BadRequest,
-    ChatRequest,
-    NoVision,
-    Unsupported,
-    check_conversation,
-    tools_bytes,
-)
+from .base import BadRequest, NoVision, ServerRequest, Unsupported
+from .requests import ChatRequest, check_conversation, tools_bytes
 
 if TYPE_CHECKING:
     from ..llama import Llama
@@ -142,7 +134,7 @@ class _Messages(BaseModel):
         raise BadRequest(f"tool_choice {kind!r} is not supported (supported: auto, any, tool, none)", "tool_choice")
 
 
-class AnthropicRequest(_Messages):
+class AnthropicRequest(_Messages, ServerRequest):
     """``POST /v1/messages``."""
 
     max_tokens: int = 4096  # required by Anthropic's API; llama-server's default when absent
@@ -155,30 +147,22 @@ class AnthropicRequest(_Messages):
     logit_bias: dict[str, float] | None = None  # llama-server passes its own fields through
     seed: int | None = None
 
-    lead: ClassVar[int] = 1
-    _n_default: int = PrivateAttr(-1)
-    _jinja: bool = PrivateAttr(True)
-    done_marker: ClassVar[bool] = False
     sse_event_names: ClassVar[bool] = True  # "event: message_start" lines, as Anthropic's streams have
     keep_timings: ClassVar[bool] = False  # counted in /metrics, not shown: llama-server's replies have none
+    stop_field: ClassVar[str] = "stop_sequences"
+    filled: ClassVar[tuple[str, ...] | None] = ("temperature", "top_p", "top_k")
 
-    def fill(self, defaults: dict[str, Any]) -> None:
-        for key in ("temperature", "top_p", "top_k"):
-            if getattr(self, key) is None and key in defaults:
-                setattr(self, key, defaults[key])
-        self._n_default = defaults.get("max_tokens", -1)  # -n: what max_tokens -1 means
-        self._jinja = defaults.get("jinja", True)  # --no-jinja: the chat request's too
+    def stops(self) -> list[str]:
+        return list(self.stop_sequences or [])
+
+    def budget_given(self) -> tuple[str, int] | None:
+        return "max_tokens", self.max_tokens
 
     def prompt_bytes(self) -> int:
         return self.bounded_bytes()
 
     def check(self, n_vocab: int, parallel: int) -> None:
-        stops = self.stop_sequences or []
-        if len(stops) > MAX_STOP or any(len(s) > MAX_STOP_CHARS for s in stops):
-            raise BadRequest(
-                f"'stop_sequences' may hold at most {MAX_STOP} strings of at most {MAX_STOP_CHARS} characters",
-                "stop_sequences",
-            )
+        self.check_common(parallel)
         self.openai_tool_choice()
 
     def chat(self) -> ChatRequest:
@@ -198,7 +182,7 @@ class AnthropicRequest(_Messages):
         if self.thinking is not None:
             fields["enable_thinking"] = self.thinking.get("type") == "enabled"
         req = ChatRequest.model_validate({k: v for k, v in fields.items() if v is not None})
-        req.fill({"max_tokens": self._n_default, "jinja": self._jinja})
+        req.fill(self.chat_defaults())
         return req
 
     def respond(self, llm: Llama, model: str, cancel: Callable[[], bool]) -> Any:

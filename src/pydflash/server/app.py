@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 import socket
 import threading
@@ -32,7 +33,7 @@ try:
     from starlette.middleware import Middleware
     from starlette.requests import Request
     from starlette.responses import Response
-    from starlette.routing import Route
+    from starlette.routing import BaseRoute, Route
     from starlette.types import ASGIApp, Receive, Scope, Send
 
     from .anthropic import AnthropicRequest
@@ -59,20 +60,6 @@ from ..llama import Llama
 __all__ = ["MAX_BODY", "Server", "serve"]
 
 log = logging.getLogger("pydflash.server")
-
-ROUTES = {
-    "/health",
-    "/v1/health",
-    "/v1/metrics",
-    "/v1/models",
-    "/models",
-    "/metrics",
-    "/slots",
-    "/v1/completions",
-    "/completions",
-    "/v1/chat/completions",
-    "/chat/completions",
-}
 
 
 def _bind(hosts: Sequence[str], port: int) -> list[socket.socket]:
@@ -169,7 +156,9 @@ class Server:
         hosts = [host] if isinstance(host, str) else list(host)
         self._sockets = _bind(hosts, port)
         self.sleep = None if sleep_idle_seconds is None else Sleep(llm, sleep_idle_seconds, self._snapshot)
+        self._labels = _RouteLabels()  # requests_total's endpoint labels: the app's route table
         app = self._app(api_keys, cors_origins, check_host=loopback_only(hosts))
+        self._labels.load(app.router.routes)
         config = uvicorn.Config(
             app,
             http=protocol(write_timeout=timeout, max_connections=max_connections),
@@ -197,6 +186,12 @@ class Server:
     def port(self) -> int:
         """The port the server listens on (the real one when ``port=0`` was given)."""
         return int(self._sockets[0].getsockname()[1])
+
+    @property
+    def routes(self) -> list[tuple[str, tuple[str, ...]]]:
+        """The route table in match order: each route's path (its label in
+        ``requests_total{endpoint=...}``) and methods."""
+        return [(path, methods) for path, methods, _ in self._labels.table]
 
     @property
     def url(self) -> str:
@@ -349,7 +344,7 @@ class Server:
             routes=routes,
             middleware=[
                 Middleware(CanonicalHeaders, start_time=self.created),
-                Middleware(_CountRequests, metrics=self.metrics),
+                Middleware(_CountRequests, metrics=self.metrics, labels=self._labels),
                 Middleware(FramingCheck),
                 Middleware(Guard, api_keys=api_keys, cors_origins=cors_origins, check_host=check_host),
                 *([] if self.sleep is None else [Middleware(WakeOnUse, sleep=self.sleep)]),
@@ -460,17 +455,41 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return error_response(exc.status_code, message, headers=exc.headers)
 
 
-class _CountRequests:
-    """``requests_total{endpoint=...}``: every request, by path (others: "other")."""
+class _RouteLabels:
+    """The app's routes as ``requests_total``'s labels: a request's is the path of the route
+    it names (a parameter's template, ``/slots/{id_slot}``), any other's "other" (the labels
+    stay the table's, whatever paths clients send)."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+    def __init__(self) -> None:
+        self.table: list[tuple[str, tuple[str, ...], re.Pattern[str]]] = []
+        self._static: dict[str, str] = {}
+
+    def load(self, routes: Sequence[BaseRoute]) -> None:
+        for r in routes:
+            if isinstance(r, Route):
+                self.table.append((r.path, tuple(sorted(r.methods or ())), r.path_regex))
+                if not r.param_convertors:
+                    self._static[r.path] = r.path
+
+    def label(self, path: str) -> str:
+        path = path.rstrip("/") or "/"
+        found = self._static.get(path)
+        if found is not None:
+            return found
+        return next((p for p, _, regex in self.table if regex.match(path)), "other")
+
+
+class _CountRequests:
+    """``requests_total{endpoint=...}``: every request, by its route (others: "other")."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics, labels: _RouteLabels) -> None:
         self.app = app
         self.metrics = metrics
+        self.labels = labels
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            path = scope["path"].rstrip("/")
-            self.metrics.request(path if path in ROUTES else "other")
+            self.metrics.request(self.labels.label(scope["path"]))
         await self.app(scope, receive, send)
 
 

@@ -21,12 +21,10 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from ..errors import ContextLimitError, GenerationInterrupted, PyDFlashError
-from .anthropic import AnthropicRequest
+from .base import BadRequest, NoVision, ServerRequest, Unsupported
 from .handoff import Handoff, HandoffClosed
 from .http import error_body, error_response, json_response, read_body
-from .native import NativeRequest
-from .requests import BadRequest, ChatRequest, CompletionRequest, NoVision, Unsupported, describe
-from .responses import ResponsesRequest
+from .requests import describe
 from .streams import HEADER
 
 if TYPE_CHECKING:
@@ -41,9 +39,7 @@ _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 # what a worker hands to its request: ("result" | "head" | "chunk" | "error", payload); a
 # result's JSON and the events are bytes, encoded in the worker's thread
 _Item = tuple[str, Any]
-Kind = (
-    type[CompletionRequest] | type[ChatRequest] | type[NativeRequest] | type[AnthropicRequest] | type[ResponsesRequest]
-)
+Kind = type[ServerRequest]
 T = TypeVar("T")
 
 
@@ -266,8 +262,8 @@ class Exchange:
         srv.limit.check(req.prompt_bytes())
         out = req.respond(srv.llm, srv.alias, self._cancelled)
         self.done_marker = req.done_marker
-        self.event_names = getattr(req, "sse_event_names", False)
-        self.keep_timings = getattr(req, "keep_timings", True)  # Anthropic's replies have none
+        self.event_names = req.sse_event_names
+        self.keep_timings = req.keep_timings  # Anthropic's replies have none
         if not req.stream:
             for one in out if isinstance(out, list) else [out]:
                 srv.metrics.generation(one["timings"], one.get("speculative"))

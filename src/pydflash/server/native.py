@@ -12,25 +12,15 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field
 
 from ..config import SamplingConfig
 from ..engine.generation import Generation
 from ..llama import Llama
 from ..openai.structured import constraint
 from ..results import TokenLogprob
-from .requests import (
-    MAX_PROMPTS,
-    MAX_STOP,
-    MAX_STOP_CHARS,
-    REFUSED_SAMPLERS,
-    BadRequest,
-    Stop,
-    Unsupported,
-    budget,
-    check_probs,
-    n_predict,
-)
+from .base import BadRequest, LlamaFields, Unsupported
+from .requests import MAX_PROMPTS, check_probs
 
 __all__ = ["InfillRequest", "NativeRequest", "fim_tokens", "pieces", "tokenize_mixed"]
 
@@ -102,16 +92,12 @@ def _probs(llm: Llama, lps: Sequence[TokenLogprob], post: bool) -> list[dict[str
     return out
 
 
-class NativeRequest(BaseModel):
+class NativeRequest(LlamaFields):
     """``POST /completion``: llama-server's fields and defaults."""
 
     model_config = ConfigDict(extra="ignore")
 
     prompt: str | Mixed | JsonPrompt | list[str | Mixed | JsonPrompt] = ""
-    n_predict: int | None = None
-    # llama-server's aliases of n_predict, read in this order where it is absent (budget)
-    max_completion_tokens: int | None = None
-    max_tokens: int | None = None
     stream: bool = False
     temperature: float = 0.8
     top_k: int = 40
@@ -124,7 +110,6 @@ class NativeRequest(BaseModel):
     presence_penalty: float = 0.0
     repeat_last_n: int = 64
     seed: int | None = None
-    stop: Stop = None
     ignore_eos: bool = False
     n_probs: int = 0
     post_sampling_probs: bool = False
@@ -132,7 +117,7 @@ class NativeRequest(BaseModel):
     return_progress: bool = False  # prompt_progress events in a stream
     timings_per_token: bool = False  # each chunk of a stream with the timings as they stand
     cache_prompt: bool = True
-    id_slot: int = -1
+    id_slot: int = -1  # -1: any slot
     logit_bias: list[list[Any]] | dict[str, Any] | None = None
     grammar: str | None = None
     json_schema: dict[str, Any] | None = None
@@ -140,25 +125,10 @@ class NativeRequest(BaseModel):
     speculative_n_max: int | None = Field(default=None, alias="speculative.n_max")
     speculative_n_min: int | None = Field(default=None, alias="speculative.n_min")
     speculative_p_min: float | None = Field(default=None, alias="speculative.p_min")
-    mirostat: float | None = None
-    xtc_probability: float | None = None
-    dry_multiplier: float | None = None
-    dynatemp_range: float | None = None
-    adaptive_target: float | None = None
     lora: list[Any] | None = None
     multimodal_data: list[Any] | None = None
 
-    lead: ClassVar[int] = 1  # chunks a stream waits for before its response starts
     done_marker: ClassVar[bool] = False  # llama-server ends a native stream without "[DONE]"
-    _n_default: int = PrivateAttr(-1)  # the server's -n (-1: none)
-
-    def fill(self, defaults: dict[str, Any]) -> None:
-        """The server's defaults (-n, --temp, ...) for the fields the request leaves out."""
-        for key, value in defaults.items():
-            if key == "max_tokens":
-                self._n_default = value  # what n_predict -1 or absent means (budget)
-            elif key in type(self).model_fields and key not in self.model_fields_set:
-                setattr(self, key, value)
 
     def prompt_bytes(self) -> int:
         """UTF-8 bytes of the longest prompt's text (each prompt is bounded alone)."""
@@ -173,18 +143,11 @@ class NativeRequest(BaseModel):
             raise Unsupported("LoRA adapters are not supported", "lora")
         if self.multimodal_data:
             raise Unsupported("multimodal input is not supported", "multimodal_data")
-        for name, on in REFUSED_SAMPLERS:
-            v = getattr(self, name)
-            if v is not None and v >= on:
-                raise BadRequest(f"the '{name}' sampler is not supported", name)
-        stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
-        if len(stops) > MAX_STOP or any(len(s) > MAX_STOP_CHARS for s in stops):
+        self.check_common(parallel)
+        if self.repeat_last_n < -1:
             raise BadRequest(
-                f"'stop' may hold at most {MAX_STOP} strings of at most {MAX_STOP_CHARS} characters", "stop"
+                f"'repeat_last_n' must be -1 (the context) or >= 0, got {self.repeat_last_n}", "repeat_last_n"
             )
-        budget(n_predict(self), self._n_default)
-        if not -1 <= self.id_slot < parallel:
-            raise BadRequest(f"'id_slot' must be -1 (any) or a slot in [0, {parallel})", "id_slot")
         if self.stream and len(self._prompts()) != 1:
             raise BadRequest("a stream takes one prompt", "prompt")
         if len(self._prompts()) > MAX_PROMPTS:
@@ -235,14 +198,14 @@ class NativeRequest(BaseModel):
 
     def reported_n_predict(self) -> int:
         """The request's n_predict as llama-server reports it (absent: -n's)."""
-        given = n_predict(self)
-        return self._n_default if given is None else given[1]
+        given = self.budget_given()
+        return self.n_default if given is None else given[1]
 
     def config(self, llm: Llama) -> SamplingConfig:
         schema, gbnf = constraint(self.response_format, self.json_schema, self.grammar)
-        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        stops = self.stops()
         return SamplingConfig.build(
-            max_tokens=budget(n_predict(self), self._n_default),
+            max_tokens=self.token_budget(),
             temperature=self.temperature,
             top_k=self.top_k,
             top_p=self.top_p,
@@ -252,6 +215,7 @@ class NativeRequest(BaseModel):
             repeat_penalty=self.repeat_penalty,
             frequency_penalty=self.frequency_penalty,
             presence_penalty=self.presence_penalty,
+            penalty_last_n=llm.n_ctx_slot if self.repeat_last_n == -1 else self.repeat_last_n,  # -1: the context
             seed=None if self.seed is None or self.seed < 0 else self.seed,
             stop=[s for s in stops if s],
             logit_bias=self._bias(llm),
@@ -295,7 +259,7 @@ class NativeRequest(BaseModel):
             "min_p": cfg.min_p,
             "typical_p": cfg.typical_p,
             "top_n_sigma": cfg.top_n_sigma,
-            "repeat_last_n": self.repeat_last_n,
+            "repeat_last_n": cfg.penalty_last_n,
             "repeat_penalty": cfg.repeat_penalty,
             "presence_penalty": cfg.presence_penalty,
             "frequency_penalty": cfg.frequency_penalty,
@@ -418,7 +382,7 @@ class InfillRequest(NativeRequest):
     prompt: str = ""  # text only, as llama-server's /infill takes it
     input_prefix: str | Mixed
     input_suffix: str | Mixed
-    input_extra: list[dict[str, Any]] = []
+    input_extra: list[dict[str, Any]] = Field(default_factory=list)
 
     def check(self, n_vocab: int, parallel: int) -> None:
         super().check(n_vocab, parallel)
@@ -462,7 +426,7 @@ class InfillRequest(NativeRequest):
         # the FIM part fits a batch (prefix:suffix 3:1); the extra fills the context's rest
         n_prefix = min(len(prefix), 3 * (n_batch // 4))
         n_suffix = min(len(suffix), max(0, n_batch // 4 - (2 + len(prompt))))
-        n_extra = min(max(0, n_ctx - n_batch - 2 * self._n_default), len(extra))
+        n_extra = min(max(0, n_ctx - n_batch - 2 * self.n_default), len(extra))
         head = [fim["pre"], *prefix[len(prefix) - n_prefix :], *prompt]
         if model.add_bos and model.bos >= 0:
             head.insert(0, model.bos)

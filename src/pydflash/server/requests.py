@@ -7,15 +7,15 @@ what the library does not check is checked here."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, ValidatorFunctionWrapHandler, WrapValidator
-from pydantic_core import PydanticCustomError
+from pydantic import ConfigDict, ValidationError
 
 from .._core import __version__
 from ..openai.chat import resolve_tool_choice
 from ..openai.completions import MAX_CHOICES, chat_prompt
+from .base import BadRequest, LlamaFields, Unsupported, must_be
 
 if TYPE_CHECKING:
     from ..llama import Llama
@@ -25,98 +25,21 @@ __all__ = [
     "MAX_PROBS",
     "MAX_PROMPTS",
     "MAX_TOOLS",
-    "BadRequest",
     "ChatRequest",
     "CompletionRequest",
-    "Unsupported",
-    "budget",
     "check_conversation",
     "check_probs",
     "describe",
-    "n_predict",
     "tools_bytes",
 ]
 
-
-class BadRequest(ValueError):
-    """A request the server refuses (HTTP 400); ``param`` names the field."""
-
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.param = param
-
-
-class Unsupported(BadRequest):
-    """A feature pydflash does not have (HTTP 501, llama-server's ``not_supported_error``)."""
-
-
-class NoVision(BadRequest):
-    """An image for a model without vision: llama-server's HTTP 500 ``server_error``,
-    with its message (it converts the image, then finds no projector to read it)."""
-
-    def __init__(self, param: str | None = None):
-        super().__init__(
-            "image input is not supported - hint: if this is unexpected, you may need to provide the mmproj", param
-        )
-
-
-# llama-server's n_predict (aliases max_completion_tokens, max_tokens) as the library's
-# max_tokens, on every endpoint (vendor/llama.cpp/tools/server: server-schema.cpp reads it
-# with hard limits [-1, INT32_MAX]; server-context.cpp takes the request's value unless it
-# is -1, else -n; -1 is no limit but the context; the budget is checked only after a
-# sampled token, so 0 gives one)
-INT32_MAX = 2**31 - 1
-# the names llama-server reads, in its order: the first one given counts
-N_PREDICT_FIELDS = ("n_predict", "max_completion_tokens", "max_tokens")
-
-
-def n_predict(request: object) -> tuple[str, int] | None:
-    """(field, value) of the first of ``N_PREDICT_FIELDS`` a request gives (not null)."""
-    for name in N_PREDICT_FIELDS:
-        v = getattr(request, name, None)
-        if v is not None:
-            return name, v
-    return None
-
-
-def budget(given: tuple[str, int] | None, server_n_predict: int = -1) -> int | None:
-    """The library's ``max_tokens`` (None: until the context is full) for a request's
-    ``n_predict`` (``given``: its field and value, None when absent) under ``-n``."""
-    if given is not None:
-        field, n = given
-        if isinstance(n, bool) or not -1 <= n <= INT32_MAX:
-            raise BadRequest(f"Field '{field}': Value must be between -1 <= value <= {INT32_MAX}, but got {n}", field)
-    n = server_n_predict if given is None or given[1] == -1 else given[1]
-    if n < 0:
-        return None
-    return max(n, 1)  # 0: llama-server samples one token before it checks the budget
-
-
-def _must_be(expected: str) -> WrapValidator:
-    """One error saying what a field of several accepted shapes must be (instead
-    of one error per member of its union)."""
-
-    def check(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-        try:
-            return handler(value)
-        except ValidationError:
-            raise PydanticCustomError("wrong_shape", "must be {expected}", {"expected": expected}) from None
-
-    return WrapValidator(check)
-
-
-Stop = Annotated[str | list[str] | None, _must_be("a string or a list of strings")]
 Prompt = Annotated[
     str | list[int] | list[str] | list[list[int]],
-    _must_be("a string, a list of token ids, or a list of one of these"),
+    must_be("a string, a list of token ids, or a list of one of these"),
 ]
 
 FINGERPRINT = f"b{__version__}-pydflash"
 
-# stop strings are searched after every step, on the thread that runs every
-# generation: a long list would slow all of them down
-MAX_STOP = 16
-MAX_STOP_CHARS = 256
 # What else one request may ask for, checked before any work (a template rendered over
 # 290,000 messages took 72 s before the prompt limit could refuse it; 4,096 top tokens per
 # token made a 64 MB reply). The prompt limit (limits.py) also counts the tools' JSON.
@@ -148,17 +71,6 @@ def tools_bytes(tools: object) -> int:
     return len(json.dumps(tools, ensure_ascii=False).encode("utf-8", "surrogatepass")) if tools else 0
 
 
-# llama-server samplers that do not give one distribution per position, which exact
-# speculative sampling needs (mirostat's and adaptive-p's state follow each sample, XTC
-# draws at random what to remove, DRY is not implemented): refused by name when on
-# (field, the value from which it is on): llama-server's "off" values are 0 (-1 for adaptive-p)
-REFUSED_SAMPLERS: tuple[tuple[str, float], ...] = (
-    ("mirostat", 1),
-    ("xtc_probability", 1e-30),
-    ("dry_multiplier", 1e-30),
-    ("dynatemp_range", 1e-30),
-    ("adaptive_target", 0),
-)
 # the fields passed on as they are when given (None: the library's default)
 _PASSED = (
     "temperature",
@@ -190,7 +102,7 @@ _PASSED = (
 )
 
 
-class _Request(BaseModel):
+class _Request(LlamaFields):
     """The fields completions and chat share. Unknown fields are ignored (OpenAI's
     clients send ``user``, ``stream_options`` ...)."""
 
@@ -198,9 +110,6 @@ class _Request(BaseModel):
 
     stream: bool | None = None  # null: a field's default, as OpenAI's API reads it
     n: int | None = None
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    n_predict: int | None = None  # llama-server's name, first of the three (budget)
     temperature: float | None = None
     top_p: float | None = None
     min_p: float | None = None
@@ -216,36 +125,26 @@ class _Request(BaseModel):
     draft_min: int | None = None
     draft_p_min: float | None = None
     cache_prompt: bool | None = None  # llama-server's: reuse the prompt prefix the caches hold
-    id_slot: int | None = None  # llama-server's slot pin (-1: any)
     post_sampling_probs: bool | None = None
     response_format: dict[str, Any] | None = None
     json_schema: dict[str, Any] | None = None
     grammar: str | None = None
-    stop: Stop = None
     logit_bias: dict[str, float] | None = None  # JSON keys are strings: token ids, checked below
     verify: str | None = None  # pydflash's: "rejection", "match" or "coupled" (Llama.generate's)
     return_progress: bool | None = None  # llama-server's: prompt_progress events in a stream
     timings_per_token: bool | None = None  # llama-server's: each chunk of a stream with its timings
     stream_options: dict[str, Any] | None = None  # OpenAI's: include_usage
     verbose: bool | None = None  # llama-server's: the reply with its native view in "__verbose"
-    mirostat: float | None = None
-    xtc_probability: float | None = None
-    dry_multiplier: float | None = None
-    dynatemp_range: float | None = None
-    adaptive_target: float | None = None
 
     done_marker: ClassVar[bool] = True  # OpenAI's streams end with "data: [DONE]"
-    _n_default: int = PrivateAttr(-1)  # the server's -n (-1: none)
-    _jinja: bool = PrivateAttr(True)  # False: the server's --no-jinja (chat: no reply format)
 
-    @property
-    def lead(self) -> int:
-        """The chunks a stream's response waits for before it starts: the first step's."""
-        return 1
+    def arguments(self) -> tuple[Any, dict[str, Any]]:
+        """(prompt or messages, keyword arguments) of the completion function."""
+        raise NotImplementedError
 
     def respond(self, llm: Llama, model: str, cancel: Callable[[], bool]) -> Any:
         """The response, or a stream's chunks."""
-        first, kw = self.arguments()  # type: ignore[attr-defined]  # each kind has its own
+        first, kw = self.arguments()
         create: Callable[..., Any] = (
             llm.create_completion if isinstance(self, CompletionRequest) else llm.create_chat_completion
         )
@@ -259,16 +158,12 @@ class _Request(BaseModel):
         chunks = _fingerprinted(out)
         return _usage_apart(chunks) if (self.stream_options or {}).get("include_usage") else chunks
 
-    def prompt_bytes(self) -> int:
-        """UTF-8 bytes of the prompt's text (0: none to bound)."""
-        return 0
-
     def _verbose(self, llm: Llama, out: dict[str, Any]) -> dict[str, Any]:
         """llama-server's ``__verbose``: the reply as its native completion shows it (the
         fields the OpenAI reply holds, and the prompt as the model read it)."""
         choice, usage = out["choices"][0], out["usage"]
         content = choice["text"] if "text" in choice else choice["message"].get("content") or ""
-        first, kw = self.arguments()  # type: ignore[attr-defined]  # each kind has its own
+        first, kw = self.arguments()
         prompt = first if isinstance(self, CompletionRequest) else chat_prompt(llm, first, **kw)
         return {
             "index": 0,
@@ -283,37 +178,10 @@ class _Request(BaseModel):
             "timings": out["timings"],
         }
 
-    def fill(self, defaults: Mapping[str, Any]) -> None:
-        """The server's defaults (``-n``, ``--temp``, ...) for the fields the request leaves out."""
-        for key, value in defaults.items():
-            if key == "max_tokens":
-                self._n_default = value  # what n_predict -1 or absent means (budget)
-            elif key == "jinja":
-                self._jinja = bool(value)
-            elif getattr(self, key, None) is None and key not in self.model_fields_set:
-                setattr(self, key, value)
-
     def check(self, n_vocab: int, parallel: int) -> None:
-        """What the library does not check, before any work: BadRequest."""
         if self.n is not None and not 1 <= self.n <= MAX_CHOICES:
             raise BadRequest(f"'n' must be in [1, {MAX_CHOICES}]", "n")
-        budget(n_predict(self), self._n_default)
-        stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
-        if len(stops) > MAX_STOP or any(len(s) > MAX_STOP_CHARS for s in stops):
-            raise BadRequest(
-                f"'stop' may hold at most {MAX_STOP} strings of at most {MAX_STOP_CHARS} characters", "stop"
-            )
-        for name, on in REFUSED_SAMPLERS:
-            v = getattr(self, name)
-            if v is not None and v >= on:
-                raise BadRequest(
-                    f"the '{name}' sampler is not supported (pydflash samples exactly under speculation; "
-                    "its samplers: top_k, typical_p, top_p, min_p, top_n_sigma, temperature, penalties)",
-                    name,
-                )
-        # the engine picks the slot (and with it the prompt cache); a pin is checked, not used
-        if self.id_slot not in (None, -1) and not 0 <= self.id_slot < parallel:
-            raise BadRequest(f"'id_slot' must be -1 (any) or a slot in [0, {parallel})", "id_slot")
+        self.check_common(parallel)
         for key in self.logit_bias or {}:  # here, so that a stream fails before it starts
             if not (key.lstrip("-").isdigit() and 0 <= int(key) < n_vocab):
                 raise BadRequest(f"logit_bias keys must be token ids in [0, {n_vocab}), got {key!r}", "logit_bias")
@@ -321,7 +189,7 @@ class _Request(BaseModel):
     def options(self) -> dict[str, Any]:
         """The keyword arguments common to both completion functions."""
         kw = {k: v for k in _PASSED if (v := getattr(self, k)) is not None}
-        kw["max_tokens"] = budget(n_predict(self), self._n_default)
+        kw["max_tokens"] = self.token_budget()
         return kw
 
 
@@ -429,7 +297,7 @@ class ChatRequest(_Request):
         kw["top_logprobs"] = self.top_logprobs
         if self.timings_per_token and self.stream:
             kw["timings_per_token"] = True
-        if not self._jinja:
+        if not self.jinja:
             kw["template_format"] = False
         return self.messages, kw
 

@@ -11,9 +11,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, PrivateAttr
-
-from .requests import BadRequest, ChatRequest, Unsupported, check_conversation, tools_bytes
+from .base import BadRequest, ServerRequest, Unsupported
+from .requests import ChatRequest, check_conversation, tools_bytes
 
 if TYPE_CHECKING:
     from ..llama import Llama
@@ -36,8 +35,8 @@ def _text(content: Any) -> str:
     return "".join(out)
 
 
-class ResponsesRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class ResponsesRequest(ServerRequest):
+    """``POST /v1/responses``."""
 
     model: str | None = None
     input: str | list[dict[str, Any]]
@@ -54,18 +53,11 @@ class ResponsesRequest(BaseModel):
     seed: int | None = None
     logit_bias: dict[str, float] | None = None
 
-    lead: ClassVar[int] = 1
-    _n_default: int = PrivateAttr(-1)
-    _jinja: bool = PrivateAttr(True)
-    done_marker: ClassVar[bool] = False
     sse_event_names: ClassVar[bool] = True
+    filled: ClassVar[tuple[str, ...] | None] = ("temperature", "top_p")
 
-    def fill(self, defaults: dict[str, Any]) -> None:
-        for key in ("temperature", "top_p"):
-            if getattr(self, key) is None and key in defaults:
-                setattr(self, key, defaults[key])
-        self._n_default = defaults.get("max_tokens", -1)  # -n: what max_tokens -1 means
-        self._jinja = defaults.get("jinja", True)  # --no-jinja: the chat request's too
+    def budget_given(self) -> tuple[str, int] | None:
+        return None if self.max_output_tokens is None else ("max_output_tokens", self.max_output_tokens)
 
     def prompt_bytes(self) -> int:
         """The input's JSON, instructions and tools in bytes, after the conversation's
@@ -74,6 +66,7 @@ class ResponsesRequest(BaseModel):
         return len(json.dumps(self.input)) + len(self.instructions or "") + tools_bytes(self.tools)
 
     def check(self, n_vocab: int, parallel: int) -> None:
+        self.check_common(parallel)
         if self.previous_response_id:
             raise BadRequest("previous_response_id is not supported (responses are not stored)", "previous_response_id")
 
@@ -139,7 +132,7 @@ class ResponsesRequest(BaseModel):
             "timings_per_token": self.timings_per_token or None,
         }
         req = ChatRequest.model_validate({k: v for k, v in fields.items() if v is not None})
-        req.fill({"max_tokens": self._n_default, "jinja": self._jinja})
+        req.fill(self.chat_defaults())
         return req
 
     def respond(self, llm: Llama, model: str, cancel: Callable[[], bool]) -> Any:

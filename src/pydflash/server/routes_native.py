@@ -18,9 +18,10 @@ from starlette.routing import Route
 
 from ..errors import PyDFlashError
 from .anthropic import CountTokensRequest
+from .base import Unsupported
 from .http import error_response, json_response, read_json_object
 from .native import pieces, tokenize_mixed
-from .requests import Unsupported, check_conversation, describe, tools_bytes
+from .requests import check_conversation, describe, tools_bytes
 from .responses import ResponsesRequest
 
 if TYPE_CHECKING:
@@ -38,11 +39,6 @@ _UNSUPPORTED: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("/lora-adapters",), "POST", "LoRA adapters"),
     (("/models/load", "/models/unload"), "POST", "the model router"),
     (("/v1/audio/transcriptions", "/audio/transcriptions"), "POST", "multimodal input (audio)"),
-    (
-        ("/v1/responses", "/responses", "/v1/responses/input_tokens", "/responses/input_tokens"),
-        "POST",
-        "the OpenAI Responses API",
-    ),
 )
 
 

@@ -16,7 +16,7 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ..errors import PyDFlashError
+from ..errors import PyDFlashError, SlotBusyError
 from .http import error_response, json_response, read_body
 
 if TYPE_CHECKING:
@@ -63,8 +63,10 @@ class SlotRoutes:
         if action == "erase":
             try:
                 n = await anyio.to_thread.run_sync(llm.erase_slot, slot, limiter=self.srv.side_threads)
+            except SlotBusyError as e:
+                return error_response(503, str(e))
             except PyDFlashError as e:
-                return error_response(503 if "busy" in str(e) else 500, str(e))
+                return error_response(500, str(e))
             return json_response({"id_slot": slot, "n_erased": n})
         if self.folder is None:
             return error_response(501, "slot save and restore need --slot-save-path")
@@ -75,8 +77,10 @@ class SlotRoutes:
             out = await anyio.to_thread.run_sync(self._file, action, slot, name, limiter=self.srv.side_threads)
         except ValueError as e:
             return error_response(400, self._name_only(str(e)))
+        except SlotBusyError as e:
+            return error_response(503, str(e))
         except PyDFlashError as e:
-            return error_response(503 if "busy" in str(e) else 500, self._name_only(str(e)))
+            return error_response(500, self._name_only(str(e)))
         except OSError as e:
             return error_response(400 if action == "restore" else 500, f"{e.strerror or e}: {name}")
         return json_response(out)

@@ -37,8 +37,8 @@ def build(src: Path, build_dir: Path, jobs: int | None = None, targets: list[str
         raise SystemExit(f"{src} is not a llama.cpp tree (run tools/fetch_llama_cpp.py or pip install . first)")
     subprocess.run([sys.executable, str(ROOT / "tools" / "patch_llama_cpp.py"), "--src", str(src)], check=True)
     configure = ["cmake", "-S", str(src), "-B", str(build_dir), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-                 # the extension's flags where they do not matter here, so that a compiler
-                 # cache serves this build from the extension's objects
+                 # the extension's flags where they do not matter here (a compiler cache still
+                 # misses its objects: their include paths and working directories differ)
                  "-DCMAKE_POSITION_INDEPENDENT_CODE=ON", "-DGGML_RPC=ON", "-DGGML_ALL_WARNINGS=OFF",
                  "-DLLAMA_ALL_WARNINGS=OFF", *_launcher(),
                  "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_COMMON=ON",

@@ -3,8 +3,6 @@ to allocate it (which ended in ``std::bad_alloc`` after minutes of paging)."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 import pydflash
@@ -15,10 +13,10 @@ from pydflash.fit import kv_cache_bytes
 
 def test_a_huge_context_is_refused_at_once_with_its_size():
     t, d = pydflash.embedded_pair()
-    start = time.monotonic()
+    # pydflash's estimate refuses it before llama.cpp allocates anything (without it llama.cpp
+    # tries, and the test's timeout fails it): the message is the estimate's
     with pytest.raises(ContextLimitError, match=r"does not fit: n_ctx=1000000000 needs about [0-9.]+ GiB"):
         Llama(t, draft=d, n_ctx=10**9)
-    assert time.monotonic() - start < 30
     with Llama(t, n_ctx=256) as llm:  # the process is fine afterwards
         assert llm.generate("x", max_tokens=2, ignore_eos=True).tokens
 

@@ -9,6 +9,10 @@ never committed). A clean build takes ~10 minutes on 2 cores (llama, ggml,
 common), the server a few more.
 
     python tools/build_native.py [--src vendor/llama.cpp] [--build build/native] [--target NAME ...]
+
+With --reuse it builds nothing: it copies the two programs that an extension build
+made with PYDFLASH_NATIVE_TOOLS=1 (`PYDFLASH_NATIVE_TOOLS=1 pip install .`, what CI
+does) from that build's folder, so llama.cpp is compiled once.
 """
 
 from __future__ import annotations
@@ -57,14 +61,35 @@ def build(src: Path, build_dir: Path, jobs: int | None = None, targets: list[str
     return build_dir / "bin" / targets[0]
 
 
+def reuse(build_root: Path, dest: Path) -> Path:
+    """Copy the programs of the newest extension build folder under `build_root`
+    (scikit-build-core's build/<wheel tag>/bin) that has them all into `dest`."""
+    found = [d for d in build_root.glob("*/bin") if d.parent != dest.parent
+             and all(os.access(d / t, os.X_OK) for t in TARGETS)]
+    if not found:
+        raise SystemExit(f"no extension build under {build_root} has {' and '.join(TARGETS)}: "
+                         "install with PYDFLASH_NATIVE_TOOLS=1 first (pip builds them with the extension)")
+    src = max(found, key=lambda d: (d / TARGETS[0]).stat().st_mtime)
+    dest.mkdir(parents=True, exist_ok=True)
+    for t in TARGETS:
+        shutil.copy2(src / t, dest / t)
+    print(f"copied {', '.join(TARGETS)} from {src}")
+    return dest / TARGETS[0]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--src", type=Path, default=ROOT / "vendor" / "llama.cpp")
     ap.add_argument("--build", type=Path, default=ROOT / "build" / "native")
     ap.add_argument("-j", "--jobs", type=int)
     ap.add_argument("--target", action="append", choices=TARGETS, help="build only this one (repeatable)")
+    ap.add_argument("--reuse", action="store_true",
+                    help="copy the programs an extension build made with PYDFLASH_NATIVE_TOOLS=1; build nothing")
     a = ap.parse_args(argv)
     t0 = time.monotonic()
+    if a.reuse:
+        reuse(ROOT / "build", a.build / "bin")
+        return 0
     exe = build(a.src, a.build, a.jobs, a.target)
     print(f"built {exe} in {time.monotonic() - t0:.0f} s")
     return 0

@@ -112,7 +112,7 @@ def test_a_failing_block_fails_its_page(tmp_path: Path) -> None:
 # -- docstrings and the API reference ---------------------------------------------------------
 
 
-# The modules a user imports. engine/, drafting/, cli/ and the server's and the OpenAI layer's
+# The modules a user imports. engine/, draft_length/, cli/ and the server's and the OpenAI layer's
 # other modules are the floors below Llama (ARCHITECTURE.md), not API.
 PUBLIC_MODULES = (
     "pydflash",

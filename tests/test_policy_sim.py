@@ -110,7 +110,7 @@ def test_the_cli_runs_a_trace_file(tmp_path):
     assert "adaptive / best fixed" in out and "f7" in out
     assert "paired by prompt (median of ratios), adaptive / f0" in out
     bad = subprocess.run([sys.executable, str(TOOL), "run", str(f), "--set", "NOPE=1"], capture_output=True, text=True)
-    assert bad.returncode == 2 and "drafting.policy has no NOPE" in bad.stderr
+    assert bad.returncode == 2 and "draft_length.policy has no NOPE" in bad.stderr
 
 
 @pytest.mark.parametrize("missed", [3, 6, 11])

@@ -131,8 +131,8 @@ PUBLIC_MODULES = (
     "pydflash.results",
     "pydflash.server",
     "pydflash.server.metrics",
-    "pydflash.testing",
-    "pydflash.testing.padding",
+    "pydflash.gguf_writers",
+    "pydflash.gguf_writers.padding",
 )
 
 

@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     import pydflash
     from pydflash import Llama
     from pydflash.bench.workload import heldout_stdlib_text, make_prompts, text_codec
-    from pydflash.testing.padding import pad_ffn
+    from pydflash.gguf_writers.padding import pad_ffn
 
     if a.model:
         target, draft = a.model, a.draft

@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     import pydflash
     from pydflash import Llama
     from pydflash.bench.workload import heldout_stdlib_text, make_prompts
-    from pydflash.testing.padding import pad_ffn
+    from pydflash.gguf_writers.padding import pad_ffn
 
     t, d = pydflash.embedded_pair()
     with Llama(t, n_ctx=256) as llm:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from pydflash import Llama, embedded_pair
 from pydflash.bench.workload import heldout_stdlib_text
-from pydflash.testing.padding import pad_ffn
+from pydflash.gguf_writers.padding import pad_ffn
 
 
 def ttft(llm: Llama, prompt: list[int], cache: bool, max_tokens: int) -> tuple[float, int, list[int]]:

@@ -1,6 +1,6 @@
 """The DFlash2, DSpark and reduced-vocabulary (``d2t``) parts of tiny test drafters.
 
-``pydflash.testing.write_drafter`` writes a DFlash drafter; a
+``pydflash.gguf_writers.write_drafter`` writes a DFlash drafter; a
 ``DrafterVariant`` in its ``DrafterSpec`` adds what makes it one of the other
 kinds llama.cpp's ``dflash`` architecture loads (tensor names, shapes and keys
 as its loader in ``src/models/dflash.cpp`` and its converter write them):

@@ -1,4 +1,4 @@
-"""tools/policy_sim.py: its premise (a recorded trace predicts what the engine's drafts
+"""benchmarks/policy_sim.py: its premise (a recorded trace predicts what the engine's drafts
 keep), its replay of fixed lengths, and the adaptive policy end to end on machines
 whose answer is known: drafting that cannot pay stays off, drafting that pays is
 taken at the length that pays most."""
@@ -16,7 +16,7 @@ import pytest
 from pydflash import Llama
 from pydflash.embedded import embedded_pair
 
-TOOL = Path(__file__).resolve().parent.parent / "tools" / "policy_sim.py"
+TOOL = Path(__file__).resolve().parent.parent / "benchmarks" / "policy_sim.py"
 spec = importlib.util.spec_from_file_location("policy_sim", TOOL)
 assert spec is not None and spec.loader is not None
 sim = importlib.util.module_from_spec(spec)

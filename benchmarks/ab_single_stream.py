@@ -4,7 +4,7 @@ same model files and prompts, the builds alternating run by run (two Python
 interpreters, e.g. a venv with the previous commit installed and one with this
 checkout's). Greedy, EOS ignored, so every run generates exactly OSL tokens.
 
-    python tools/ab_single_stream.py --python-a OLD/bin/python --python-b NEW/bin/python \
+    python benchmarks/ab_single_stream.py --python-a OLD/bin/python --python-b NEW/bin/python \
         [--rounds 5] [--isl 128] [--osl 128] [--json out.json]
 
 Model: the embedded pair with its target's FFN zero-padded to 16384 (the

@@ -4,9 +4,9 @@ acceptance, against every fixed draft_max, with step times from a table instead 
 this machine's clock: a policy change is weighed without the timing noise that a
 real A/B of a few percent drowns in here.
 
-    python tools/policy_sim.py traces --workload prose [--prompts 40] --out prose.json
-    python tools/policy_sim.py costs --target T.gguf --draft D.gguf --out costs.json
-    python tools/policy_sim.py run prose.json [--machine padded|embedded|costs.json]
+    python benchmarks/policy_sim.py traces --workload prose [--prompts 40] --out prose.json
+    python benchmarks/policy_sim.py costs --target T.gguf --draft D.gguf --out costs.json
+    python benchmarks/policy_sim.py run prose.json [--machine padded|embedded|costs.json]
         [--seeds 5] [--burst NORMAL,SLOW,FACTOR] [--miscalibrate DRAFT,VERIFY] [--set NAME=VALUE ...]
 
 A trace holds, per prompt, the tokens a full draft keeps at each position of the

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     target, draft = embedded_pair()
     with tempfile.TemporaryDirectory() as td:
         if a.pair == "padded":
-            from pydflash.testing.padding import pad_ffn
+            from pydflash.gguf_writers.padding import pad_ffn
 
             target = str(pad_ffn(target, Path(td) / "target-padded.gguf", 16384))
         kw = dict(n_ctx=512, n_batch=512, n_threads=a.threads)

@@ -32,7 +32,7 @@ struct NgramParams {
 
 // The default window of a drafter without its own sliding window: the training context of
 // the published Qwen3.5-27B DFlash drafter, past which its acceptance collapses (README
-// "Drafter window"; tools/draft_window_bench.py measures a pair).
+// "Drafter window"; benchmarks/draft_window_bench.py measures a pair).
 constexpr int32_t kDefaultDraftWindow = 4096;
 
 struct PairParams {

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from pydflash import Llama, testing
+from pydflash import Llama, gguf_writers
 from support.http import serve
 from support.models import DRAFTERS, HYBRID_DRAFTERS, HYBRID_TARGETS, SPREAD, SPREAD_DRAFTER, TARGET
 from support.phrases import SPEC as PHRASE_SPEC
@@ -32,11 +32,11 @@ def one_compute_thread():
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("models")
-    testing.write_target(d / "target.gguf", TARGET)
+    gguf_writers.write_target(d / "target.gguf", TARGET)
     for name, spec in DRAFTERS.items():
-        testing.write_drafter(d / f"drafter-{name}.gguf", TARGET, spec)
-    testing.write_target(d / "target-eos.gguf", dataclasses.replace(TARGET, eos_hot=True))
-    testing.write_drafter(d / "drafter-eos.gguf", TARGET, DRAFTERS["b8"])
+        gguf_writers.write_drafter(d / f"drafter-{name}.gguf", TARGET, spec)
+    gguf_writers.write_target(d / "target-eos.gguf", dataclasses.replace(TARGET, eos_hot=True))
+    gguf_writers.write_drafter(d / "drafter-eos.gguf", TARGET, DRAFTERS["b8"])
     return d
 
 
@@ -67,14 +67,14 @@ def dflash_b8(model_dir: Path, target_path: Path):
 def hybrid_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("hybrid")
     for arch, spec in HYBRID_TARGETS.items():
-        testing.write_hybrid_target(d / f"{arch}-target.gguf", spec)
+        gguf_writers.write_hybrid_target(d / f"{arch}-target.gguf", spec)
     for name, dspec in HYBRID_DRAFTERS.items():
-        testing.write_drafter(d / f"qwen35-drafter-{name}.gguf", HYBRID_TARGETS["qwen35"], dspec)
+        gguf_writers.write_drafter(d / f"qwen35-drafter-{name}.gguf", HYBRID_TARGETS["qwen35"], dspec)
     # the same weights without rope sections (plain NeoX RoPE)
-    testing.write_drafter(d / "qwen35-drafter-b8-nosections.gguf", HYBRID_TARGETS["qwen35"],
+    gguf_writers.write_drafter(d / "qwen35-drafter-b8-nosections.gguf", HYBRID_TARGETS["qwen35"],
                           dataclasses.replace(HYBRID_DRAFTERS["b8"], rope_sections=None))
-    testing.write_drafter(d / "qwen35moe-drafter-b8.gguf", HYBRID_TARGETS["qwen35moe"], HYBRID_DRAFTERS["b8"])
-    testing.write_drafter(d / "qwen3next-drafter-b8.gguf", HYBRID_TARGETS["qwen3next"],
+    gguf_writers.write_drafter(d / "qwen35moe-drafter-b8.gguf", HYBRID_TARGETS["qwen35moe"], HYBRID_DRAFTERS["b8"])
+    gguf_writers.write_drafter(d / "qwen3next-drafter-b8.gguf", HYBRID_TARGETS["qwen3next"],
                           dataclasses.replace(HYBRID_DRAFTERS["b8"], rope_sections=None))
     return d
 
@@ -103,7 +103,8 @@ def embedded_target():
 def spread_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The spread pair (support.models.SPREAD): target and drafter files."""
     d = tmp_path_factory.mktemp("spread")
-    return testing.write_target(d / "t.gguf", SPREAD), testing.write_drafter(d / "d.gguf", SPREAD, SPREAD_DRAFTER)
+    target = gguf_writers.write_target(d / "t.gguf", SPREAD)
+    return target, gguf_writers.write_drafter(d / "d.gguf", SPREAD, SPREAD_DRAFTER)
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +128,7 @@ def phrase_files(tmp_path_factory: pytest.TempPathFactory):
     """The phrase model (support.phrases): target, drafter, and each phrase's token id."""
     d = tmp_path_factory.mktemp("tools")
     ids = write_phrase_target(d / "t.gguf", TOOL_TEMPLATE)
-    testing.write_drafter(d / "d.gguf", PHRASE_SPEC)
+    gguf_writers.write_drafter(d / "d.gguf", PHRASE_SPEC)
     return d / "t.gguf", d / "d.gguf", ids
 
 
@@ -139,11 +140,11 @@ def block_models(tmp_path_factory: pytest.TempPathFactory):
     d = tmp_path_factory.mktemp("block")
     paths = {}
     for name, (tspec, dspec) in blocks.DRAFTERS.items():
-        arch = "hybrid" if isinstance(tspec, testing.HybridSpec) else "qwen3"
+        arch = "hybrid" if isinstance(tspec, gguf_writers.HybridSpec) else "qwen3"
         t = d / f"{arch}-{tspec.seed}-{tspec.head_scale}-target.gguf"
         if not t.exists():
-            (testing.write_hybrid_target if arch == "hybrid" else testing.write_target)(t, tspec)
-        paths[name] = (t, testing.write_drafter(d / f"{name}.gguf", tspec, dspec))
+            (gguf_writers.write_hybrid_target if arch == "hybrid" else gguf_writers.write_target)(t, tspec)
+        paths[name] = (t, gguf_writers.write_drafter(d / f"{name}.gguf", tspec, dspec))
     opened: dict = {}
     yield paths, opened
     for llm in opened.values():

@@ -37,7 +37,7 @@ def check_steps(res, block: int) -> None:
 def memory_bound_guess(monkeypatch) -> None:
     """The policy keeps the uncalibrated guess (verification about as cheap for a few
     rows as for one, as on a GPU) and no online correction of it."""
-    from pydflash.drafting import CostModel
+    from pydflash.draft_length import CostModel
 
     monkeypatch.setattr(CostModel, "from_calibration", classmethod(lambda cls, cal, rows: cls.uncalibrated(rows)))
     monkeypatch.setattr(CostModel, "observe", lambda self, *args: None)
@@ -218,7 +218,7 @@ def test_no_drafter_no_policy(baseline):
 def test_the_policy_observes_every_step_taken_once(target_path, model_dir, monkeypatch):
     # its probe clock counts the steps off: a run that the generation's end cut short
     # (max_tokens) counts the steps it took, not those it asked for
-    from pydflash.drafting import DraftPolicy
+    from pydflash.draft_length import DraftPolicy
 
     seen: list[int] = []
     observe = DraftPolicy.observe
@@ -241,7 +241,7 @@ def test_a_generation_that_starts_off_defers_its_prompts_features(
     # a generation that starts off with no probe due leaves its prompt's features waiting,
     # as its plain steps' (none is injected if it never drafts); one that may draft soon
     # has its prompt injected with the prefill
-    from pydflash.drafting import DraftPolicy
+    from pydflash.draft_length import DraftPolicy
 
     new_sequence = DraftPolicy.new_sequence
 

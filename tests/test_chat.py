@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from pydflash import ChatTemplateError, Llama, testing
+from pydflash import ChatTemplateError, Llama, gguf_writers
 from pydflash.openai.chat import ChatReply, ChatTemplate, builtin_templates
 from pydflash.openai.types import ChatCompletion, ChatCompletionChunk, Completion, Timings
 from support.models import TARGET
@@ -21,8 +21,8 @@ GREEDY = dict(temperature=0.0, max_tokens=20, ignore_eos=True)
 @pytest.fixture(scope="module")
 def chat_llm(tmp_path_factory, model_dir):
     d = tmp_path_factory.mktemp("chat")
-    t = testing.write_target(d / "target-chat.gguf",
-                             dataclasses.replace(TARGET, chat_template=testing.THINKING_TEMPLATE))
+    t = gguf_writers.write_target(d / "target-chat.gguf",
+                             dataclasses.replace(TARGET, chat_template=gguf_writers.THINKING_TEMPLATE))
     with Llama(t, draft=model_dir / "drafter-b8.gguf", n_ctx=1024) as llm:
         yield llm
 
@@ -44,7 +44,7 @@ def test_enable_thinking_switch_reaches_the_template(chat_llm):
 
 
 def test_reasoning_is_split_from_content():
-    t = ChatTemplate(None, testing.THINKING_TEMPLATE)
+    t = ChatTemplate(None, gguf_writers.THINKING_TEMPLATE)
     assert t.supports_thinking
     on = t.apply([{"role": "user", "content": "hi"}])
     assert on.supports_thinking and on.thinking_start_tag == "<think>" and on.thinking_end_tags == ("</think>",)

@@ -75,10 +75,10 @@ def test_info_compatible(target_path, model_dir):
 
 
 def test_info_incompatible_json(target_path, tmp_path):
-    from pydflash import testing
+    from pydflash import gguf_writers
     from support.models import TARGET
 
-    bad = testing.write_drafter(tmp_path / "bad.gguf", TARGET, testing.DrafterSpec(target_layers=(7,)))
+    bad = gguf_writers.write_drafter(tmp_path / "bad.gguf", TARGET, gguf_writers.DrafterSpec(target_layers=(7,)))
     proc = run("info", "-m", str(target_path), "-d", str(bad), "--json", check=False)
     assert proc.returncode == 1
     data = json.loads(proc.stdout)

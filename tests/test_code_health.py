@@ -413,6 +413,6 @@ def test_cpp_scanner_balances_braces(path):
 
 def test_the_draft_length_policy_stays_within_400_lines_with_its_cost_model():
     """Issue #50's bound: the policy is a thing one can hold in one's head."""
-    files = sorted((SRC / "drafting").glob("*.py"))
+    files = sorted((SRC / "draft_length").glob("*.py"))
     assert {f.name for f in files} >= {"policy.py", "cost.py"}
     assert sum(len(f.read_text().splitlines()) for f in files) <= 400

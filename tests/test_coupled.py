@@ -27,8 +27,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pydflash import Llama, _core, testing
-from pydflash.testing.mtp import write_mtp_target
+from pydflash import Llama, _core, gguf_writers
+from pydflash.gguf_writers.mtp import write_mtp_target
 from support import blocks, mtp
 from support.coupled import assert_same_or_near_tie
 from support.ngram import SMALL
@@ -88,15 +88,15 @@ def coupled_replay(base: Llama, prompt: list[int], n: int, seed: int, kw: dict) 
 
 # test_block_sampling's target with a flatter head: at T = 0.8 its next-token entropy
 # is ~1.2 nats, and its drafter (blocks.DRAFTERS["qwen3-b8"]) proposes nearly its p
-TARGET = testing.TargetSpec(head_scale=0.5, hot_tokens=24, seed=5, embd_common=6.0)
+TARGET = gguf_writers.TargetSpec(head_scale=0.5, hot_tokens=24, seed=5, embd_common=6.0)
 PROMPTS = [[17, 42, 99, 250, 5], [7], [300, 12, 99, 250, 17, 45], [65, 66, 67, 68, 69, 70]]
 
 
 @pytest.fixture(scope="module")
 def pair_paths(tmp_path_factory):
     d = tmp_path_factory.mktemp("coupled")
-    t = testing.write_target(d / "target.gguf", TARGET)
-    return t, testing.write_drafter(d / "drafter.gguf", TARGET, blocks.DRAFTERS["qwen3-b8"][1])
+    t = gguf_writers.write_target(d / "target.gguf", TARGET)
+    return t, gguf_writers.write_drafter(d / "drafter.gguf", TARGET, blocks.DRAFTERS["qwen3-b8"][1])
 
 
 @pytest.fixture(scope="module")
@@ -252,14 +252,15 @@ def test_a_biased_coupled_sampler_is_detected(block_models):
 
 # ------------------------------------------------ the other drafters: one-hot drafts
 
-KIND_TARGET = testing.TargetSpec(head_scale=2.0, hot_tokens=24, seed=5, embd_common=2.0)  # test_drafter_kinds
+KIND_TARGET = gguf_writers.TargetSpec(head_scale=2.0, hot_tokens=24, seed=5, embd_common=2.0)  # test_drafter_kinds
 KIND_PROMPTS = ["def main(argv=None):", "The quick brown fox"]
 
 
 @pytest.mark.parametrize("kind", ["dflash2", "dspark"])
 def test_dflash2_and_dspark_give_the_target_alone_tokens(tmp_path, kind):
-    v = testing.DrafterVariant(kind)
-    t, d = testing.write_pair(tmp_path, KIND_TARGET, testing.DrafterSpec(seed=9, attn_out_scale=2.0, variant=v))
+    v = gguf_writers.DrafterVariant(kind)
+    spec = gguf_writers.DrafterSpec(seed=9, attn_out_scale=2.0, variant=v)
+    t, d = gguf_writers.write_pair(tmp_path, KIND_TARGET, spec)
     check_kind(t, {"draft": d}, draft_maxes=(None, 2, 5))
 
 

@@ -22,7 +22,7 @@ from pydflash import Llama, embedded_pair
 def code_tokens(llm: Llama, n: int, skip: int = 0) -> list[int]:
     """``n`` tokens of Python that the embedded pair drafts well: its blocks depend on the
     context its drafter holds, so a drafter that lost or misplaced rows drafts otherwise
-    (the tiny random drafter of ``pydflash.testing`` drafts mostly one token whatever its
+    (the tiny random drafter of ``pydflash.gguf_writers`` drafts mostly one token whatever its
     context: a test on it passed with a prompt-cache cut that dropped the drafter's rows)."""
     import json
 

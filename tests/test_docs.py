@@ -1,6 +1,8 @@
 """The docs stay true: every Python block of README.md and docs/*.md runs on the shipped pair,
 every public name has a docstring and a place in the API reference, the command-line page lists
-every flag `--help` prints, and the README keeps its two commands and its length."""
+every flag `--help` prints, the README keeps its two commands and its length, and every module,
+object and repository path that the pages or the package's own docstrings and comments name
+exists."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -112,7 +115,7 @@ def test_a_failing_block_fails_its_page(tmp_path: Path) -> None:
 # -- docstrings and the API reference ---------------------------------------------------------
 
 
-# The modules a user imports. engine/, drafting/, cli/ and the server's and the OpenAI layer's
+# The modules a user imports. engine/, draft_length/, cli/ and the server's and the OpenAI layer's
 # other modules are the floors below Llama (ARCHITECTURE.md), not API.
 PUBLIC_MODULES = (
     "pydflash",
@@ -131,8 +134,8 @@ PUBLIC_MODULES = (
     "pydflash.results",
     "pydflash.server",
     "pydflash.server.metrics",
-    "pydflash.testing",
-    "pydflash.testing.padding",
+    "pydflash.gguf_writers",
+    "pydflash.gguf_writers.padding",
 )
 
 
@@ -249,3 +252,104 @@ def test_readme_is_short_and_keeps_its_two_commands() -> None:
     assert INSTALL in readme and TEST in readme
     ci = (ROOT / ".ci" / "run").read_text()
     assert 'pip install ".[test' in ci and "\npython -m pytest" in ci
+
+
+# -- names that exist ----------------------------------------------------------------------------
+
+# Where a module, an object or a file of this repository is named in prose: the pages, and the
+# package's own docstrings, comments and model card.
+NAMING = [
+    ROOT / "README.md",
+    ROOT / "ARCHITECTURE.md",
+    ROOT / "benchmarks" / "README.md",
+    *sorted((ROOT / "docs").rglob("*.md")),
+    *sorted(p for p in (ROOT / "src").rglob("*") if p.suffix in (".py", ".pyi", ".md")),
+]
+DOTTED = re.compile(r"(?<![\w./-])pydflash(?:\.[A-Za-z_]\w*)+")
+REPO_PATH = re.compile(r"(?<![\w./-])(?:src/pydflash|tools|csrc|tests|benchmarks|examples)/[\w.*/{},-]*")
+# dotted names that are not modules or objects
+NOT_OBJECTS = {
+    "pydflash.llama_cpp": "the logger of llama.cpp's log (_logging.py)",
+    "pydflash.serve": "pydflash serve's logger",
+}
+
+
+def _module(name: str) -> ModuleType | None:
+    """The module ``name``, or None where no such module exists."""
+    try:
+        with warnings.catch_warnings():  # a deprecated alias exists all the same
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name is not None and (name == e.name or name.startswith(e.name + ".")):
+            return None
+        raise  # a dependency of the module is missing: not a wrong name
+
+
+def _has(obj: object, attr: str) -> bool:
+    # a dataclass field or a TypedDict key without a default is an annotation, not an attribute
+    return hasattr(obj, attr) or any(attr in getattr(k, "__annotations__", {}) for k in getattr(obj, "__mro__", ()))
+
+
+def name_exists(dotted: str) -> bool:
+    """Whether ``pydflash.a.b.c`` is a module or an object reached from one by attributes."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        obj: object = _module(".".join(parts[:i]))
+        if obj is not None:
+            break
+    else:
+        return False
+    for attr in parts[i:]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            if not _has(obj, attr):
+                return False
+            obj = getattr(obj, attr, None)
+    return True
+
+
+def path_exists(path: str) -> bool:
+    """Whether a repository path (a glob, ``{a,b}`` alternatives) names at least one file or folder."""
+    path = path.rstrip(".,-")
+    alts = re.fullmatch(r"(.*)\{([^{}]*)\}(.*)", path)
+    if alts:
+        return all(path_exists(alts[1] + a + alts[3]) for a in alts[2].split(","))
+    return any(ROOT.glob(path)) if "*" in path else (ROOT / path).exists()
+
+
+def stale_names(files: list[Path]) -> list[str]:
+    """``file:line: name`` for each module, object or repository path named there that does not exist."""
+    out = []
+    for f in files:
+        for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
+            found = [m for m in DOTTED.findall(line) if m not in NOT_OBJECTS and not name_exists(m)]
+            found += [m.rstrip(".,-") for m in REPO_PATH.findall(line) if not path_exists(m)]
+            out += [f"{f.relative_to(ROOT) if f.is_relative_to(ROOT) else f}:{n}: {m}" for m in found]
+    return out
+
+
+def test_every_module_object_and_path_named_exists() -> None:
+    assert stale_names(NAMING) == []
+
+
+def test_the_name_check_finds_wrong_names(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "`pydflash.policies.DraftPolicy`, `pydflash.Llama.no_such_method`, pydflash.gguf_writers.nope and\n"
+        "tools/no_such_script.py, src/pydflash/testing/nope.py, csrc/nope.cpp, tests/test_nope.py, tools/nope-*.py\n"
+        "exist not; pydflash.draft_length.DraftPolicy.choose, pydflash.GenerationStats.n_steps,\n"
+        "tools/build_native.py, csrc/*.h, `benchmarks/results/long-context-4k-fa-{auto,off}-cpu-2core.json`\n"
+        "and the logger pydflash.serve do.\n"
+    )
+    found = [s.split(": ", 1)[1] for s in stale_names([page])]
+    assert found == [
+        "pydflash.policies.DraftPolicy",
+        "pydflash.Llama.no_such_method",
+        "pydflash.gguf_writers.nope",
+        "tools/no_such_script.py",
+        "src/pydflash/testing/nope.py",
+        "csrc/nope.cpp",
+        "tests/test_nope.py",
+        "tools/nope-*.py",
+    ]

@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from pydflash.drafting import CostModel, DraftPolicy, MachineSpeed, Outcome
-from pydflash.drafting.policy import PROBE_BUDGET
+from pydflash.draft_length import CostModel, DraftPolicy, MachineSpeed, Outcome
+from pydflash.draft_length.policy import PROBE_BUDGET
 
 BLOCK = 8
 K = BLOCK - 1

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from pydflash import Llama, _core, testing
+from pydflash import Llama, _core, gguf_writers
 from support.models import TARGET
 from support.ngram import SMALL
 
@@ -18,7 +18,7 @@ PROMPT = [300, 12, 12, 7, 300, 12]  # a loop the tiny random target soon repeats
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    return testing.write_pair(tmp_path_factory.mktemp("sources"), TARGET)  # the target, a DFlash drafter
+    return gguf_writers.write_pair(tmp_path_factory.mktemp("sources"), TARGET)  # the target, a DFlash drafter
 
 
 def test_the_kinds_are_llama_cpps_spec_types():

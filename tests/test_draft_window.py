@@ -21,13 +21,13 @@ import numpy as np
 import pytest
 
 import pydflash
-from pydflash import Llama, _core, cli, testing
+from pydflash import Llama, _core, cli, gguf_writers
 from pydflash.bench import workload
 from pydflash.config import ModelConfig
 from support.models import HYBRID_DRAFTERS, HYBRID_TARGETS
 
-TARGET = testing.TargetSpec()
-B8 = testing.DrafterSpec()  # block 8
+TARGET = gguf_writers.TargetSpec()
+B8 = gguf_writers.DrafterSpec()  # block 8
 SWA = 64  # the sliding window of the drafter that carries one
 N_OUT = 48
 
@@ -35,14 +35,14 @@ N_OUT = 48
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     d = tmp_path_factory.mktemp("window")
-    testing.write_pair(d, TARGET, B8)
-    swa = dataclasses.replace(B8, n_layer=2, variant=testing.DrafterVariant(sliding_window=SWA))
-    testing.write_drafter(d / "swa-drafter.gguf", TARGET, swa)
+    gguf_writers.write_pair(d, TARGET, B8)
+    swa = dataclasses.replace(B8, n_layer=2, variant=gguf_writers.DrafterVariant(sliding_window=SWA))
+    gguf_writers.write_drafter(d / "swa-drafter.gguf", TARGET, swa)
     for kind in ("dflash2", "dspark"):
-        testing.write_drafter(
-            d / f"{kind}-drafter.gguf", TARGET, dataclasses.replace(B8, variant=testing.DrafterVariant(kind=kind))
+        gguf_writers.write_drafter(
+            d / f"{kind}-drafter.gguf", TARGET, dataclasses.replace(B8, variant=gguf_writers.DrafterVariant(kind=kind))
         )
-    testing.write_hybrid_pair(d, HYBRID_TARGETS["qwen35"], HYBRID_DRAFTERS["b8"])
+    gguf_writers.write_hybrid_pair(d, HYBRID_TARGETS["qwen35"], HYBRID_DRAFTERS["b8"])
     return d
 
 
@@ -338,7 +338,7 @@ def write_hf_checkpoint(d: Path, window: int) -> tuple[Path, Path]:
     tdir, ddir = d / "target-hf", d / "drafter-hf"
     tdir.mkdir()
     ddir.mkdir()
-    tok = testing.tokenizer(TARGET.n_vocab)
+    tok = gguf_writers.tokenizer(TARGET.n_vocab)
     bpe = tokenizers.models.BPE(
         vocab={t: i for i, t in enumerate(tok.tokens[: tok.eos])}, merges=[tuple(m.split(" ")) for m in tok.merges]
     )
@@ -386,7 +386,7 @@ def test_a_drafter_converted_by_llama_cpps_converter(tmp_path, caplog):
     run = subprocess.run([sys.executable, "-c", CONVERT, str(LLAMA_CPP), str(ddir), str(tdir), str(drafter)],
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
-    target = testing.write_target(tmp_path / "target.gguf", TARGET)
+    target = gguf_writers.write_target(tmp_path / "target.gguf", TARGET)
     prompt = prompt_of(300)
     with Llama(target, n_ctx=1024, n_threads=1) as base:
         want = base.generate(prompt, max_tokens=N_OUT, ignore_eos=True).tokens
@@ -408,7 +408,7 @@ def with_sliding_window(src: str, dst: Path, window: int) -> Path:
     keys llama.cpp's converter writes for a use_swa checkpoint)."""
     import gguf
 
-    from pydflash.testing.padding import _copy_field
+    from pydflash.gguf_writers.padding import _copy_field
 
     r = gguf.GGUFReader(src)
     w = gguf.GGUFWriter(str(dst), "dflash")

@@ -27,11 +27,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pydflash import DraftCompatibilityError, Llama, testing
+from pydflash import DraftCompatibilityError, Llama, gguf_writers
 from pydflash.bench.engines import parse_native_output
 from support.native_loop import speculative_simple
 
-V = testing.DrafterVariant
+V = gguf_writers.DrafterVariant
 KINDS = {
     "dflash": V(),
     "dflash2": V("dflash2"),
@@ -52,16 +52,16 @@ EXPECT = {  # drafter_kind, words of drafter_description
 # with it often enough to exercise partial acceptance (about 1 draft in 9 here).
 # Its greedy path has near ties past 70 tokens (a batched pass and a single-token
 # pass of the target alone disagree there): the long runs use TargetSpec()
-QWEN3 = testing.TargetSpec(head_scale=2.0, hot_tokens=24, seed=5, embd_common=2.0)
-HYBRID = testing.HybridSpec()
+QWEN3 = gguf_writers.TargetSpec(head_scale=2.0, hot_tokens=24, seed=5, embd_common=2.0)
+HYBRID = gguf_writers.HybridSpec()
 PROMPTS = ["def main(argv=None):", "The quick brown fox", [300, 12, 99, 250, 17, 45]]
 N_TOKENS = 48
 
 
-def drafter_spec(target: str, variant: testing.DrafterVariant) -> testing.DrafterSpec:
+def drafter_spec(target: str, variant: gguf_writers.DrafterVariant) -> gguf_writers.DrafterSpec:
     if target == "qwen3":
-        return testing.DrafterSpec(seed=9, attn_out_scale=2.0, variant=variant)
-    return testing.DrafterSpec(target_layers=(1, 3), rope_sections=HYBRID.rope_sections, variant=variant)
+        return gguf_writers.DrafterSpec(seed=9, attn_out_scale=2.0, variant=variant)
+    return gguf_writers.DrafterSpec(target_layers=(1, 3), rope_sections=HYBRID.rope_sections, variant=variant)
 
 
 @pytest.fixture(scope="module")
@@ -72,12 +72,12 @@ def kind_models(tmp_path_factory):
         for kind, v in KINDS.items():
             sub = d / f"{target}-{kind}"
             if target == "qwen3":
-                paths[target, kind] = testing.write_pair(sub, QWEN3, drafter_spec(target, v))
+                paths[target, kind] = gguf_writers.write_pair(sub, QWEN3, drafter_spec(target, v))
                 # clear margins, context-dependent drafts (mostly rejected): see the counts test
-                paths["qwen3-varied", kind] = testing.write_pair(d / f"varied-{kind}", testing.TargetSpec(),
+                paths["qwen3-varied", kind] = gguf_writers.write_pair(d / f"varied-{kind}", gguf_writers.TargetSpec(),
                                                                  drafter_spec(target, v))
             else:
-                paths[target, kind] = testing.write_hybrid_pair(sub, HYBRID, drafter_spec(target, v))
+                paths[target, kind] = gguf_writers.write_hybrid_pair(sub, HYBRID, drafter_spec(target, v))
     return paths
 
 
@@ -166,7 +166,7 @@ def test_sequences_running_into_their_context_end_are_lossless(kind_models, tmp_
     # a block padded to the pass's length reaches past its sequence's share there
     t, d = kind_models[target, kind]
     if target == "qwen3":  # clear argmax margins over the whole run (see QWEN3)
-        t, d = testing.write_pair(tmp_path, testing.TargetSpec(), drafter_spec(target, KINDS[kind]))
+        t, d = gguf_writers.write_pair(tmp_path, gguf_writers.TargetSpec(), drafter_spec(target, KINDS[kind]))
     prompts = [PROMPTS[0], "The quick brown fox", PROMPTS[2]]
     with Llama(t, n_ctx=256, n_threads=1) as base:
         refs = [base.generate(p, max_tokens=400, ignore_eos=True) for p in prompts]
@@ -221,7 +221,7 @@ REFUSED = {
 def test_files_llama_cpp_would_abort_on_are_refused(kind_models, tmp_path, name):
     variant, message = REFUSED[name]
     t = kind_models["qwen3", "dflash"][0]
-    d = testing.write_drafter(tmp_path / f"{name}.gguf", QWEN3, drafter_spec("qwen3", variant), t)
+    d = gguf_writers.write_drafter(tmp_path / f"{name}.gguf", QWEN3, drafter_spec("qwen3", variant), t)
     with pytest.raises(DraftCompatibilityError, match=message) as info:
         Llama(t, draft=d, n_ctx=256, n_threads=1)
     assert str(d) in str(info.value)
@@ -236,7 +236,7 @@ def test_incomplete_dflash2_and_dspark_files_are_refused(kind_models, tmp_path):
     lone = {"selector_hidden.weight": "dflash.selector_top_k is missing", "markov_w1.weight": "markov_w2.weight is missing"}
     for tensor, message in lone.items():
         spec = dataclasses.replace(drafter_spec("qwen3", V()), extra_tensors=(tensor,))
-        d = testing.write_drafter(tmp_path / f"{tensor}.gguf", QWEN3, spec)
+        d = gguf_writers.write_drafter(tmp_path / f"{tensor}.gguf", QWEN3, spec)
         with pytest.raises(DraftCompatibilityError, match=message):
             Llama(t, draft=d, n_ctx=256, n_threads=1)
 
@@ -249,7 +249,7 @@ def test_incomplete_dflash2_and_dspark_files_are_refused(kind_models, tmp_path):
 # DFlash2 drafts reach deep (measured at N = 100: 0.71 at position 7, rejection).
 # The DSpark anchor row's q is far from this target's p: its drafts are mostly
 # rejected, so the residual path runs at almost every step (reach 0.13 at position 1).
-PEAKED = testing.TargetSpec(head_scale=1.5, hot_tokens=24, seed=5, embd_common=6.0)
+PEAKED = gguf_writers.TargetSpec(head_scale=1.5, hot_tokens=24, seed=5, embd_common=6.0)
 SAMPLING = {
     "dflash2-rejection": (PEAKED, V("dflash2", selector_scale=0.5), "rejection", 7, 0.3),
     "dflash2-match": (PEAKED, V("dflash2", selector_scale=0.5), "match", 7, 0.3),
@@ -266,7 +266,7 @@ def test_sampled_blocks_keep_the_target_distribution(tmp_path_factory, setting):
     tspec, variant, verify, pos, floor = SAMPLING[setting]
     tspec = blocks.QWEN3 if tspec == "block" else tspec
     d = tmp_path_factory.mktemp(f"sampling-{setting}")
-    t, dp = testing.write_pair(d, tspec, testing.DrafterSpec(seed=9, attn_out_scale=2.0, variant=variant))
+    t, dp = gguf_writers.write_pair(d, tspec, gguf_writers.DrafterSpec(seed=9, attn_out_scale=2.0, variant=variant))
     with Llama(t, draft=dp, n_ctx=256, n_threads=1) as llm, Llama(t, n_ctx=256, n_threads=1) as base:
         k = llm.pair.max_draft
         seqs, reach = blocks.sample_blocks(llm, blocks.N, k, blocks.PLAIN, verify)

@@ -84,7 +84,7 @@ def test_tokenizer_roundtrip_on_heldout_text(pair):
 
 def test_padded_target_is_identical(tmp_path, pair):
     # the memory-bound copy the demo and benchmarks use gives the same tokens
-    from pydflash.testing.padding import pad_ffn
+    from pydflash.gguf_writers.padding import pad_ffn
 
     base, _ = pair
     t, d = embedded_pair()

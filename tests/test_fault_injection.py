@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from pydflash import DecodeError, Llama, RollbackError, testing
+from pydflash import DecodeError, Llama, RollbackError, gguf_writers
 from support.models import HYBRID_DRAFTERS, HYBRID_TARGETS, TARGET
 
 PROMPT = [17, 42, 99, 250, 5, 33, 120]
@@ -24,13 +24,13 @@ SAMPLED = dict(temperature=0.9, top_k=8, seed=3)
 @pytest.fixture(scope="module")
 def fault_models(tmp_path_factory):
     d = tmp_path_factory.mktemp("faults")
-    out = {"qwen3": (testing.write_target(d / "q3.gguf", TARGET),
-                     testing.write_drafter(d / "q3-d.gguf", TARGET, testing.DrafterSpec()))}
+    out = {"qwen3": (gguf_writers.write_target(d / "q3.gguf", TARGET),
+                     gguf_writers.write_drafter(d / "q3-d.gguf", TARGET, gguf_writers.DrafterSpec()))}
     for arch in ("qwen35", "qwen3next"):
         spec = HYBRID_TARGETS[arch]
-        dspec = HYBRID_DRAFTERS["b8"] if arch == "qwen35" else testing.DrafterSpec(target_layers=(1, 3))
-        out[arch] = (testing.write_hybrid_target(d / f"{arch}.gguf", spec),
-                     testing.write_drafter(d / f"{arch}-d.gguf", spec, dspec))
+        dspec = HYBRID_DRAFTERS["b8"] if arch == "qwen35" else gguf_writers.DrafterSpec(target_layers=(1, 3))
+        out[arch] = (gguf_writers.write_hybrid_target(d / f"{arch}.gguf", spec),
+                     gguf_writers.write_drafter(d / f"{arch}-d.gguf", spec, dspec))
     return out
 
 

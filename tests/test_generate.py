@@ -350,7 +350,7 @@ def test_a_lone_generation_that_drafts_nothing_steps_in_runs(baseline, dflash_b8
     assert counting.runs == [] and stopped.finish_reason == "stop"
     # an adaptive pair whose drafting does not pay (random drafter weights) goes off and
     # runs its plain steps; every output is the target's
-    from pydflash.drafting import DraftPolicy
+    from pydflash.draft_length import DraftPolicy
 
     pair_core = _CountingCore(dflash_b8._engine._core)
     monkeypatch.setattr(dflash_b8._engine, "_core", pair_core)

@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from pydflash import DraftCompatibilityError, Llama, testing
+from pydflash import DraftCompatibilityError, Llama, gguf_writers
 from pydflash.cli import main as cli_main
 from support.lossless import N_TOKENS, PROMPTS, TEXT_PROMPTS, check_stats
 from support.models import HYBRID_DRAFTERS, HYBRID_TARGETS
@@ -191,7 +191,7 @@ def test_recurrent_layers_matter(tmp_path, reference):
     differently. So a recurrent state left holding rejected tokens would show
     up in the lossless tests above."""
     spec = dataclasses.replace(HYBRID_TARGETS["qwen35"], ssm_out_scale=0.0)
-    path = testing.write_hybrid_target(tmp_path / "no-recurrence.gguf", spec)
+    path = gguf_writers.write_hybrid_target(tmp_path / "no-recurrence.gguf", spec)
     differ = 0
     with Llama(path, n_ctx=512, n_threads=THREADS) as llm:
         for prompt in TEXT_PROMPTS:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pydflash import Llama, _core, testing
+from pydflash import Llama, _core, gguf_writers
 
 ROOT = Path(__file__).resolve().parents[1]
 VENDOR = ROOT / "vendor" / "llama.cpp"
@@ -20,8 +20,8 @@ assert _spec is not None and _spec.loader is not None
 patches = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(patches)
 
-TARGET = testing.TargetSpec(hot_tokens=16, head_scale=6.0, seed=4)
-DRAFTER = testing.DrafterSpec(target_layers=(1, 3), attn_out_scale=1.0)
+TARGET = gguf_writers.TargetSpec(hot_tokens=16, head_scale=6.0, seed=4)
+DRAFTER = gguf_writers.DrafterSpec(target_layers=(1, 3), attn_out_scale=1.0)
 PATCHED = ("qwen2", "gemma3", "phi3", "smollm3")
 
 
@@ -53,8 +53,8 @@ def test_a_changed_upstream_file_fails_loudly(tmp_path):
 
 @pytest.mark.parametrize("arch", PATCHED)
 def test_a_patched_architecture_drafts_losslessly(tmp_path, arch):
-    t = testing.write_target(tmp_path / f"{arch}.gguf", TARGET, architecture=arch)
-    d = testing.write_drafter(tmp_path / f"{arch}-drafter.gguf", TARGET, DRAFTER)
+    t = gguf_writers.write_target(tmp_path / f"{arch}.gguf", TARGET, architecture=arch)
+    d = gguf_writers.write_drafter(tmp_path / f"{arch}-drafter.gguf", TARGET, DRAFTER)
     with Llama(t, n_ctx=512, n_threads=1) as alone, Llama(t, draft=d, n_ctx=512, n_threads=1) as spec:
         for prompt in ("hello world", "the quick brown fox"):
             want = alone.generate(prompt, max_tokens=40, ignore_eos=True).tokens
@@ -69,7 +69,7 @@ def test_a_drafter_trained_for_a_patched_architecture_loads(tmp_path, arch):
     pytest.importorskip("torch", reason="the train extra (torch) is not installed")
     from pydflash.train import train_drafter
 
-    t = testing.write_target(tmp_path / f"{arch}.gguf", TARGET, architecture=arch)
+    t = gguf_writers.write_target(tmp_path / f"{arch}.gguf", TARGET, architecture=arch)
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(f"prompt number {i} about the {w}" for i, w in enumerate("abcdefgh")) + "\n")
     out = tmp_path / "drafter.gguf"

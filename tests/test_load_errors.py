@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 import pydflash
-from pydflash import DraftCompatibilityError, Llama, ModelLoadError, PyDFlashError, testing
+from pydflash import DraftCompatibilityError, Llama, ModelLoadError, PyDFlashError, gguf_writers
 from support.models import TARGET
 
-D = testing.DrafterSpec()
+D = gguf_writers.DrafterSpec()
 
 
 def drafter(tmp_path: Path, name: str, target=TARGET, **changes) -> Path:
-    return testing.write_drafter(tmp_path / f"{name}.gguf", target, dataclasses.replace(D, **changes))
+    return gguf_writers.write_drafter(tmp_path / f"{name}.gguf", target, dataclasses.replace(D, **changes))
 
 
 def assert_recovers(target_path: Path, drafter_path: Path) -> None:
@@ -86,7 +86,7 @@ def test_random_bytes_behind_magic(tmp_path, target_path, model_dir, seed):
 
 
 def test_unknown_architecture(tmp_path):
-    p = testing.write_target(tmp_path / "alien.gguf", architecture="alien9000")
+    p = gguf_writers.write_target(tmp_path / "alien.gguf", architecture="alien9000")
     msg = load_error(ModelLoadError, "alien9000", p)
     assert "unknown model architecture" in msg
 
@@ -95,7 +95,7 @@ def test_text_that_is_not_utf8(tmp_path, target_path):
     # a model file's strings are bytes: a bad byte in a key name or in the
     # architecture becomes U+FFFD in metadata, errors and logs, never a
     # UnicodeDecodeError that hides what happened (found by tools/fuzz_gguf.py)
-    raw = testing.write_target(tmp_path / "t.gguf").read_bytes()
+    raw = gguf_writers.write_target(tmp_path / "t.gguf").read_bytes()
     assert raw.count(b"general.name") == 1
     odd = tmp_path / "odd-key.gguf"
     odd.write_bytes(raw.replace(b"general.name", b"general.n\xffme"))
@@ -166,7 +166,7 @@ def test_incomplete_dflash2_refused(tmp_path, target_path):
 
 def test_target_without_layer_inputs(tmp_path, model_dir):
     # a llama.cpp architecture whose graph exposes no layer inputs cannot feed a drafter
-    t = testing.write_target(tmp_path / "xverse.gguf", TARGET, architecture="xverse")
+    t = gguf_writers.write_target(tmp_path / "xverse.gguf", TARGET, architecture="xverse")
     with Llama(t, n_ctx=256) as plain:  # the target alone decodes fine
         assert len(plain.generate("hi", max_tokens=3, ignore_eos=True).tokens) == 3
     load_error(DraftCompatibilityError, "does not expose layer inputs", t, model_dir / "drafter-b8.gguf")

@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from pydflash import Llama, testing
+from pydflash import Llama, gguf_writers
 from pydflash.server import Server
 from support.models import TARGET
 
@@ -25,7 +25,8 @@ GREEDY = {"temperature": 0.0, "max_tokens": 12, "ignore_eos": True}
 @pytest.fixture(scope="module")
 def llm(tmp_path_factory, model_dir):
     d = tmp_path_factory.mktemp("lpapi")
-    t = testing.write_target(d / "target-chat.gguf", dataclasses.replace(TARGET, chat_template=testing.THINKING_TEMPLATE))
+    chat = dataclasses.replace(TARGET, chat_template=gguf_writers.THINKING_TEMPLATE)
+    t = gguf_writers.write_target(d / "target-chat.gguf", chat)
     # logprobs are compared exactly between runs: the same draft lengths, so the same batch
     # shapes (other shapes move the last bits of a row); the adaptive ones follow timings
     with Llama(t, draft=model_dir / "drafter-b8.gguf", n_ctx=1024, draft_adaptive=False) as m:

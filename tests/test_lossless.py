@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pydflash import Llama, testing
+from pydflash import Llama, gguf_writers
 from support.lossless import N_TOKENS, PROMPTS, TEXT_PROMPTS, check_stats
 
 
@@ -79,10 +79,10 @@ def test_second_target_shape(tmp_path):
     # another target shape (more layers, wider) with its own drafter
     from pydflash import Llama
 
-    spec = testing.TargetSpec(n_embd=96, n_layer=6, n_head=6, n_head_kv=3, head_dim=16, n_ff=192, seed=3)
-    t = testing.write_target(tmp_path / "t.gguf", spec)
-    d = testing.write_drafter(tmp_path / "d.gguf", spec,
-                              testing.DrafterSpec(target_layers=(1, 3, 5), block_size=4, n_head=6, n_head_kv=3))
+    spec = gguf_writers.TargetSpec(n_embd=96, n_layer=6, n_head=6, n_head_kv=3, head_dim=16, n_ff=192, seed=3)
+    t = gguf_writers.write_target(tmp_path / "t.gguf", spec)
+    d = gguf_writers.write_drafter(tmp_path / "d.gguf", spec,
+                              gguf_writers.DrafterSpec(target_layers=(1, 3, 5), block_size=4, n_head=6, n_head_kv=3))
     with Llama(t, n_ctx=512) as base, Llama(t, draft=d, n_ctx=512) as spec_llm:
         for prompt in TEXT_PROMPTS[:6]:
             want = base.generate(prompt, max_tokens=64, ignore_eos=True).tokens

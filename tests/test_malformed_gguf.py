@@ -5,7 +5,7 @@ process, so a crash would be caught and reported (as the case that was
 loading), not take the test run down.
 
 DFlash-specific malformed drafters (block size, mask token, target layers,
-rope sections) are written at test time with pydflash.testing and checked the
+rope sections) are written at test time with pydflash.gguf_writers and checked the
 same way against the tiny target."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pydflash import testing
+from pydflash import gguf_writers
 from support.models import TARGET
 
 DATA = Path(__file__).parent / "data"
@@ -134,9 +134,9 @@ def bad_drafter(path: Path, *, block_size: int = 8, target_layers=(1, 3), mask: 
                 rope_sections=None, fc_layers: int | None = None) -> Path:
     """The default tiny drafter with one DFlash field broken (written with any
     value the GGUF type holds)."""
-    d = testing.DrafterSpec()
+    d = gguf_writers.DrafterSpec()
     rng = np.random.default_rng(1)
-    hp = testing.Hparams(TARGET.n_ctx, TARGET.n_embd, d.n_layer, d.n_head, d.n_head_kv, d.head_dim, d.n_ff)
+    hp = gguf_writers.Hparams(TARGET.n_ctx, TARGET.n_embd, d.n_layer, d.n_head, d.n_head_kv, d.head_dim, d.n_ff)
     n_in = (len(target_layers) if fc_layers is None else fc_layers) * TARGET.n_embd
     tensors = {"fc.weight": (rng.standard_normal((TARGET.n_embd, max(n_in, 1))) * 0.1).astype(np.float32),
                "enc.output_norm.weight": np.ones(TARGET.n_embd, np.float32)}
@@ -152,10 +152,10 @@ def bad_drafter(path: Path, *, block_size: int = 8, target_layers=(1, 3), mask: 
                     ("ffn_norm", TARGET.n_embd)):
         tensors[f"blk.0.{name}.weight"] = np.ones(n, np.float32)
     tensors["output_norm.weight"] = np.ones(TARGET.n_embd, np.float32)
-    tok = testing.tokenizer(TARGET.n_vocab)
+    tok = gguf_writers.tokenizer(TARGET.n_vocab)
     if mask is not None:
         tok = dataclasses.replace(tok, mask=mask)
-    return testing.write_dflash_gguf(path, hp, tok, tensors, block_size=block_size, target_layers=target_layers,
+    return gguf_writers.write_dflash_gguf(path, hp, tok, tensors, block_size=block_size, target_layers=target_layers,
                                      name="malformed dflash drafter", rope_sections=rope_sections)
 
 
@@ -256,7 +256,7 @@ def test_a_hybrid_target_with_bad_rope_sections_is_refused(tmp_path, sections):
     # kernel divide by zero or assert, in the first decode (found with the
     # DFlash cases above); 9 pairs exceed n_rot / 2 = 8 but not n_rot: allowed
     # by the kernel, so only past n_rot = 16 is refused
-    p = testing.write_hybrid_target(tmp_path / "t.gguf", testing.HybridSpec(rope_sections=(0, 0, 0, 0)))
+    p = gguf_writers.write_hybrid_target(tmp_path / "t.gguf", gguf_writers.HybridSpec(rope_sections=(0, 0, 0, 0)))
     raw = p.read_bytes()
     old = struct.pack("<4i", 0, 0, 0, 0)
     # patch the sections array in place (its four int32 follow the key, type and count)

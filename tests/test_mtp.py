@@ -1,6 +1,6 @@
 """MTP drafting (speculative type 'draft-mtp'): the target's own next-token-prediction
 head drafts, through llama.cpp's implementation. Tiny qwen35 targets with a head
-(pydflash.testing.mtp) whose head copies the target's hidden state, so drafts are
+(pydflash.gguf_writers.mtp) whose head copies the target's hidden state, so drafts are
 accepted often enough to exercise partial acceptance."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pydflash import DraftCompatibilityError, Grammar, Llama, ModelLoadError, NgramConfig, _core, testing
-from pydflash.testing.mtp import write_mtp_target
+from pydflash import DraftCompatibilityError, Grammar, Llama, ModelLoadError, NgramConfig, _core, gguf_writers
+from pydflash.gguf_writers.mtp import write_mtp_target
 from support.mtp import HEAD, SPEC
 
 PROMPTS = ["def main(argv=None):\n    parser", "The target model verifies every", "import os, sys; print("]
@@ -25,7 +25,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("mtp")
     write_mtp_target(d / "qwen35.gguf", SPEC, HEAD)
     write_mtp_target(d / "qwen35moe.gguf", dataclasses.replace(SPEC, architecture="qwen35moe", seed=9), HEAD)
-    testing.write_hybrid_target(d / "qwen35-plain.gguf", SPEC)  # the same trunk, no head
+    gguf_writers.write_hybrid_target(d / "qwen35-plain.gguf", SPEC)  # the same trunk, no head
     return d
 
 

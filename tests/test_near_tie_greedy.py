@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pydflash import Llama, testing
+from pydflash import Llama, gguf_writers
 from support.models import DRAFTERS
 
 PROMPTS = [[7], [1, 2, 3, 4, 5], [300, 12, 99, 250, 17, 45], list(range(40, 120)), [381, 380, 379], [200] * 30,
@@ -47,9 +47,9 @@ def tie_models(tmp_path_factory):
     d = tmp_path_factory.mktemp("ties")
     out = {}
     for eps in (1e-4, 1e-6):
-        spec = testing.TargetSpec(tie_eps=eps)
-        t = testing.write_target(d / f"t{eps}.gguf", spec)
-        out[eps] = (t, {n: testing.write_drafter(d / f"d{eps}-{n}.gguf", spec, s) for n, s in DRAFTERS.items()})
+        spec = gguf_writers.TargetSpec(tie_eps=eps)
+        t = gguf_writers.write_target(d / f"t{eps}.gguf", spec)
+        out[eps] = (t, {n: gguf_writers.write_drafter(d / f"d{eps}-{n}.gguf", spec, s) for n, s in DRAFTERS.items()})
     return out
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import pydflash
-from pydflash import Llama, NgramConfig, testing
+from pydflash import Llama, NgramConfig, gguf_writers
 from support.models import HYBRID_DRAFTERS, HYBRID_TARGETS, TARGET
 from support.ngram import SMALL
 
@@ -82,14 +82,14 @@ def test_ngram_alone_on_the_target(copy_reference):
 @pytest.fixture(scope="module")
 def random_models(tmp_path_factory):
     d = tmp_path_factory.mktemp("ngram")
-    t, dr = testing.write_pair(d, TARGET)
+    t, dr = gguf_writers.write_pair(d, TARGET)
     hybrids = {}
     for arch in ("qwen35", "qwen3next"):
         spec = HYBRID_TARGETS[arch]
         dspec = HYBRID_DRAFTERS["b8"]
         if arch == "qwen3next":
             dspec = dataclasses.replace(dspec, rope_sections=None)
-        hybrids[arch] = testing.write_hybrid_pair(d / arch, spec, dspec)
+        hybrids[arch] = gguf_writers.write_hybrid_pair(d / arch, spec, dspec)
     return {"qwen3": (t, dr), **hybrids}
 
 

@@ -1,4 +1,4 @@
-"""tools/policy_sim.py: its premise (a recorded trace predicts what the engine's drafts
+"""benchmarks/policy_sim.py: its premise (a recorded trace predicts what the engine's drafts
 keep), its replay of fixed lengths, and the adaptive policy end to end on machines
 whose answer is known: drafting that cannot pay stays off, drafting that pays is
 taken at the length that pays most."""
@@ -16,7 +16,7 @@ import pytest
 from pydflash import Llama
 from pydflash.embedded import embedded_pair
 
-TOOL = Path(__file__).resolve().parent.parent / "tools" / "policy_sim.py"
+TOOL = Path(__file__).resolve().parent.parent / "benchmarks" / "policy_sim.py"
 spec = importlib.util.spec_from_file_location("policy_sim", TOOL)
 assert spec is not None and spec.loader is not None
 sim = importlib.util.module_from_spec(spec)
@@ -110,7 +110,7 @@ def test_the_cli_runs_a_trace_file(tmp_path):
     assert "adaptive / best fixed" in out and "f7" in out
     assert "paired by prompt (median of ratios), adaptive / f0" in out
     bad = subprocess.run([sys.executable, str(TOOL), "run", str(f), "--set", "NOPE=1"], capture_output=True, text=True)
-    assert bad.returncode == 2 and "drafting.policy has no NOPE" in bad.stderr
+    assert bad.returncode == 2 and "draft_length.policy has no NOPE" in bad.stderr
 
 
 @pytest.mark.parametrize("missed", [3, 6, 11])

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from pydflash import Llama, testing
+from pydflash import Llama, gguf_writers
 from support.http import get, metrics, serve
 from support.models import TARGET
 
@@ -27,8 +27,8 @@ MSGS = [{"role": "user", "content": "def f():"}]
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory, model_dir):
     d = tmp_path_factory.mktemp("srv")
-    t = testing.write_target(d / "target-chat.gguf",
-                             dataclasses.replace(TARGET, chat_template=testing.THINKING_TEMPLATE))
+    t = gguf_writers.write_target(d / "target-chat.gguf",
+                             dataclasses.replace(TARGET, chat_template=gguf_writers.THINKING_TEMPLATE))
     return t, model_dir / "drafter-b8.gguf"
 
 

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from support.models import TARGET
-from pydflash import Llama, testing
+from pydflash import Llama, gguf_writers
 from pydflash.config import SamplingConfig
 from pydflash.engine.generation import Generation
 from pydflash.server import Server
+from support.models import TARGET
 
 N_CTX = 64
 PROMPT = list(range(1, 41))  # 40 tokens: 24 left in the context
@@ -30,7 +30,8 @@ GREEDY = {"temperature": 0, "ignore_eos": True}
 @pytest.fixture(scope="module")
 def small(tmp_path_factory: pytest.TempPathFactory, model_dir: Path):
     d = tmp_path_factory.mktemp("budget")
-    target = testing.write_target(d / "t.gguf", dataclasses.replace(TARGET, chat_template=testing.THINKING_TEMPLATE))
+    spec = dataclasses.replace(TARGET, chat_template=gguf_writers.THINKING_TEMPLATE)
+    target = gguf_writers.write_target(d / "t.gguf", spec)
     with Llama(target, draft=model_dir / "drafter-b8.gguf", n_ctx=N_CTX) as llm:
         yield llm
 

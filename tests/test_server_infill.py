@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from support.models import DRAFTERS, TARGET
-from pydflash import Llama, testing
+from pydflash import Llama, gguf_writers
 from pydflash.server import Server
 from pydflash.server.native import InfillRequest, fim_tokens
+from support.models import DRAFTERS, TARGET
 
 N_CTX, N_BATCH = 512, 64
 GREEDY = {"temperature": 0, "ignore_eos": True}
@@ -30,7 +30,7 @@ ALL = ("pre", "suf", "mid", "pad", "rep", "sep")
 
 def write_fim_pair(d: Path, parts: tuple[str, ...]) -> tuple[Path, Path]:
     spec = dataclasses.replace(TARGET, fim=parts)
-    return testing.write_target(d / "t.gguf", spec), testing.write_drafter(d / "d.gguf", spec, DRAFTERS["b8"])
+    return gguf_writers.write_target(d / "t.gguf", spec), gguf_writers.write_drafter(d / "d.gguf", spec, DRAFTERS["b8"])
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +104,7 @@ def test_the_model_has_its_fim_tokens(fim):
     ids = fim_tokens(fim)
     assert set(ids) == set(ALL) - {"pad"}  # the ones the infill prompt uses
     for part in ids:
-        text = testing.FIM_TOKENS[part]
+        text = gguf_writers.FIM_TOKENS[part]
         assert bytes(fim.core_model.token_to_piece(ids[part], True)).decode() == text
 
 

@@ -271,10 +271,11 @@ def test_several_listen_addresses_share_one_port(embedded_dflash):
 def test_reasoning_off_is_a_server_default(tmp_path):
     import dataclasses
 
-    from pydflash import testing
+    from pydflash import gguf_writers
     from support.models import TARGET
 
-    t = testing.write_target(tmp_path / "t.gguf", dataclasses.replace(TARGET, chat_template=testing.THINKING_TEMPLATE))
+    spec = dataclasses.replace(TARGET, chat_template=gguf_writers.THINKING_TEMPLATE)
+    t = gguf_writers.write_target(tmp_path / "t.gguf", spec)
     msgs = {"messages": [{"role": "user", "content": "hi"}]}
     with Llama(t, n_ctx=256) as llm:
         with Server(llm, port=0) as srv:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pydflash import ChatTemplateError, DraftCompatibilityError, Llama, _core, inspect_gguf, testing
+from pydflash import ChatTemplateError, DraftCompatibilityError, Llama, _core, gguf_writers, inspect_gguf
 
 torch = pytest.importorskip("torch", reason="the train extra (torch) is not installed")
 
@@ -25,7 +25,7 @@ from pydflash.train import PromptsFileError, TrainingInputError, train_drafter  
 from pydflash.train.loop import Checkpoint  # noqa: E402
 
 # a target whose greedy replies are not constant: enough hot tokens, a clear argmax margin
-TARGET = testing.TargetSpec(n_embd=64, n_layer=4, hot_tokens=24, head_scale=6.0, seed=3)
+TARGET = gguf_writers.TargetSpec(n_embd=64, n_layer=4, hot_tokens=24, head_scale=6.0, seed=3)
 CHATML = (
     "{%- for m in messages -%}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
@@ -36,7 +36,7 @@ FAST = dict(max_response=24, eval_prompts=3, eval_tokens=12, threads=1, progress
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return testing.write_target(tmp_path_factory.mktemp("train") / "target.gguf", TARGET)
+    return gguf_writers.write_target(tmp_path_factory.mktemp("train") / "target.gguf", TARGET)
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +115,7 @@ def _run_of(cache: Path, out: Path) -> Path:
 
 
 def test_a_chat_target_writes_its_own_prompts(tmp_path):
-    t = testing.write_target(tmp_path / "chat.gguf", dataclasses.replace(TARGET, chat_template=CHATML))
+    t = gguf_writers.write_target(tmp_path / "chat.gguf", dataclasses.replace(TARGET, chat_template=CHATML))
     out = tmp_path / "d.gguf"
     r = train_drafter(t, out, steps=2, max_prompts=8, cache_dir=tmp_path / "cache", **FAST)
     assert out.is_file() and r.n_sequences > 0 and r.lossless
@@ -136,7 +136,7 @@ def _refused(tmp_path: Path, target: Path, exc: type[Exception], match: str, **k
 
 
 def test_an_architecture_without_layer_inputs_is_refused(tmp_path):
-    t = testing.write_target(tmp_path / "xverse.gguf", TARGET, architecture="xverse")
+    t = gguf_writers.write_target(tmp_path / "xverse.gguf", TARGET, architecture="xverse")
     _refused(tmp_path, t, DraftCompatibilityError, "does not expose layer inputs")
 
 
@@ -174,16 +174,16 @@ def test_every_prompts_format_is_read(tmp_path, target):
 
 def test_a_template_that_does_not_render_is_refused(tmp_path):
     bad = dataclasses.replace(TARGET, chat_template="{{ raise_exception('this template refuses every chat') }}")
-    t = testing.write_target(tmp_path / "bad-template.gguf", bad)
+    t = gguf_writers.write_target(tmp_path / "bad-template.gguf", bad)
     _refused(tmp_path, t, ChatTemplateError, "refuses every chat")
 
 
 def test_an_init_drafter_that_does_not_fit_is_refused(tmp_path, target):
-    wide = testing.write_drafter(tmp_path / "wide.gguf", TARGET, testing.DrafterSpec(n_embd=96))
+    wide = gguf_writers.write_drafter(tmp_path / "wide.gguf", TARGET, gguf_writers.DrafterSpec(n_embd=96))
     _refused(tmp_path, target, DraftCompatibilityError, "hidden size 96 differs from the target's 64", init=wide)
-    b16 = testing.write_drafter(tmp_path / "b16.gguf", TARGET, testing.DrafterSpec(block_size=16))
+    b16 = gguf_writers.write_drafter(tmp_path / "b16.gguf", TARGET, gguf_writers.DrafterSpec(block_size=16))
     _refused(tmp_path, target, DraftCompatibilityError, "block size 16 differs from the requested 8", init=b16)
-    nomask = testing.write_drafter(tmp_path / "nomask.gguf", TARGET, testing.DrafterSpec(mask_token=False))
+    nomask = gguf_writers.write_drafter(tmp_path / "nomask.gguf", TARGET, gguf_writers.DrafterSpec(mask_token=False))
     _refused(tmp_path, target, DraftCompatibilityError, "no mask token", init=nomask)
 
 

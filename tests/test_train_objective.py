@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the train extra (torch) is not installed")
 
-from pydflash import Llama, testing  # noqa: E402
+from pydflash import Llama, gguf_writers  # noqa: E402
 from pydflash.train.data import Chunk, Dataset  # noqa: E402
 from pydflash.train.model import Drafter  # noqa: E402
 from pydflash.train.objective import Batch, _blocks, block_loss, draw_batch, slot_weights  # noqa: E402
@@ -91,7 +91,7 @@ def test_the_torch_drafter_computes_what_llama_cpp_drafts(tmp_path):
     from pydflash.train.export import write_drafter_gguf
     from pydflash.train.target import frozen_tensors, read_target
 
-    t = testing.write_target(tmp_path / "t.gguf", testing.TargetSpec(hot_tokens=24, head_scale=4.0, seed=2))
+    t = gguf_writers.write_target(tmp_path / "t.gguf", gguf_writers.TargetSpec(hot_tokens=24, head_scale=4.0, seed=2))
     info = read_target(t)
     shape = DrafterShape(n_layer=2, n_embd=info.n_embd, n_head=4, n_head_kv=2, head_dim=16, n_ff=96,
                          rope_theta=info.rope_theta, rms_eps=info.rms_eps, n_ctx=512, block_size=8,

@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from pydflash import Llama, _core, testing
+from pydflash import Llama, _core, gguf_writers
 from pydflash.server.native import fim_tokens
 from support.models import TARGET
 
@@ -24,8 +24,8 @@ def paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     # EOT: the last (unused) token, so that only the declaration makes it one
     eot = {"tokenizer.ggml.eot_token_id": TARGET.n_vocab - 1}
     return {
-        "plain": str(testing.write_target(d / "plain.gguf", TARGET)),
-        "fim": str(testing.write_target(d / "fim.gguf", fim, extra_kv=eot)),
+        "plain": str(gguf_writers.write_target(d / "plain.gguf", TARGET)),
+        "fim": str(gguf_writers.write_target(d / "fim.gguf", fim, extra_kv=eot)),
     }
 
 
@@ -44,7 +44,7 @@ def test_fim_tokens_are_the_ids_the_gguf_declares(paths, fim_llm):
     want = declared_fim(paths["fim"])
     assert fim_llm.core_model.fim_tokens() == want
     for part, t in want.items():  # and the texts they stand for
-        assert fim_llm.core_model.token_to_piece(t, True).decode() == testing.FIM_TOKENS[part]
+        assert fim_llm.core_model.token_to_piece(t, True).decode() == gguf_writers.FIM_TOKENS[part]
     # the server's helper reads the binding: the five the infill prompt uses
     assert fim_tokens(fim_llm) == {p: t for p, t in want.items() if p != "pad"}
 

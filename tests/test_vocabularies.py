@@ -10,14 +10,15 @@ import dataclasses
 
 import pytest
 
-from pydflash import Llama, testing
+from pydflash import Llama, gguf_writers
 from support.models import TARGET
 
 
 @pytest.fixture(scope="module")
 def vocab_models(tmp_path_factory) -> dict:
     d = tmp_path_factory.mktemp("vocabs")
-    return {v: testing.write_target(d / f"{v}.gguf", dataclasses.replace(TARGET, vocab=v)) for v in ("bpe-bos", "spm")}
+    specs = {v: dataclasses.replace(TARGET, vocab=v) for v in ("bpe-bos", "spm")}
+    return {v: gguf_writers.write_target(d / f"{v}.gguf", spec) for v, spec in specs.items()}
 
 
 @pytest.mark.parametrize("vocab", ["bpe-bos", "spm"])

@@ -9,7 +9,7 @@ abort), hangs, or raises anything else is a finding: the input is saved under
 ``--findings`` and the worker restarted, so one run reports every finding.
 
 Inputs: libFuzzer mutations of valid files only — a tiny qwen3 target and its DFlash drafter written
-with pydflash.testing, and tests/data/good-tiny.gguf (the crafted bad corpus is
+with pydflash.gguf_writers, and tests/data/good-tiny.gguf (the crafted bad corpus is
 already covered by tests/test_malformed_gguf.py; mutating valid files reaches
 deeper into the loader). The C++ core is not built with libFuzzer
 instrumentation, so libFuzzer gets no native coverage and keeps mutating the
@@ -101,12 +101,12 @@ class Worker:
 
 def write_seeds(seeds: Path) -> Path:
     """Valid seed files; returns the target that mutated drafters are paired with."""
-    from pydflash import testing
+    from pydflash import gguf_writers
 
-    target = testing.TargetSpec(n_embd=16, n_layer=2, n_head=2, n_head_kv=1, head_dim=8, n_ff=32, n_vocab=300)
-    drafter = testing.DrafterSpec(n_head=2, n_head_kv=1, head_dim=8, n_ff=32, target_layers=(0, 1), block_size=4)
-    testing.write_target(seeds / "target.gguf", target)
-    testing.write_drafter(seeds / "drafter.gguf", target, drafter)
+    target = gguf_writers.TargetSpec(n_embd=16, n_layer=2, n_head=2, n_head_kv=1, head_dim=8, n_ff=32, n_vocab=300)
+    drafter = gguf_writers.DrafterSpec(n_head=2, n_head_kv=1, head_dim=8, n_ff=32, target_layers=(0, 1), block_size=4)
+    gguf_writers.write_target(seeds / "target.gguf", target)
+    gguf_writers.write_drafter(seeds / "drafter.gguf", target, drafter)
     (seeds / "good-tiny.gguf").write_bytes((DATA / "good-tiny.gguf").read_bytes())
     good = seeds.parent / "good-target.gguf"  # outside the corpus folder libFuzzer writes to
     good.write_bytes((seeds / "target.gguf").read_bytes())

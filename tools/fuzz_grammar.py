@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import atheris  # imported here so that --help works without it
 
-    from pydflash import testing
+    from pydflash import gguf_writers
 
     work = Path(tempfile.mkdtemp(prefix="pydflash-fuzz-grammar-"))
     corpus = work / "corpus"  # libFuzzer adds to its corpus folder
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     bases = seeds()
     for i, s in enumerate(bases):
         (corpus / f"seed-{i:02d}").write_bytes(s)
-    model = testing.write_target(work / "target.gguf", testing.TargetSpec(n_embd=16, n_layer=1, n_head=2,
+    model = gguf_writers.write_target(work / "target.gguf", gguf_writers.TargetSpec(n_embd=16, n_layer=1, n_head=2,
                                                                           n_head_kv=1, head_dim=8, n_ff=32))
     worker = Worker(model, args.timeout)
     stats = {"runs": 0, "ran": 0, "refused": 0, "schemas": 0, "seeds": len(bases), "findings": []}

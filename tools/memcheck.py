@@ -29,12 +29,12 @@ from pathlib import Path
 WORKLOAD = r"""
 import sys, threading
 from pathlib import Path
-from pydflash import Llama, ModelLoadError, DraftCompatibilityError, testing
+from pydflash import Llama, ModelLoadError, DraftCompatibilityError, gguf_writers
 d = Path(sys.argv[1])
-t = testing.TargetSpec(n_embd=32, n_layer=2, n_head=2, n_head_kv=1, head_dim=16, n_ff=64)
-dr = testing.DrafterSpec(n_head=2, n_head_kv=1, head_dim=16, n_ff=64, target_layers=(0, 1), block_size=8)
-testing.write_target(d / "t.gguf", t)
-testing.write_drafter(d / "d.gguf", t, dr)
+t = gguf_writers.TargetSpec(n_embd=32, n_layer=2, n_head=2, n_head_kv=1, head_dim=16, n_ff=64)
+dr = gguf_writers.DrafterSpec(n_head=2, n_head_kv=1, head_dim=16, n_ff=64, target_layers=(0, 1), block_size=8)
+gguf_writers.write_target(d / "t.gguf", t)
+gguf_writers.write_drafter(d / "d.gguf", t, dr)
 (d / "bad.gguf").write_bytes((d / "t.gguf").read_bytes()[:3000])
 for bad in (d / "bad.gguf", d / "missing.gguf"):
     try:

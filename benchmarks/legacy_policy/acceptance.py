@@ -78,7 +78,7 @@ class Acceptance:
         positions after it are scaled down by the same share: a sequence reaches the
         later positions of a block rarely, and the pair's estimate of them comes from
         the sequences that do, whose drafts keep most (replayed with
-        ``tools/policy_sim.py`` on the bench's recorded prompts at the padded pair's
+        ``benchmarks/policy_sim.py`` on the bench's recorded prompts at the padded pair's
         costs, the scaling made the adaptive engine 0.6-2.3% faster by workload). The
         first position's rejections do not scale them: they say nothing of the
         positions after it (a generation's first steps keep least).

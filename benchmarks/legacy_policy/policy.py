@@ -173,7 +173,7 @@ class DraftPolicy:
         # ~20-40 us of Python, 5-10% of a plain step of a small compute-bound target
         self.recheck = RECHECK
         self._choice_ms = 0.0  # a weighing's time, averaged (one timing in a busy thread is noisy)
-        self.timer = time.perf_counter  # what times it (tools/policy_sim.py gives its own clock)
+        self.timer = time.perf_counter  # what times it (benchmarks/policy_sim.py gives its own clock)
         self._clock: tuple[int, int, int] | None = None  # the last ended generation's steps off, spacing, settled
         self.news = 0  # drafting steps observed: each moves the pair's estimate (SequenceDraft.settled)
         # what a lone sequence's plain and drafting steps (probes aside) realized

@@ -488,7 +488,7 @@ class Llama(LlamaCppApi):
         np = f" n_parallel={self.n_parallel}" if self.n_parallel > 1 else ""
         return f"<pydflash.Llama '{self._model().path}'{d} n_ctx={self.n_ctx()}{np}>"
 
-    # -- OpenAI-style API (pydflash.completions) --------------------------------
+    # -- OpenAI-style API (pydflash.openai.completions) -------------------------
 
     @classmethod
     def from_pretrained(
@@ -553,7 +553,7 @@ class Llama(LlamaCppApi):
             self._chat_template = t
         return t
 
-    # -- what a Generation needs (pydflash._generation.GenerationHost) ----------
+    # -- what a Generation needs (pydflash.engine.generation.GenerationHost) ---
 
     def run_generation(self, gen: Generation) -> None:
         """Queue ``gen`` for the engine (a free slot, else its turn)."""

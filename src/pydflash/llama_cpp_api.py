@@ -335,7 +335,7 @@ class LlamaCppApi:
         self, prompt: Prompt, *args: Any, stream: bool = False, **kwargs: Any
     ) -> Completion | Iterator[CompletionChunk]:
         """OpenAI-style text completion (``stream=True``: chunks); options and
-        defaults as llama-cpp-python's. See ``pydflash.completions.create_completion``."""
+        defaults as llama-cpp-python's. See ``pydflash.openai.completions.create_completion``."""
         kwargs["stream"] = stream
         return self._cached(create_completion(cast("CompletionHost", self), prompt, *args, **kwargs), stream)
 
@@ -373,7 +373,7 @@ class LlamaCppApi:
         self, messages: Sequence[Mapping[str, Any]], *args: Any, stream: bool = False, **kwargs: Any
     ) -> ChatCompletion | Iterator[ChatCompletionChunk]:
         """OpenAI-style chat completion through the model's chat template
-        (``stream=True``: chunks). See ``pydflash.completions.create_chat_completion``."""
+        (``stream=True``: chunks). See ``pydflash.openai.completions.create_chat_completion``."""
         kwargs["stream"] = stream
         return self._cached(create_chat_completion(cast("CompletionHost", self), messages, *args, **kwargs), stream)
 

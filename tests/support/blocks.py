@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pydflash import Llama, testing
+from pydflash import Llama, gguf_writers
 from support.models import SPREAD, SPREAD_DRAFTER
 from support.sampling import transform
 
@@ -108,13 +108,13 @@ def exact_first_two(p0: np.ndarray, row1, n: int) -> dict:
 
 # embd_common: the next-token distribution moves only a little with the context,
 # so these random drafters propose nearly the target's p (see the module docstring)
-QWEN3 = testing.TargetSpec(head_scale=1.0, hot_tokens=24, seed=5, embd_common=6.0)
-QWEN35 = testing.HybridSpec(head_scale=1.0, hot_tokens=24, seed=5, embd_common=10.0, ssm_out_scale=0.3)
+QWEN3 = gguf_writers.TargetSpec(head_scale=1.0, hot_tokens=24, seed=5, embd_common=6.0)
+QWEN35 = gguf_writers.HybridSpec(head_scale=1.0, hot_tokens=24, seed=5, embd_common=10.0, ssm_out_scale=0.3)
 DRAFTERS = {
-    "qwen3-b8": (QWEN3, testing.DrafterSpec(seed=9, attn_out_scale=2.0)),
+    "qwen3-b8": (QWEN3, gguf_writers.DrafterSpec(seed=9, attn_out_scale=2.0)),
     "qwen3-b16": (
         QWEN3,
-        testing.DrafterSpec(
+        gguf_writers.DrafterSpec(
             n_layer=2,
             n_head=2,
             n_head_kv=1,
@@ -128,7 +128,7 @@ DRAFTERS = {
     ),
     "qwen35-b8": (
         QWEN35,
-        testing.DrafterSpec(target_layers=(1, 3), rope_sections=QWEN35.rope_sections, seed=9, attn_out_scale=0.1),
+        gguf_writers.DrafterSpec(target_layers=(1, 3), rope_sections=QWEN35.rope_sections, seed=9, attn_out_scale=0.1),
     ),
 }
 # a random drafter far from the target (test_sampling's spread pair): its q differs

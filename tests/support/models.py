@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from pydflash import testing
+from pydflash import gguf_writers
 
 # Two drafter shapes over one target: block 8 / 1 layer / 2 target layers, and
 # block 16 / 2 layers / 3 target layers with other head counts.
-TARGET = testing.TargetSpec()
+TARGET = gguf_writers.TargetSpec()
 DRAFTERS = {
-    "b8": testing.DrafterSpec(),
-    "b16": testing.DrafterSpec(n_layer=2, n_head=2, n_head_kv=1, head_dim=32, n_ff=96,
+    "b8": gguf_writers.DrafterSpec(),
+    "b16": gguf_writers.DrafterSpec(n_layer=2, n_head=2, n_head_kv=1, head_dim=32, n_ff=96,
                                target_layers=(0, 2, 3), block_size=16, seed=7),
 }  # fmt: skip
 
@@ -19,14 +19,14 @@ DRAFTERS = {
 # qwen35moe targets with multi-section-RoPE drafters, and a qwen3next target
 # (checkpoint rollback).
 HYBRID_TARGETS = {
-    "qwen35": testing.HybridSpec(),
-    "qwen35moe": testing.HybridSpec(architecture="qwen35moe", seed=9),
-    "qwen3next": testing.HybridSpec(architecture="qwen3next", seed=5),
+    "qwen35": gguf_writers.HybridSpec(),
+    "qwen35moe": gguf_writers.HybridSpec(architecture="qwen35moe", seed=9),
+    "qwen3next": gguf_writers.HybridSpec(architecture="qwen3next", seed=5),
 }
 SECTIONS = HYBRID_TARGETS["qwen35"].rope_sections
 HYBRID_DRAFTERS = {
-    "b8": testing.DrafterSpec(target_layers=(1, 3), rope_sections=SECTIONS),
-    "b16": testing.DrafterSpec(n_layer=2, n_head=2, n_head_kv=1, head_dim=32, n_ff=96, target_layers=(0, 2, 3),
+    "b8": gguf_writers.DrafterSpec(target_layers=(1, 3), rope_sections=SECTIONS),
+    "b16": gguf_writers.DrafterSpec(n_layer=2, n_head=2, n_head_kv=1, head_dim=32, n_ff=96, target_layers=(0, 2, 3),
                                block_size=16, seed=7, rope_sections=(6, 5, 5, 0)),
 }  # fmt: skip
 
@@ -34,4 +34,4 @@ HYBRID_DRAFTERS = {
 # sampling is not greedy, each sampling field changes the output, and this random
 # drafter's tokens are often accepted AND often rejected.
 SPREAD = dataclasses.replace(TARGET, head_scale=0.2, hot_tokens=10, seed=5)
-SPREAD_DRAFTER = testing.DrafterSpec(seed=9, attn_out_scale=1.0)
+SPREAD_DRAFTER = gguf_writers.DrafterSpec(seed=9, attn_out_scale=1.0)

@@ -3,8 +3,8 @@ target's hidden state, so drafts are accepted often enough for partial acceptanc
 
 from __future__ import annotations
 
-from pydflash import testing
-from pydflash.testing.mtp import MtpSpec
+from pydflash import gguf_writers
+from pydflash.gguf_writers.mtp import MtpSpec
 
-SPEC = testing.HybridSpec(embd_common=3.0)
+SPEC = gguf_writers.HybridSpec(embd_common=3.0)
 HEAD = MtpSpec(copy=4.0, block_scale=0.1)

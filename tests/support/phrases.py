@@ -9,7 +9,7 @@ import dataclasses
 
 import numpy as np
 
-from pydflash import testing
+from pydflash import gguf_writers
 from support.models import TARGET
 
 SPEC = dataclasses.replace(TARGET, n_vocab=512)  # room for unused tokens to turn into phrases
@@ -74,7 +74,7 @@ def write_phrase_target(path, template: str) -> dict[str, int]:
     """A tiny qwen3 target whose last unused tokens are PHRASES (user-defined
     tokens detokenize to their text); returns each phrase's token id."""
     s = dataclasses.replace(SPEC, chat_template=template)
-    tok = testing.tokenizer(s.n_vocab)
+    tok = gguf_writers.tokenizer(s.n_vocab)
     tokens, types = list(tok.tokens), list(tok.types)
     ids = {}
     for i, (name, text) in enumerate(PHRASES.items()):
@@ -84,13 +84,14 @@ def write_phrase_target(path, template: str) -> dict[str, int]:
         ids[name] = k
     tok = dataclasses.replace(tok, tokens=tokens, types=types)
     rng = np.random.default_rng(s.seed)
-    hp = testing.Hparams(s.n_ctx, s.n_embd, s.n_layer, s.n_head, s.n_head_kv, s.head_dim, s.n_ff)
-    tensors = {"token_embd.weight": testing.models._rng_tensor(rng, (s.n_vocab, s.n_embd), 1.0)}
+    hp = gguf_writers.Hparams(s.n_ctx, s.n_embd, s.n_layer, s.n_head, s.n_head_kv, s.head_dim, s.n_ff)
+    tensors = {"token_embd.weight": gguf_writers.models._rng_tensor(rng, (s.n_vocab, s.n_embd), 1.0)}
     for i in range(s.n_layer):
-        tensors.update(testing.models._attention_layer(rng, i, s.n_embd, s.n_head, s.n_head_kv, s.head_dim, s.n_ff))
-    tensors["output_norm.weight"] = testing.models._norm(rng, s.n_embd)
-    tensors["output.weight"] = testing.models._head(rng, s, tok)
-    testing.write_qwen3_gguf(
+        layer = gguf_writers.models._attention_layer(rng, i, s.n_embd, s.n_head, s.n_head_kv, s.head_dim, s.n_ff)
+        tensors.update(layer)
+    tensors["output_norm.weight"] = gguf_writers.models._norm(rng, s.n_embd)
+    tensors["output.weight"] = gguf_writers.models._head(rng, s, tok)
+    gguf_writers.write_qwen3_gguf(
         path, hp, tok, tensors, name="pydflash tiny phrase target", extra_kv={"tokenizer.chat_template": template}
     )
     return ids

@@ -33,8 +33,8 @@ def load(path: Path):
 
 
 def to_gguf_tokenizer(path: Path):
-    """The trained tokenizer as pydflash.testing.Tokenizer (GGUF fields)."""
-    from pydflash.testing import Tokenizer as GgufTokenizer
+    """The trained tokenizer as pydflash.gguf_writers.Tokenizer (GGUF fields)."""
+    from pydflash.gguf_writers import Tokenizer as GgufTokenizer
 
     data = json.loads(Path(path).read_text())
     vocab: dict[str, int] = data["model"]["vocab"]

@@ -25,7 +25,6 @@ from .drafting import log, stage_drafter
 from .models import Config, Target
 from .warmstart import load_into
 
-
 # -- data -------------------------------------------------------------------------------
 
 def encode_split(tok, files: list[Path], eos: int) -> np.ndarray:
@@ -171,7 +170,7 @@ def load_target(out: Path) -> tuple[Target, dict]:
 # -- export ------------------------------------------------------------------------------
 
 def hparams(cfg: Config, n_layer: int):
-    from pydflash.testing import Hparams
+    from pydflash.gguf_writers import Hparams
 
     return Hparams(cfg.n_ctx, cfg.n_embd, n_layer, cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.n_ff,
                    cfg.rope_theta, cfg.rms_eps)
@@ -180,7 +179,7 @@ def hparams(cfg: Config, n_layer: int):
 def stage_export_target(out: Path) -> None:
     if (out / "target.gguf").exists():
         return
-    from pydflash.testing import write_qwen3_gguf
+    from pydflash.gguf_writers import write_qwen3_gguf
 
     model, _ = load_target(out)
     tok = bpe.to_gguf_tokenizer(out / "tokenizer.json")

@@ -164,7 +164,7 @@ def prepare_models(
     target = str(t)
     pad = pad_ffn if pad_ffn is not None else (16384 if given_target is None else 0)
     if pad:
-        from ..testing.padding import pad_ffn as write_padded
+        from ..gguf_writers.padding import pad_ffn as write_padded
 
         target = str(write_padded(t, workdir / "target-padded.gguf", pad))
         desc += f", FFN zero-padded to {pad} (memory-bound copy, identical outputs)"

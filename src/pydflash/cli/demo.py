@@ -68,9 +68,9 @@ def _demo_pair(workdir: Path) -> tuple[str, str, str]:
         t, d = embedded_pair()
         return t, d, "embedded pair: trained Python-code qwen3 target + DFlash drafter (models/MODEL_CARD.md)"
     except PyDFlashError:
-        from .. import testing  # the tiny random pair needs gguf + numpy
+        from ..gguf_writers import write_pair  # the tiny random pair needs gguf + numpy
 
-        tp, dp = testing.write_pair(workdir, prefix="demo")
+        tp, dp = write_pair(workdir, prefix="demo")
         return str(tp), str(dp), "embedded pair missing: tiny random-weight pair (acceptance near zero)"
 
 
@@ -150,7 +150,7 @@ def run(a: argparse.Namespace) -> int:
         target, draft, what = _demo_pair(Path(td))
         print(what)
         if a.pad_ffn:
-            from ..testing.padding import pad_ffn
+            from ..gguf_writers.padding import pad_ffn
 
             target = str(pad_ffn(target, Path(td) / "target-padded.gguf", a.pad_ffn))
             print(

@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator
 
 from .. import _core
-from ..drafting.policy import CONFIDENCE_CUT, CostModel, DraftPolicy, Outcome, SequenceDraft
+from ..draft_length.policy import CONFIDENCE_CUT, CostModel, DraftPolicy, Outcome, SequenceDraft
 from ..errors import GenerationInterrupted, GrammarError, PyDFlashError, SlotBusyError
 from ..pair import ContextPair
 from .generation import Generation

@@ -201,7 +201,7 @@ class Generation:
         seed = config.seed if config.seed is not None else host.config.seed
         self.seed = seed if seed >= 0 else random.getrandbits(63)
         self.config = config = config.for_seed(seed >= 0)  # verify=None: "coupled" when seeded
-        # the engine chooses each step's draft length (drafting/) unless one is pinned
+        # the engine chooses each step's draft length (draft_length/) unless one is pinned
         # (here or by the Llama), adaptive lengths are off, or a seeded sample must
         # reproduce: its random draws follow the draft lengths, which follow timings
         # (verify="coupled" draws none: its noise is keyed by position, any length reproduces)

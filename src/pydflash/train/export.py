@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..testing.models import Hparams, add_hparams
+from ..gguf_writers.models import Hparams, add_hparams
 from .shape import DrafterShape
 from .target import TargetInfo, tokenizer_fields
 

@@ -4,7 +4,7 @@ same model files and prompts, the builds alternating run by run (two Python
 interpreters, e.g. a venv with the previous commit installed and one with this
 checkout's). Greedy, EOS ignored, so every run generates exactly OSL tokens.
 
-    python tools/ab_single_stream.py --python-a OLD/bin/python --python-b NEW/bin/python \
+    python benchmarks/ab_single_stream.py --python-a OLD/bin/python --python-b NEW/bin/python \
         [--rounds 5] [--isl 128] [--osl 128] [--json out.json]
 
 Model: the embedded pair with its target's FFN zero-padded to 16384 (the
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     import pydflash
     from pydflash import Llama
     from pydflash.bench.workload import heldout_stdlib_text, make_prompts, text_codec
-    from pydflash.testing.padding import pad_ffn
+    from pydflash.gguf_writers.padding import pad_ffn
 
     if a.model:
         target, draft = a.model, a.draft

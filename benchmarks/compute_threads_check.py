@@ -2,7 +2,7 @@
 Llama after a direct pair call on the main thread, with the OpenMP pools
 released (csrc/threads.h) and, for comparison in the same run, not released.
 
-    python tools/compute_threads_check.py [--rounds 4]
+    python benchmarks/compute_threads_check.py [--rounds 4]
 
 Prints tok/s medians per case; the embedded pair's target, 128 tokens per
 generation, 2 threads. Each case runs in its own process (a pool, once made,

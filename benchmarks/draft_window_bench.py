@@ -8,8 +8,8 @@ acceptance, decode speed, the median drafter block pass (ms), the drafter's KV
 cache and compute buffers from ``llm.memory()``,
 and whether every output equals the target's own greedy output.
 
-    python tools/draft_window_bench.py                       # the embedded pair
-    python tools/draft_window_bench.py --target T.gguf --draft D.gguf \\
+    python benchmarks/draft_window_bench.py                       # the embedded pair
+    python benchmarks/draft_window_bench.py --target T.gguf --draft D.gguf \\
         --contexts 512,1024,2048,4096,8192 --windows 0,256,512,1024,2048 --json out.json
 
 The draft length is fixed at the block size - 1 (``draft_adaptive=False``), so

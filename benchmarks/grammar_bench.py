@@ -7,7 +7,7 @@ two at equal acceptance: decode tok/s = tau / time per pass. Reported per mode: 
 tok/s, tau (tokens per target pass), acceptance, ms per pass; medians over prompts and
 repeats, and the ratios.
 
-    python tools/grammar_bench.py --json benchmarks/results/grammar-overhead-cpu-2core.json
+    python benchmarks/grammar_bench.py --json benchmarks/results/grammar-overhead-cpu-2core.json
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def main() -> int:
         for m in modes[1:]
     }
     out = {
-        "command": "python tools/grammar_bench.py" + (f" --json {a.json}" if a.json else ""),
+        "command": "python benchmarks/grammar_bench.py" + (f" --json {a.json}" if a.json else ""),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load": os.getloadavg()},
         "pair": "embedded (stdlib-code qwen3 target + DFlash drafter), greedy, n_ctx 1024",
         "prompts": PROMPTS,

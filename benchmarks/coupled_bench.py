@@ -3,7 +3,7 @@
 decode speed against the target alone, and whether the text is the target
 alone's for the same seed, on the shipped pair and its memory-bound padded copy.
 
-    python tools/coupled_bench.py [--temps 0.3 0.7 1.0] [--prompts 6] [--osl 64] \
+    python benchmarks/coupled_bench.py [--temps 0.3 0.7 1.0] [--prompts 6] [--osl 64] \
         [--pairs embedded padded] [--json benchmarks/results/coupled-....json]
 
 Sampling: llama.cpp's default chain (top-k 40, top-p 0.95, min-p 0.05) at each
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     import pydflash
     from pydflash import Llama
     from pydflash.bench.workload import heldout_stdlib_text, make_prompts
-    from pydflash.testing.padding import pad_ffn
+    from pydflash.gguf_writers.padding import pad_ffn
 
     t, d = pydflash.embedded_pair()
     with Llama(t, n_ctx=256) as llm:
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             rows += run_pair(name, target, str(d), a.temps, prompts, a.osl, a.threads)
     if a.json:
         meta = {
-            "command": "python tools/coupled_bench.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            "command": "python benchmarks/coupled_bench.py " + " ".join(sys.argv[1:] if argv is None else argv),
             "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
             "note": "CPU, 2 cores shared with other jobs: speeds are noisy; acceptance, tau and same-text are not",
             "sampling": CHAIN,

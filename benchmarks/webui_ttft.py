@@ -1,7 +1,7 @@
 """Time to the first token on the chat page against curl, for the same request (run from the
 repository root; needs curl and a Chromium):
 
-    python tools/webui_ttft.py [--rounds 10] [--serve-args "-t 1"]
+    python benchmarks/webui_ttft.py [--rounds 10] [--serve-args "-t 1"]
 
 It starts `pydflash serve` (the embedded pair) on 127.0.0.1, then alternates: the page sends
 a message in a new conversation (its time from the request to the first token drawn in the
@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "tests"))
-import webui_browser as wb  # noqa: E402  (beside this file)
+import webui_browser as wb  # noqa: E402  (tools/webui_browser.py: the chat page's browser driver)
 
 from support.http import serve  # noqa: E402  (the tests' helper: `pydflash serve` on a free port)
 

@@ -4,7 +4,7 @@ a pinned draft length in pydflash (greedy, each output compared with the target
 alone's), and llama.cpp's own loop (`llama-speculative-simple`, built by
 tools/build_native.py) on the same files, which must load the drafter and draft.
 
-    python tools/drafter_check.py -m TARGET.gguf -d DRAFTER.gguf [--json OUT] [--native]
+    python benchmarks/drafter_check.py -m TARGET.gguf -d DRAFTER.gguf [--json OUT] [--native]
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write the figures here (with the command)")
     a = ap.parse_args(argv)
     t0 = time.time()
-    res = {"command": "python tools/drafter_check.py " + " ".join(sys.argv[1:] if argv is None else argv),
+    res = {"command": "python benchmarks/drafter_check.py " + " ".join(sys.argv[1:] if argv is None else argv),
            "target": a.model.name, "drafter": a.draft.name, "draft_max": a.draft_max, "max_tokens": a.max_tokens,
            "pydflash": pydflash_check(a.model, a.draft, a.draft_max, a.max_tokens, a.threads)}  # fmt: skip
     if a.native:

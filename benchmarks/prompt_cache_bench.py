@@ -8,7 +8,7 @@ run by run, on the memory-bound padded copy of the embedded target with its
 drafter. Time to first token is measured the way a streaming user sees it:
 from the call to the first streamed step with text.
 
-    python tools/prompt_cache_bench.py --json benchmarks/results/prompt-cache-cpu-2core.json
+    python benchmarks/prompt_cache_bench.py --json benchmarks/results/prompt-cache-cpu-2core.json
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from pydflash import Llama, embedded_pair
 from pydflash.bench.workload import heldout_stdlib_text
-from pydflash.testing.padding import pad_ffn
+from pydflash.gguf_writers.padding import pad_ffn
 
 
 def ttft(llm: Llama, prompt: list[int], cache: bool, max_tokens: int) -> tuple[float, int, list[int]]:
@@ -73,7 +73,7 @@ def main() -> None:
                         cached_n.add(n)
     med = {k: statistics.median(v) for k, v in rows.items()}
     result = {
-        "command": "python tools/prompt_cache_bench.py " + " ".join(
+        "command": "python benchmarks/prompt_cache_bench.py " + " ".join(
             f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items() if v is not None and k != "json"),
         "machine": {"platform": platform.platform(), "processor": platform.processor()},
         "turn2_prompt_tokens": len(turn2), "cached_tokens": sorted(cached_n),

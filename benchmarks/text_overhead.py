@@ -2,7 +2,7 @@
 """Per-token cost of stream text assembly (pydflash.engine.text.TextAssembler) as the
 output grows: flat when the work per token does not depend on the length.
 
-    python tools/text_overhead.py [--lengths 128 512 2048 8192]
+    python benchmarks/text_overhead.py [--lengths 128 512 2048 8192]
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ import time
 
 from pydflash.engine.text import TextAssembler
 
-PIECES = [w.encode() for w in ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "def", "return", "import", "class", "é", "漢字", "🙂"]]
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "def", "return", "import", "class"]
+WORDS += ["é", "漢字", "🙂"]
+PIECES = [w.encode() for w in WORDS]
 PIECES += [b" ", b"\n", "é".encode()[:1], "é".encode()[1:]]
 
 

@@ -4,9 +4,9 @@ acceptance, against every fixed draft_max, with step times from a table instead 
 this machine's clock: a policy change is weighed without the timing noise that a
 real A/B of a few percent drowns in here.
 
-    python tools/policy_sim.py traces --workload prose [--prompts 40] --out prose.json
-    python tools/policy_sim.py costs --target T.gguf --draft D.gguf --out costs.json
-    python tools/policy_sim.py run prose.json [--machine padded|embedded|costs.json]
+    python benchmarks/policy_sim.py traces --workload prose [--prompts 40] --out prose.json
+    python benchmarks/policy_sim.py costs --target T.gguf --draft D.gguf --out costs.json
+    python benchmarks/policy_sim.py run prose.json [--machine padded|embedded|costs.json]
         [--seeds 5] [--burst NORMAL,SLOW,FACTOR] [--miscalibrate DRAFT,VERIFY] [--set NAME=VALUE ...]
 
 A trace holds, per prompt, the tokens a full draft keeps at each position of the
@@ -39,9 +39,9 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
-from pydflash.drafting import policy as dp
-from pydflash.drafting.cost import CostModel
-from pydflash.drafting.policy import DraftPolicy, Outcome
+from pydflash.draft_length import policy as dp
+from pydflash.draft_length.cost import CostModel
+from pydflash.draft_length.policy import DraftPolicy, Outcome
 
 OSL = 128
 BLOCK = 8  # the embedded drafter's block: its pass covers every row of it
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument(
         "--miscalibrate", help="DRAFT,VERIFY: the calibration's drafter pass and multi-row target passes, scaled"
     )
-    r.add_argument("--set", action="append", default=[], help="NAME=VALUE: a drafting.policy constant")
+    r.add_argument("--set", action="append", default=[], help="NAME=VALUE: a draft_length.policy constant")
     args = ap.parse_args(argv)
     if args.cmd == "traces":
         tr = record_traces(
@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     for kv in args.set:
         name, _, value = kv.partition("=")
         if not hasattr(dp, name):
-            ap.error(f"--set: drafting.policy has no {name}")
+            ap.error(f"--set: draft_length.policy has no {name}")
         setattr(dp, name, type(getattr(dp, name))(value))
 
     def floats(text: str, form: str) -> tuple[float, ...]:

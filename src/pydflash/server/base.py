@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, ValidatorFunctionWrapHandler, WrapValidator
 from pydantic_core import PydanticCustomError
 
+from ..options import OPTIONS, refused
+
 if TYPE_CHECKING:
     from ..llama import Llama
 
@@ -123,6 +125,9 @@ class ServerRequest(BaseModel):
     # the fields the server's defaults fill where the request leaves them out or null
     # (None: every field of the kind that the request leaves out)
     filled: ClassVar[tuple[str, ...] | None] = None
+    # its column of the option declaration (options.py): the options it refuses by name;
+    # a kind that becomes a chat request passes the others on (chat_options)
+    api: ClassVar[str] = ""
     _n_default: int = PrivateAttr(-1)  # the server's -n (-1: none): what an absent or -1 budget means
     _jinja: bool = PrivateAttr(True)  # False: the server's --no-jinja (chat: no reply format)
 
@@ -161,6 +166,24 @@ class ServerRequest(BaseModel):
 
     # -- what a kind translates: its fields under the names check_common reads --------
 
+    def given(self, name: str) -> Any:
+        """The body's ``name`` (a field or, where the kind keeps them, an extra one); None: absent."""
+        if name in type(self).model_fields:
+            return getattr(self, name)
+        return (self.model_extra or {}).get(name)
+
+    def chat_options(self) -> dict[str, Any]:
+        """The options the body gives under this kind's names (the declaration's ``api``
+        column) as the chat request's fields, but the token budget (``budget_given``)."""
+        out: dict[str, Any] = {}
+        for o in OPTIONS:
+            mine, chat = o.names[self.api], o.names["chat"]
+            if mine is None or chat is None or o.name == "max_tokens":
+                continue
+            if (value := self.given(mine)) is not None:
+                out[chat] = value
+        return out
+
     def stops(self) -> list[str]:
         """The stop strings (its ``stop_field``)."""
         return []
@@ -186,6 +209,9 @@ class ServerRequest(BaseModel):
     def check_common(self, parallel: int) -> None:
         """What every kind is checked for before any work (BadRequest): its stop strings'
         bounds, the samplers pydflash refuses, its slot pin and its token budget."""
+        for name in refused(self.api) if self.api else ():
+            if self.given(name) is not None:
+                raise BadRequest(f"'{name}' is not supported on this endpoint ({self.api})", name)
         stops = self.stops()
         if len(stops) > MAX_STOP or any(len(s) > MAX_STOP_CHARS for s in stops):
             raise BadRequest(

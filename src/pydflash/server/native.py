@@ -18,6 +18,7 @@ from ..config import SamplingConfig
 from ..engine.generation import Generation
 from ..llama import Llama
 from ..openai.structured import constraint
+from ..options import LLAMA_CPP_DEFAULTS
 from ..results import TokenLogprob
 from .base import BadRequest, LlamaFields, Unsupported
 from .requests import MAX_PROMPTS, check_probs
@@ -26,6 +27,7 @@ __all__ = ["InfillRequest", "NativeRequest", "fim_tokens", "pieces", "tokenize_m
 
 _STOP_TYPE = {"eos": "eos", "stop": "word", "length": "limit", None: "none"}
 Mixed = list[Annotated[str | int, Field(union_mode="left_to_right")]]
+_CORE = SamplingConfig()  # the core's defaults, where llama-server's are the same
 
 
 class JsonPrompt(BaseModel):
@@ -99,16 +101,16 @@ class NativeRequest(LlamaFields):
 
     prompt: str | Mixed | JsonPrompt | list[str | Mixed | JsonPrompt] = ""
     stream: bool = False
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    typical_p: float = 1.0
-    top_n_sigma: float = -1.0
-    repeat_penalty: float = 1.0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    repeat_last_n: int = 64
+    temperature: float = LLAMA_CPP_DEFAULTS.temperature  # llama-server's, where they are not the core's
+    top_k: int = LLAMA_CPP_DEFAULTS.top_k
+    top_p: float = LLAMA_CPP_DEFAULTS.top_p
+    min_p: float = LLAMA_CPP_DEFAULTS.min_p
+    typical_p: float = _CORE.typical_p
+    top_n_sigma: float = _CORE.top_n_sigma
+    repeat_penalty: float = _CORE.repeat_penalty
+    frequency_penalty: float = _CORE.frequency_penalty
+    presence_penalty: float = _CORE.presence_penalty
+    repeat_last_n: int = _CORE.penalty_last_n
     seed: int | None = None
     ignore_eos: bool = False
     n_probs: int = 0
@@ -125,6 +127,7 @@ class NativeRequest(LlamaFields):
     speculative_n_max: int | None = Field(default=None, alias="speculative.n_max")
     speculative_n_min: int | None = Field(default=None, alias="speculative.n_min")
     speculative_p_min: float | None = Field(default=None, alias="speculative.p_min")
+    verify: str | None = None  # pydflash's: "rejection", "match" or "coupled" (Llama.generate's)
     lora: list[Any] | None = None
     multimodal_data: list[Any] | None = None
 
@@ -227,6 +230,7 @@ class NativeRequest(LlamaFields):
             draft_max=self.speculative_n_max,
             draft_min=self.speculative_n_min or 0,
             draft_p_min=self.speculative_p_min or 0.0,
+            verify=self.verify,
             grammar=gbnf,
             json_schema=schema,
         )

@@ -15,6 +15,7 @@ from pydantic import ConfigDict, ValidationError
 from .._core import __version__
 from ..openai.chat import resolve_tool_choice
 from ..openai.completions import MAX_CHOICES, chat_prompt
+from ..options import OPTIONS
 from .base import BadRequest, LlamaFields, Unsupported, must_be
 
 if TYPE_CHECKING:
@@ -71,35 +72,12 @@ def tools_bytes(tools: object) -> int:
     return len(json.dumps(tools, ensure_ascii=False).encode("utf-8", "surrogatepass")) if tools else 0
 
 
-# the fields passed on as they are when given (None: the library's default)
-_PASSED = (
-    "temperature",
-    "top_p",
-    "min_p",
-    "typical_p",
-    "top_n_sigma",
-    "top_k",
-    "frequency_penalty",
-    "presence_penalty",
-    "repeat_penalty",
-    "seed",
-    "ignore_eos",
-    "draft_max",
-    "draft_min",
-    "draft_p_min",
-    "cache_prompt",
-    "id_slot",
-    "n",
-    "post_sampling_probs",
-    "response_format",
-    "json_schema",
-    "grammar",
-    "stop",
-    "logit_bias",
-    "verify",
-    "return_progress",
-    "timings_per_token",
-)
+# the fields passed on under the library's names when given (None: the library's default):
+# every option the declaration (options.py) gives the chat endpoint, but those each kind
+# reads itself (the token budget and the log-probabilities), then the request's own
+_OWN = ("max_tokens", "logprobs", "top_logprobs")
+_OPTIONS = {o.name: wire for o in OPTIONS if o.name not in _OWN and (wire := o.names["chat"]) is not None}
+_PASSED = ("id_slot", "n", "response_format", "return_progress", "timings_per_token")
 
 
 class _Request(LlamaFields):
@@ -119,6 +97,7 @@ class _Request(LlamaFields):
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     repeat_penalty: float | None = None
+    repeat_last_n: int | None = None  # llama-server's: the penalties' window (-1: the context)
     seed: int | None = None
     ignore_eos: bool | None = None
     draft_max: int | None = None
@@ -145,6 +124,8 @@ class _Request(LlamaFields):
     def respond(self, llm: Llama, model: str, cancel: Callable[[], bool]) -> Any:
         """The response, or a stream's chunks."""
         first, kw = self.arguments()
+        if kw.get("penalty_last_n") == -1:  # llama-server's -1: the whole context (of a slot)
+            kw["penalty_last_n"] = llm.n_ctx_slot
         create: Callable[..., Any] = (
             llm.create_completion if isinstance(self, CompletionRequest) else llm.create_chat_completion
         )
@@ -182,6 +163,10 @@ class _Request(LlamaFields):
         if self.n is not None and not 1 <= self.n <= MAX_CHOICES:
             raise BadRequest(f"'n' must be in [1, {MAX_CHOICES}]", "n")
         self.check_common(parallel)
+        if self.repeat_last_n is not None and self.repeat_last_n < -1:
+            raise BadRequest(
+                f"'repeat_last_n' must be -1 (the context) or >= 0, got {self.repeat_last_n}", "repeat_last_n"
+            )
         for key in self.logit_bias or {}:  # here, so that a stream fails before it starts
             if not (key.lstrip("-").isdigit() and 0 <= int(key) < n_vocab):
                 raise BadRequest(f"logit_bias keys must be token ids in [0, {n_vocab}), got {key!r}", "logit_bias")
@@ -189,6 +174,7 @@ class _Request(LlamaFields):
     def options(self) -> dict[str, Any]:
         """The keyword arguments common to both completion functions."""
         kw = {k: v for k in _PASSED if (v := getattr(self, k)) is not None}
+        kw.update({name: v for name, wire in _OPTIONS.items() if (v := getattr(self, wire)) is not None})
         kw["max_tokens"] = self.token_budget()
         return kw
 

@@ -327,14 +327,15 @@ def _run(api: str, kw: dict[str, Any], llm: Llama, url: str, capsys: pytest.Capt
 def test_an_offered_option_changes_the_output(api, name, embedded_dflash, server, capsys):
     probe = PROBES[name]
     seen = []
-    for value in (probe.a, probe.b):
+    for value in (probe.a, probe.a, probe.b):  # a twice: an option dropped to a random default differs too
         kw = {**probe.base, name: value}
         if probe.seen == "cached":  # the prompt in the caches first
             _run(api, {**probe.base}, embedded_dflash, server, capsys)
         out = _run(api, kw, embedded_dflash, server, capsys)
         seen.append(getattr(out, probe.seen))
     assert seen[0] is not None, f"{api} does not show {probe.seen}"
-    assert seen[0] != seen[1], f"{api}: {name}={probe.a!r} and {probe.b!r} gave the same {probe.seen}: {seen[0]!r}"
+    assert seen[0] == seen[1], f"{api}: {name}={probe.a!r} is not deterministic: {seen[0]!r}, {seen[1]!r}"
+    assert seen[0] != seen[2], f"{api}: {name}={probe.a!r} and {probe.b!r} gave the same {probe.seen}: {seen[0]!r}"
 
 
 def _refusal(api: str, name: str, llm: Llama, url: str) -> str:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import Any
 
 from . import _core
 
@@ -57,7 +58,8 @@ class Option:
     ``type`` its Python type as ``generate`` takes it, ``default`` the core's (None:
     the option has no core default, see ``rule``), ``rule`` where its values are
     judged, ``names`` its name in each of ``APIS`` (None: refused there, by name),
-    ``aliases`` the other names an API reads for it (llama-server's), first given wins."""
+    ``aliases`` the other names an API reads for it (llama-server's), first given wins,
+    ``json`` its type in a server request's JSON body (the server's fields are made from it)."""
 
     name: str
     type: str
@@ -65,6 +67,7 @@ class Option:
     rule: str
     names: Mapping[str, str | None]
     aliases: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    json: Any = None
 
     def __post_init__(self) -> None:
         if set(self.names) != set(APIS):
@@ -84,12 +87,15 @@ def _opt(
     rule: str,
     *,
     aliases: Mapping[str, tuple[str, ...]] | None = None,
+    json: Any = None,
     **names: str | None,
 ) -> Option:
-    """An option whose name is ``name`` in every API it does not name otherwise."""
+    """An option whose name is ``name`` in every API it does not name otherwise (its JSON
+    type: ``type_`` where that is a plain type)."""
     same = {"generate", "llama_cpp", "completions", "chat", "native", "anthropic", "responses"}
     full = {api: names.get(api, name if api in same else None) for api in APIS}
-    return Option(name, type_, default, rule, full, dict(aliases or {}))
+    plain = {"int": int, "float": float, "bool": bool}
+    return Option(name, type_, default, rule, full, dict(aliases or {}), plain.get(type_) if json is None else json)
 
 
 _BUDGET = ("n_predict", "max_completion_tokens", "max_tokens")  # llama-server reads them in this order
@@ -100,7 +106,7 @@ _DC = "DraftControl.validate"
 OPTIONS: tuple[Option, ...] = (
     _opt("max_tokens", "int | None", None, "SamplingConfig (>= 0; None: until the context is full); the "
          "server's budget(): [-1, INT32_MAX]", native="n_predict", responses="max_output_tokens", cli="-n",
-         serve="-n", aliases={"completions": _BUDGET, "chat": _BUDGET, "native": _BUDGET}),
+         serve="-n", aliases={"completions": _BUDGET, "chat": _BUDGET, "native": _BUDGET}, json=int),
     _opt("temperature", "float", _SAMPLING.temperature, _SP, cli="--temp", serve="--temp"),
     _opt("top_k", "int", _SAMPLING.top_k, _SP, cli="--top-k", serve="--top-k"),
     _opt("top_p", "float", _SAMPLING.top_p, _SP, cli="--top-p", serve="--top-p"),
@@ -115,15 +121,17 @@ OPTIONS: tuple[Option, ...] = (
     _opt("penalty_last_n", "int", _SAMPLING.penalty_last_n, _SP + " (-1 on the server and CLI: the context)",
          completions="repeat_last_n", chat="repeat_last_n", native="repeat_last_n",
          anthropic="repeat_last_n", responses="repeat_last_n", cli="--repeat-last-n"),
-    _opt("logit_bias", "Mapping[int, float] | None", None, "SamplingConfig (token ids against the vocabulary)"),
+    _opt("logit_bias", "Mapping[int, float] | None", None, "SamplingConfig (token ids against the vocabulary)",
+         json=dict[str, float]),
     _opt("seed", "int | None", None, "SamplingConfig (64 bits; None or < 0 on the server: random)", cli="--seed",
-         serve="--seed"),
+         serve="--seed", json=int),
     _opt("stop", "str | Sequence[str] | None", None, "the server's check_common (MAX_STOP)",
          anthropic="stop_sequences"),
     _opt("ignore_eos", "bool", False, "SamplingConfig", cli="--ignore-eos"),
-    _opt("verify", "str | None", None, _SP + " (CHOICES['verify']; None: by seed, SamplingConfig.for_seed)"),
+    _opt("verify", "str | None", None, _SP + " (CHOICES['verify']; None: by seed, SamplingConfig.for_seed)",
+         json=str),
     _opt("draft_max", "int | None", None, _DC + " (None: the Llama's; >= 0 pins it)", native="speculative.n_max",
-         cli="--draft-max", serve="--draft-max"),
+         cli="--draft-max", serve="--draft-max", json=int),
     _opt("draft_min", "int", _DRAFT.draft_min, _DC, native="speculative.n_min", cli="--draft-min",
          serve="--spec-draft-n-min"),
     _opt("draft_p_min", "float", _DRAFT.draft_p_min, _DC, native="speculative.p_min", cli="--draft-p-min",
@@ -136,8 +144,8 @@ OPTIONS: tuple[Option, ...] = (
          completions="logprobs", native="n_probs", anthropic=None, responses=None,
          aliases={"completions": ("logprobs", "n_probs")}),
     _opt("post_sampling_probs", "bool", _SAMPLING.post_sampling_probs, _SP, anthropic=None, responses=None),
-    _opt("grammar", "Grammar | str | None", None, "Grammar (the core's grammar_error)", cli="--grammar"),
-    _opt("json_schema", "Mapping[str, Any] | str | None", None, "Grammar.from_json_schema",
+    _opt("grammar", "Grammar | str | None", None, "Grammar (the core's grammar_error)", cli="--grammar", json=str),
+    _opt("json_schema", "Mapping[str, Any] | str | None", None, "Grammar.from_json_schema", json=dict[str, Any],
          cli="--json-schema"),
 )
 # fmt: on

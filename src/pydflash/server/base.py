@@ -6,10 +6,18 @@ responses.py) translates its own fields into these and nothing else."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, ValidatorFunctionWrapHandler, WrapValidator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+)
 from pydantic_core import PydanticCustomError
 
 from ..options import OPTIONS, refused
@@ -29,6 +37,8 @@ __all__ = [
     "Stop",
     "Unsupported",
     "budget",
+    "option_fields",
+    "plain_options",
 ]
 
 
@@ -73,6 +83,28 @@ def budget(given: tuple[str, int] | None, server_n_predict: int = -1) -> int | N
     if n < 0:
         return None
     return max(n, 1)  # 0: llama-server samples one token before it checks the budget
+
+
+def option_fields(api: str, skip: Collection[str], defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The request fields of the options the declaration (options.py) gives ``api``, by their
+    names there (a dotted one, llama-server's ``speculative.n_max``, as an alias), of their JSON
+    type, but those named in ``skip`` (the kind's own): for ``pydantic.create_model``.
+    ``defaults``: the kind's own defaults, by option (else None: the library's)."""
+    out: dict[str, Any] = {}
+    for o in OPTIONS:
+        wire = o.names[api]
+        if wire is None or wire in skip:
+            continue
+        default: Any = (defaults or {}).get(o.name)
+        kind: Any = o.json if default is not None else o.json | None
+        name = wire.replace(".", "_")
+        out[name] = (kind, Field(default=default, alias=wire) if name != wire else default)
+    return out
+
+
+def plain_options(api: str, skip: Collection[str]) -> dict[str, str]:
+    """{option: its name in ``api``} for the options ``option_fields`` makes fields of."""
+    return {o.name: wire for o in OPTIONS if (wire := o.names[api]) is not None and wire not in skip}
 
 
 def must_be(expected: str) -> WrapValidator:
@@ -168,8 +200,9 @@ class ServerRequest(BaseModel):
 
     def given(self, name: str) -> Any:
         """The body's ``name`` (a field or, where the kind keeps them, an extra one); None: absent."""
-        if name in type(self).model_fields:
-            return getattr(self, name)
+        field = name.replace(".", "_")  # llama-server's dotted names are aliases
+        if field in type(self).model_fields:
+            return getattr(self, field)
         return (self.model_extra or {}).get(name)
 
     def chat_options(self) -> dict[str, Any]:

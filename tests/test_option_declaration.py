@@ -387,3 +387,20 @@ def test_every_api_refuses_what_it_does_not_declare():
     assert decl.refused("llama_cpp") == ()
     assert decl.refused("completions") == decl.refused("chat") == decl.refused("native") == ()
     assert decl.refused("anthropic") == decl.refused("responses") == ("logprobs", "top_logprobs", "post_sampling_probs")
+
+
+def test_the_openai_endpoints_share_their_option_fields():
+    """/v1/completions and /v1/chat/completions take one set of fields made from the "chat"
+    column: the completions' names are the same, but for the log-probabilities' count."""
+    differ = {"logprobs", "top_logprobs"}
+    completions = {k: v for k, v in decl.honoured("completions").items() if k not in differ}
+    assert completions == {k: v for k, v in decl.honoured("chat").items() if k not in differ}
+
+
+def test_a_request_field_is_made_for_every_declared_name():
+    from pydflash.server.native import NativeRequest
+    from pydflash.server.requests import ChatRequest, CompletionRequest
+
+    for api, model in (("completions", CompletionRequest), ("chat", ChatRequest), ("native", NativeRequest)):
+        names = {f.alias or name for name, f in model.model_fields.items()}
+        assert set(decl.honoured(api).values()) <= names, api

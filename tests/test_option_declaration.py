@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import json
 import math
 import urllib.error
@@ -98,7 +99,9 @@ def test_the_declaration_covers_every_sampling_option():
     fields = {f.name for f in dataclasses.fields(SamplingConfig)}
     # SamplingConfig's fields and its build() keyword, generate()'s keywords: each declared once
     assert fields | {"json_schema"} == set(names)
-    assert set(GenerateOptions.__annotations__) <= set(names)
+    # generate()'s keywords are the declared names, no more, no less
+    params = set(inspect.signature(Llama.generate).parameters) - {"self", "prompt", "options"}
+    assert params | set(GenerateOptions.__annotations__) == set(decl.honoured("generate").values())
     assert set(PROBES) == set(names), "every declared option needs a probe here"
     for o in decl.OPTIONS:
         assert set(o.names) == set(decl.APIS)
@@ -272,7 +275,7 @@ def _flags(api: str, kw: dict[str, Any]) -> list[str]:
 
 def run_cli(capsys: pytest.CaptureFixture[str], kw: dict[str, Any]) -> Out:
     capsys.readouterr()
-    rc = cli_main(["generate", "-p", PROMPT, "--json", *_flags("cli", kw)])
+    rc = cli_main(["generate", "-p", PROMPT, "--json", "-t", "1", "-c", "256", *_flags("cli", kw)])
     out = capsys.readouterr().out
     assert rc == 0, out
     r = json.loads(out)

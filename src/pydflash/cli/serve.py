@@ -122,14 +122,8 @@ def add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=-1,
         help="tokens to generate; -1: until EOS or the context is full (default: %(default)s)",
     )
-    _add_missing(
-        smp,
-        ("--temp",),
-        dest="temperature",
-        type=float,
-        default=None,
-        help="temperature (default: the request's API default)",
-    )
+    temp_help = "temperature (default: the request's API default)"
+    _add_missing(smp, ("--temp",), dest="temperature", type=float, default=None, help=temp_help)
     _add_missing(smp, ("--top-k",), dest="top_k", type=int, default=None, help="top-k")
     _add_missing(smp, ("--top-p",), dest="top_p", type=float, default=None, help="top-p")
     _add_missing(smp, ("--min-p",), dest="min_p", type=float, default=None, help="min-p")

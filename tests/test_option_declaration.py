@@ -407,3 +407,10 @@ def test_a_request_field_is_made_for_every_declared_name():
     for api, model in (("completions", CompletionRequest), ("chat", ChatRequest), ("native", NativeRequest)):
         names = {f.alias or name for name, f in model.model_fields.items()}
         assert set(decl.honoured(api).values()) <= names, api
+
+
+@pytest.mark.parametrize("api", ["anthropic", "responses"])
+def test_a_refused_option_left_off_is_no_error(api, server):
+    path, body = _body(api, _with_defaults({}))
+    out = post(server, path, {**body, "logprobs": False, "top_logprobs": 0, "post_sampling_probs": False})
+    assert _reply(api, out)[0]

@@ -243,7 +243,7 @@ class ServerRequest(BaseModel):
         """What every kind is checked for before any work (BadRequest): its stop strings'
         bounds, the samplers pydflash refuses, its slot pin and its token budget."""
         for name in refused(self.api) if self.api else ():
-            if self.given(name) is not None:
+            if self.given(name) not in (None, False, 0):  # off asks for nothing
                 raise BadRequest(f"'{name}' is not supported on this endpoint ({self.api})", name)
         stops = self.stops()
         if len(stops) > MAX_STOP or any(len(s) > MAX_STOP_CHARS for s in stops):

@@ -20,7 +20,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from ..options import OPTIONS, refused
+from ..options import OPTIONS, option, refused
 
 if TYPE_CHECKING:
     from ..llama import Llama
@@ -307,11 +307,7 @@ class LlamaFields(ServerRequest):
 
     def budget_given(self) -> tuple[str, int] | None:
         # llama-server reads n_predict, then its aliases: the first one given counts
-        for name, v in (
-            ("n_predict", self.n_predict),
-            ("max_completion_tokens", self.max_completion_tokens),
-            ("max_tokens", self.max_tokens),
-        ):
-            if v is not None:
+        for name in option("max_tokens").aliases["native"]:
+            if (v := getattr(self, name)) is not None:
                 return name, v
         return None

@@ -66,7 +66,9 @@ PROBES: dict[str, Probe] = {
     "cache_prompt": Probe(False, True, "cached"),
     "logprobs": Probe(True, False, "logprobs"),
     "top_logprobs": Probe(1, 3, "logprobs", base={"logprobs": True}),
-    "post_sampling_probs": Probe(True, False, "logprobs", base={**HOT, "top_k": 1, "logprobs": True, "top_logprobs": 1}),
+    "post_sampling_probs": Probe(
+        True, False, "logprobs", base={**HOT, "top_k": 1, "logprobs": True, "top_logprobs": 1}
+    ),
     "grammar": Probe('root ::= "ab"', ABSENT),
     "json_schema": Probe({"enum": ["yes"]}, ABSENT),
 }
@@ -102,6 +104,8 @@ def test_the_declaration_covers_every_sampling_option():
     # generate()'s keywords are the declared names, no more, no less
     params = set(inspect.signature(Llama.generate).parameters) - {"self", "prompt", "options"}
     assert params | set(GenerateOptions.__annotations__) == set(decl.honoured("generate").values())
+    for other in (Llama.stream, Llama.submit, Llama.generate_batch):  # the same keywords (the probes use generate)
+        assert set(inspect.signature(other).parameters) - {"self", "prompt", "prompts", "options", "slot"} == params
     assert set(PROBES) == set(names), "every declared option needs a probe here"
     for o in decl.OPTIONS:
         assert set(o.names) == set(decl.APIS)

@@ -55,7 +55,8 @@ LLAMA_CPP_DEFAULTS = LlamaCppDefaults()
 @dataclasses.dataclass(frozen=True)
 class Option:
     """One option: ``name`` is ``SamplingConfig``'s field (``generate``'s keyword),
-    ``type`` its Python type as ``generate`` takes it, ``default`` the core's (None:
+    ``type`` its Python type as ``generate`` takes it (``SamplingConfig`` checks the plain ones,
+    "int", "float" and "bool", by it), ``default`` the core's (None:
     the option has no core default, see ``rule``), ``rule`` where its values are
     judged, ``names`` its name in each of ``APIS`` (None: refused there, by name),
     ``aliases`` the other names an API reads for it (llama-server's), first given wins,

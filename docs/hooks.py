@@ -1,4 +1,5 @@
-"""MkDocs hook: the command-line page's flag tables, rendered from pydflash's own argparse parsers.
+"""MkDocs hook: the command-line page's flag tables, rendered from pydflash's own argparse parsers,
+and the table of each option's name in each API, rendered from its declaration (pydflash.options).
 
 `<!-- cli-reference -->` in a page becomes one section per subcommand (usage, description, a
 table of its options), so `--help` and the docs have one source. The parser is caught where
@@ -14,6 +15,18 @@ from typing import Any
 from unittest import mock
 
 MARKER = "<!-- cli-reference -->"
+OPTIONS_MARKER = "<!-- option-names -->"
+_API_HEADS = {
+    "generate": "`generate`",
+    "llama_cpp": "`create_completion`",
+    "completions": "`/v1/completions`",
+    "chat": "`/v1/chat/completions`",
+    "native": "`/completion`",
+    "anthropic": "`/v1/messages`",
+    "responses": "`/v1/responses`",
+    "cli": "`pydflash generate`",
+    "serve": "`pydflash serve` (default)",
+}
 
 
 class _Caught(BaseException):  # BaseException: main's `except Exception`-style handlers never see it
@@ -87,7 +100,24 @@ def render() -> str:
     return "\n".join(render_subcommand(n, p) for n, p in subcommands(root_parser()).items())
 
 
+def render_options() -> str:
+    """Each declared option's name in each API ("refused": that API refuses it by name), as Markdown."""
+    options = importlib.import_module("pydflash.options")
+    apis = list(options.APIS)
+    out = ["| option | " + " | ".join(_API_HEADS[a] for a in apis) + " |", "|---" * (len(apis) + 1) + "|"]
+    for o in options.OPTIONS:
+        cells = []
+        for api in apis:
+            name = o.names[api]
+            also = [x for x in o.aliases.get(api, ()) if x != name]
+            cells.append("refused" if name is None else f"`{name}`" + (f" ({', '.join(also)})" if also else ""))
+        out.append(f"| `{o.name}` | " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(out)
+
+
 def on_page_markdown(markdown: str, **kwargs: Any) -> str:
     if MARKER in markdown:
-        return markdown.replace(MARKER, render())
+        markdown = markdown.replace(MARKER, render())
+    if OPTIONS_MARKER in markdown:
+        markdown = markdown.replace(OPTIONS_MARKER, render_options())
     return markdown

@@ -130,6 +130,7 @@ PUBLIC_MODULES = (
     "pydflash.openai.chat",
     "pydflash.openai.completions",
     "pydflash.openai.types",
+    "pydflash.options",
     "pydflash.pair",
     "pydflash.results",
     "pydflash.server",

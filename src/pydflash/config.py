@@ -16,6 +16,7 @@ else:  # pragma: no cover
     from typing_extensions import Unpack
 
 from . import _core
+from .options import OPTIONS
 
 # The core owns every option's choices, defaults and value rules; this module
 # only converts Python values (types, None/bool conveniences) and asks the core.
@@ -346,23 +347,16 @@ class SamplingConfig:
     def __post_init__(self) -> None:
         if self.max_tokens is not None:
             int_option("max_tokens", self.max_tokens, 0)
-        for name in ("cache_prompt", "logprobs", "post_sampling_probs"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be a bool, not {type(getattr(self, name)).__name__}")
-        for name in ("top_k", "penalty_last_n", "draft_min", "top_logprobs"):
-            int_option(name, getattr(self, name))
-        for name in (
-            "temperature",
-            "top_p",
-            "min_p",
-            "typical_p",
-            "top_n_sigma",
-            "repeat_penalty",
-            "frequency_penalty",
-            "presence_penalty",
-            "draft_p_min",
-        ):
-            float_option(name, getattr(self, name))
+        for o in OPTIONS:  # the plain types, as the declaration gives them
+            if o.type not in ("bool", "int", "float"):
+                continue  # checked below, or where it is built (build: grammar, json_schema)
+            value = getattr(self, o.name)
+            if o.type == "bool" and not isinstance(value, bool):
+                raise TypeError(f"{o.name} must be a bool, not {type(value).__name__}")
+            if o.type == "int":
+                int_option(o.name, value)
+            elif o.type == "float":
+                float_option(o.name, value)
         if self.seed is not None:
             int_option("seed", self.seed, bits=64)
         if self.draft_max is not None:
@@ -404,22 +398,10 @@ class SamplingConfig:
     def core_params(self, seed: int) -> _core.SamplingParams:
         """The core's sampling options, with the seed this run uses."""
         return _core.SamplingParams(
-            temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            min_p=self.min_p,
-            typical_p=self.typical_p,
-            top_n_sigma=self.top_n_sigma,
-            repeat_penalty=self.repeat_penalty,
-            frequency_penalty=self.frequency_penalty,
-            presence_penalty=self.presence_penalty,
-            penalty_last_n=self.penalty_last_n,
+            **{name: getattr(self, name) for name in _SAMPLING_FIELDS},
             logit_bias=list(self.logit_bias),
             seed=seed & 0xFFFFFFFFFFFFFFFF,
             verify=self.verify or _SAMPLING.verify,
-            logprobs=self.logprobs,
-            top_logprobs=self.top_logprobs,
-            post_sampling_probs=self.post_sampling_probs,
         )
 
     def for_seed(self, seeded: bool) -> SamplingConfig:
@@ -434,9 +416,8 @@ class SamplingConfig:
     def draft_control(self) -> _core.DraftControl:
         """The core's draft-length controls (draft_max None: the pair's default)."""
         return _core.DraftControl(
+            **{name: getattr(self, name) for name in _DRAFT_FIELDS},
             draft_max=-1 if self.draft_max is None else self.draft_max,
-            draft_min=self.draft_min,
-            draft_p_min=self.draft_p_min,
         )
 
     @staticmethod
@@ -454,6 +435,19 @@ class SamplingConfig:
         if isinstance(stop, str):
             return (stop,)
         return tuple(stop)
+
+
+# the fields SamplingConfig passes to the core's structs as they are: those of the same name
+# (a field added to both is passed on; the others are converted where the structs are built)
+_CONVERTED = ("logit_bias", "seed", "verify", "draft_max")
+_SAMPLING_FIELDS = tuple(
+    f.name for f in dataclasses.fields(SamplingConfig) if hasattr(_SAMPLING, f.name) and f.name not in _CONVERTED
+)
+_DRAFT_FIELDS = tuple(
+    f.name
+    for f in dataclasses.fields(SamplingConfig)
+    if hasattr(_core.DraftControl(), f.name) and f.name not in _CONVERTED
+)
 
 
 def make_grammar(grammar: Grammar | str | None, json_schema: Mapping[str, Any] | str | None) -> Grammar | None:

@@ -29,6 +29,7 @@ from .errors import PyDFlashError
 from .llama_cache import BaseLlamaCache, LlamaState, sequence_state
 from .openai.completions import CompletionHost, create_chat_completion, create_completion
 from .openai.embeddings import CreateEmbeddingResponse, Vector, embed_texts, embedding_response
+from .options import LLAMA_CPP_DEFAULTS
 
 if TYPE_CHECKING:
     from .engine.engine import Engine
@@ -40,6 +41,7 @@ __all__ = ["EmbedOutput", "LlamaCppApi", "LlamaCppKeywords", "LlamaState", "llam
 # LlamaState is llama_cache's: named here too, where llama-cpp-python programs find it
 
 _Result = TypeVar("_Result")
+_CORE = SamplingConfig()  # the core's defaults, where llama-cpp-python's are the same
 # a text's vector, or one per token (pooling "none"); for a list of texts, a list of them
 EmbedOutput = Vector | list[Vector] | list[Vector | list[Vector]]
 
@@ -178,14 +180,14 @@ class LlamaCppApi:
 
     def sample(
         self,
-        top_k: int = 40,
-        top_p: float = 0.95,
-        min_p: float = 0.05,
-        typical_p: float = 1.0,
-        temp: float = 0.80,
-        repeat_penalty: float = 1.0,
-        frequency_penalty: float = 0.0,
-        presence_penalty: float = 0.0,
+        top_k: int = LLAMA_CPP_DEFAULTS.top_k,
+        top_p: float = LLAMA_CPP_DEFAULTS.top_p,
+        min_p: float = LLAMA_CPP_DEFAULTS.min_p,
+        typical_p: float = _CORE.typical_p,
+        temp: float = LLAMA_CPP_DEFAULTS.temperature,
+        repeat_penalty: float = _CORE.repeat_penalty,
+        frequency_penalty: float = _CORE.frequency_penalty,
+        presence_penalty: float = _CORE.presence_penalty,
         tfs_z: float = 1.0,
         mirostat_mode: int = 0,
         mirostat_eta: float = 0.1,
@@ -437,7 +439,7 @@ class LlamaCppKeywords(TypedDict, total=False):
 
 # llama-cpp-python's chat_format names whose llama.cpp template is named differently
 _CHAT_FORMATS = {"llama-2": "llama2", "llama-3": "llama3", "mistral-instruct": "mistral-v1", "qwen": "chatml"}
-_PENALTY_LAST_N = SamplingConfig().penalty_last_n
+_PENALTY_LAST_N = _CORE.penalty_last_n
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ContextPair", "StepResult"]
 
+_DRAFT = _core.DraftControl()  # the core's draft-length defaults
+
 
 class ContextPair:
     """Target + drafter contexts, seen through one sequence's token history
@@ -66,8 +68,8 @@ class ContextPair:
         self,
         draft_max: int | None = None,
         *,
-        draft_min: int = 0,
-        draft_p_min: float = 0.0,
+        draft_min: int = _DRAFT.draft_min,
+        draft_p_min: float = _DRAFT.draft_p_min,
         draft: Sequence[int] | None = None,
     ) -> StepResult:
         """One speculative step. ``draft_max`` bounds the drafted block (None:

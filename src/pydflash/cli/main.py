@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -19,6 +20,7 @@ from ..devices import backends
 from ..embedded import embedded_pair
 from ..errors import PyDFlashError
 from ..llama import Llama
+from ..options import OPTIONS
 from . import bench as bench_command
 from . import demo as demo_command
 from . import train as train_command
@@ -86,6 +88,7 @@ def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     c.add_argument("--grammar-file", metavar="FILE", help="the output follows the GBNF grammar in FILE")
     c.add_argument("-j", "--json-schema", metavar="SCHEMA", help="the output is JSON valid against this schema")
     c.add_argument("--json-schema-file", metavar="FILE", help="the output is JSON valid against the schema in FILE")
+    _add_declared(g)
     g.add_argument("--stream", action="store_true", help="print text as it is generated")
     g.add_argument("--json", action="store_true", help="print the result as JSON")
     add_common(g)
@@ -134,23 +137,34 @@ def _add_sampling(g: argparse.ArgumentParser) -> None:
     s.add_argument("-s", "--seed", type=int, default=-1, help="-1 = random (default: %(default)s)")
 
 
+def _add_declared(g: argparse.ArgumentParser) -> None:
+    """A flag for each option the declaration (options.py) names for the CLI that the flags
+    above do not write out (with their own help): its name as given there, its dest the option's."""
+    for o in OPTIONS:
+        flag = o.names["cli"]
+        if flag is None:
+            continue
+        kind: dict[str, Any] = {"action": "store_true"} if o.json is bool else {"type": o.json, "default": o.default}
+        with contextlib.suppress(argparse.ArgumentError):  # written out above
+            g.add_argument(flag, dest=o.name, help=f"{o.name} (as generate()'s; default: the core's)", **kind)
+
+
+# the options generate_options converts itself (llama.cpp's negative values, files, the Llama's draft_max)
+_CONVERTED = ("max_tokens", "temperature", "top_k", "draft_max", "grammar", "json_schema")
+
+
 def generate_options(a: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
     """``generate``'s flags as (``Llama``'s keyword options, ``generate``'s), negative values
     read as llama.cpp reads them: ``-n`` -1 (or -2) until EOS or a full context, ``--temp``
     below 0 greedy, ``--top-k`` below 1 off; ``--repeat-last-n`` -1 (the context) stays -1
     for the command to resolve once the model's context is known."""
     llama = dict(draft_max=a.draft_max, seed=a.seed, **llama_options(a))
-    names = ("top_p", "min_p", "typical_p", "top_n_sigma", "repeat_penalty", "penalty_last_n", "presence_penalty")
-    kw: dict[str, Any] = {n: getattr(a, n) for n in names}
+    # the declared options by their dests (each flag's dest is the option's name)
+    kw: dict[str, Any] = {o.name: getattr(a, o.name) for o in OPTIONS if o.names["cli"] and o.name not in _CONVERTED}
     kw.update(
         max_tokens=None if a.max_tokens in (-1, -2) else a.max_tokens,
         temperature=max(a.temperature, 0.0),
         top_k=max(a.top_k, 0),
-        frequency_penalty=a.frequency_penalty,
-        seed=a.seed,
-        ignore_eos=a.ignore_eos,
-        draft_min=a.draft_min,
-        draft_p_min=a.draft_p_min,
         **_structured(a),
     )
     return llama, kw

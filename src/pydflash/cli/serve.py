@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..options import OPTIONS
 from .common import DRAFT_MAX_HELP, add_common, llama_options
 
 __all__ = ["add_serve", "cmd_serve", "serve_llama_options", "server_options"]
@@ -116,14 +117,13 @@ def add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _add_missing(
         smp,
         ("-n", "--n-predict"),
-        dest="n_predict",
+        dest="max_tokens",
         type=int,
         default=-1,
         help="tokens to generate; -1: until EOS or the context is full (default: %(default)s)",
     )
-    _add_missing(
-        smp, ("--temp",), dest="temp", type=float, default=None, help="temperature (default: the request's API default)"
-    )
+    temp_help = "temperature (default: the request's API default)"
+    _add_missing(smp, ("--temp",), dest="temperature", type=float, default=None, help=temp_help)
     _add_missing(smp, ("--top-k",), dest="top_k", type=int, default=None, help="top-k")
     _add_missing(smp, ("--top-p",), dest="top_p", type=float, default=None, help="top-p")
     _add_missing(smp, ("--min-p",), dest="min_p", type=float, default=None, help="min-p")
@@ -274,25 +274,19 @@ def server_options(a: argparse.Namespace) -> dict[str, Any]:
     if a.api_key_file:
         keys += [line.strip() for line in Path(a.api_key_file).read_text(encoding="utf-8").splitlines() if line.strip()]
     hosts = [h.strip() for arg in (a.host or ["127.0.0.1"]) for h in arg.split(",") if h.strip()]
-    temp, top_k = getattr(a, "temp", None), getattr(a, "top_k", None)
-    defaults = {
-        k: v
-        for k, v in {
-            "max_tokens": getattr(a, "n_predict", -1),
-            # llama.cpp's: a negative temperature is greedy, a top-k below 1 is off
-            "temperature": None if temp is None else max(temp, 0.0),
-            "top_k": None if top_k is None else max(top_k, 0),
-            "top_p": getattr(a, "top_p", None),
-            "min_p": getattr(a, "min_p", None),
-            "seed": getattr(a, "seed", None),
-            "draft_max": a.draft_max,
-            "draft_min": a.draft_min,
-            "draft_p_min": a.draft_p_min,
-            "enable_thinking": {"on": True, "off": False}.get(a.reasoning),
-            "jinja": False if a.no_jinja else None,
-        }.items()
-        if v is not None and not (k == "max_tokens" and v < 0)
-    }
+    # the options the declaration (options.py) gives `pydflash serve` flags for, by their dests
+    # (each the option's name): llama.cpp's -n -1 is no limit, a negative --temp greedy, a
+    # --top-k below 1 off
+    given: dict[str, Any] = {o.name: getattr(a, o.name, None) for o in OPTIONS if o.names["serve"] is not None}
+    if given.get("max_tokens") is not None and given["max_tokens"] < 0:
+        given["max_tokens"] = None
+    for name, floor in (("temperature", 0.0), ("top_k", 0)):
+        value = given.get(name)
+        if value is not None:
+            given[name] = max(value, floor)
+    given["enable_thinking"] = {"on": True, "off": False}.get(a.reasoning)
+    given["jinja"] = False if a.no_jinja else None
+    defaults = {k: v for k, v in given.items() if v is not None}
     return {
         "host": hosts,
         "port": a.port,

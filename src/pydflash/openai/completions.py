@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol, TypedDict, TypeVar
 from ..config import Grammar, SamplingConfig
 from ..engine.generation import Generation, GenerationHost
 from ..errors import ChatTemplateError
+from ..options import LLAMA_CPP_DEFAULTS, OPTIONS
 from ..results import FinishReason, PromptProgress, TokenLogprob
 from .chat import ChatPrompt, ChatReply, ChatTemplate, ToolChoice
 from .logprobs import chat_logprobs, completion_logprobs
@@ -52,6 +53,7 @@ class CompletionHost(GenerationHost, Protocol):
 
 
 MAX_CHOICES = 16  # n: choices of one request
+_CORE = SamplingConfig()  # the core's defaults, where llama-cpp-python's are the same
 
 Stop = str | Sequence[str] | None
 
@@ -108,6 +110,19 @@ def _progress_json(p: PromptProgress) -> PromptProgressJSON:
     return {"total": p.total, "cache": p.cache, "processed": p.processed, "time_ms": p.time_ms}
 
 
+# the options both completion functions pass to SamplingConfig as they are, by their names in the
+# declaration's "llama_cpp" column (pydflash.options); the others each function converts itself
+_CONVERTED = ("max_tokens", "stop", "logit_bias", "logprobs", "top_logprobs", "grammar", "json_schema")
+_PLAIN = tuple(
+    (o.name, wire) for o in OPTIONS if (wire := o.names["llama_cpp"]) is not None and o.name not in _CONVERTED
+)
+
+
+def _passed(args: Mapping[str, Any]) -> dict[str, Any]:
+    """The plain options among a completion function's arguments, under SamplingConfig's names."""
+    return {name: args[wire] for name, wire in _PLAIN}
+
+
 def _unsupported(**kw: Any) -> None:
     for name, value in kw.items():
         if value not in (None, False, 0):
@@ -122,15 +137,15 @@ def create_completion(
     prompt: str | Sequence[int],
     suffix: str | None = None,
     max_tokens: int | None = 16,
-    temperature: float = 0.8,
-    top_p: float = 0.95,
-    min_p: float = 0.05,
+    temperature: float = LLAMA_CPP_DEFAULTS.temperature,
+    top_p: float = LLAMA_CPP_DEFAULTS.top_p,
+    min_p: float = LLAMA_CPP_DEFAULTS.min_p,
     echo: bool = False,
     stop: Stop = None,
     frequency_penalty: float = 0.0,
     presence_penalty: float = 0.0,
-    repeat_penalty: float = 1.0,
-    top_k: int = 40,
+    repeat_penalty: float = _CORE.repeat_penalty,
+    top_k: int = LLAMA_CPP_DEFAULTS.top_k,
     stream: bool = False,
     seed: int | None = None,
     logit_bias: Mapping[Any, float] | None = None,
@@ -142,8 +157,9 @@ def create_completion(
     draft_min: int = 0,
     draft_p_min: float = 0.0,
     cache_prompt: bool = True,
-    typical_p: float = 1.0,
-    top_n_sigma: float = -1.0,
+    typical_p: float = _CORE.typical_p,
+    top_n_sigma: float = _CORE.top_n_sigma,
+    penalty_last_n: int = _CORE.penalty_last_n,
     post_sampling_probs: bool = False,
     response_format: Mapping[str, Any] | None = None,
     json_schema: Mapping[str, Any] | None = None,
@@ -161,34 +177,19 @@ def create_completion(
     it. ``id_slot``: that slot (-1/None: any). ``n`` choices, seeds ``seed``, ``seed + 1``... ``cancel``: asked after
     each step of a stream (else every 0.1 s); True raises ``GenerationInterrupted``. ``return_progress``,
     ``timings_per_token``: llama-server's, with ``stream``."""
+    args = locals()  # the keywords by name, before any other local: _passed reads the options
     _unsupported(suffix=suffix, **{"logprobs with echo": logprobs is not None and echo})
     schema, gbnf = constraint(response_format, json_schema, grammar)
     tokens = llm.prompt_tokens(prompt)
     cfg = SamplingConfig.build(
+        **_passed(args),
         max_tokens=_budget(max_tokens),
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        min_p=min_p,
-        seed=seed,
         stop=_stops(stop),
-        frequency_penalty=frequency_penalty,
-        presence_penalty=presence_penalty,
-        repeat_penalty=repeat_penalty,
         logit_bias=_logit_bias(logit_bias),
-        ignore_eos=ignore_eos,
-        draft_max=draft_max,
-        draft_min=draft_min,
-        draft_p_min=draft_p_min,
-        cache_prompt=cache_prompt,
-        typical_p=typical_p,
-        top_n_sigma=top_n_sigma,
         logprobs=logprobs is not None,
         top_logprobs=logprobs or 0,
-        post_sampling_probs=post_sampling_probs,
         grammar=gbnf,
         json_schema=schema,
-        verify=verify,
     )
     gens = _generations(llm, tokens, cfg, id_slot, n, stream and return_progress, stream and timings_per_token)
     meta: _Meta = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or llm.model_name}
@@ -327,16 +328,16 @@ def create_chat_completion(
     messages: Sequence[Mapping[str, Any]],
     tools: Sequence[Mapping[str, Any]] | None = None,
     max_tokens: int | None = None,
-    temperature: float = 0.2,
-    top_p: float = 0.95,
-    top_k: int = 40,
-    min_p: float = 0.05,
+    temperature: float = 0.2,  # llama-cpp-python's chat default
+    top_p: float = LLAMA_CPP_DEFAULTS.top_p,
+    top_k: int = LLAMA_CPP_DEFAULTS.top_k,
+    min_p: float = LLAMA_CPP_DEFAULTS.min_p,
     stop: Stop = None,
     seed: int | None = None,
     stream: bool = False,
     frequency_penalty: float = 0.0,
     presence_penalty: float = 0.0,
-    repeat_penalty: float = 1.0,
+    repeat_penalty: float = _CORE.repeat_penalty,
     logit_bias: Mapping[Any, float] | None = None,
     model: str | None = None,
     logprobs: bool | None = None,
@@ -349,8 +350,9 @@ def create_chat_completion(
     draft_min: int = 0,
     draft_p_min: float = 0.0,
     cache_prompt: bool = True,
-    typical_p: float = 1.0,
-    top_n_sigma: float = -1.0,
+    typical_p: float = _CORE.typical_p,
+    top_n_sigma: float = _CORE.top_n_sigma,
+    penalty_last_n: int = _CORE.penalty_last_n,
     post_sampling_probs: bool = False,
     response_format: Mapping[str, Any] | None = None,
     json_schema: Mapping[str, Any] | None = None,
@@ -366,34 +368,19 @@ def create_chat_completion(
 ) -> ChatCompletion | Iterator[ChatCompletionChunk]:
     """An OpenAI-style chat completion of ``messages`` through the chat template (the reply format, tools and
     ``tool_choice``: ``ChatTemplate.apply``; ``template_format=False``: --no-jinja). Others: create_completion's."""
+    args = locals()  # the keywords by name, before any other local: _passed reads the options
     _check_top_logprobs(logprobs, top_logprobs)
     schema, gbnf = constraint(response_format, json_schema, grammar)
     tmpl = _TemplateArgs(enable_thinking, chat_template_kwargs, template_format, tool_choice)
     cp = _chat_prompt(llm, messages, tools, tmpl, schema, gbnf)
     cfg = SamplingConfig.build(
+        **_passed(args),
         max_tokens=_budget(max_tokens),
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        min_p=min_p,
-        seed=seed,
         stop=_stops(stop, cp.stop),
-        frequency_penalty=frequency_penalty,
-        presence_penalty=presence_penalty,
-        repeat_penalty=repeat_penalty,
         logit_bias=_logit_bias(logit_bias),
-        ignore_eos=ignore_eos,
-        draft_max=draft_max,
-        draft_min=draft_min,
-        draft_p_min=draft_p_min,
-        cache_prompt=cache_prompt,
-        typical_p=typical_p,
-        top_n_sigma=top_n_sigma,
         logprobs=bool(logprobs),
         top_logprobs=top_logprobs or 0,
-        post_sampling_probs=post_sampling_probs,
         grammar=chat_grammar(cp, (schema, gbnf), lambda text: _generation_prompt_tokens(llm, text)),
-        verify=verify,
     )
     gens = _generations(
         llm, llm.prompt_tokens(cp.prompt), cfg, id_slot, n, stream and return_progress, stream and timings_per_token

@@ -151,6 +151,9 @@ class AnthropicRequest(_Messages, ServerRequest):
     keep_timings: ClassVar[bool] = False  # counted in /metrics, not shown: llama-server's replies have none
     stop_field: ClassVar[str] = "stop_sequences"
     filled: ClassVar[tuple[str, ...] | None] = ("temperature", "top_p", "top_k")
+    api: ClassVar[str] = "anthropic"
+    # llama-server's own fields pass through (the declaration's "anthropic" names)
+    model_config = ConfigDict(extra="allow")
 
     def stops(self) -> list[str]:
         return list(self.stop_sequences or [])
@@ -167,18 +170,15 @@ class AnthropicRequest(_Messages, ServerRequest):
 
     def chat(self) -> ChatRequest:
         fields: dict[str, Any] = {
+            **self.chat_options(),
             "messages": self.openai_messages(),
             "max_tokens": self.max_tokens,
             "stream": self.stream,
             "tools": self.openai_tools(),
             "tool_choice": self.openai_tool_choice(),
-            "stop": self.stop_sequences,
             # message_start's usage is the prompt's, known once the first text comes
             "timings_per_token": self.stream or None,
         }
-        for key in ("temperature", "top_p", "top_k", "logit_bias", "seed"):
-            if getattr(self, key) is not None:
-                fields[key] = getattr(self, key)
         if self.thinking is not None:
             fields["enable_thinking"] = self.thinking.get("type") == "enabled"
         req = ChatRequest.model_validate({k: v for k, v in fields.items() if v is not None})

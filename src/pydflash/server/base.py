@@ -6,11 +6,21 @@ responses.py) translates its own fields into these and nothing else."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, ValidatorFunctionWrapHandler, WrapValidator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+)
 from pydantic_core import PydanticCustomError
+
+from ..options import OPTIONS, option, refused
 
 if TYPE_CHECKING:
     from ..llama import Llama
@@ -27,6 +37,8 @@ __all__ = [
     "Stop",
     "Unsupported",
     "budget",
+    "option_fields",
+    "plain_options",
 ]
 
 
@@ -71,6 +83,28 @@ def budget(given: tuple[str, int] | None, server_n_predict: int = -1) -> int | N
     if n < 0:
         return None
     return max(n, 1)  # 0: llama-server samples one token before it checks the budget
+
+
+def option_fields(api: str, skip: Collection[str], defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The request fields of the options the declaration (options.py) gives ``api``, by their
+    names there (a dotted one, llama-server's ``speculative.n_max``, as an alias), of their JSON
+    type, but those named in ``skip`` (the kind's own): for ``pydantic.create_model``.
+    ``defaults``: the kind's own defaults, by option (else None: the library's)."""
+    out: dict[str, Any] = {}
+    for o in OPTIONS:
+        wire = o.names[api]
+        if wire is None or wire in skip:
+            continue
+        default: Any = (defaults or {}).get(o.name)
+        kind: Any = o.json if default is not None else o.json | None
+        name = wire.replace(".", "_")
+        out[name] = (kind, Field(default=default, alias=wire) if name != wire else default)
+    return out
+
+
+def plain_options(api: str, skip: Collection[str]) -> dict[str, str]:
+    """{option: its name in ``api``} for the options ``option_fields`` makes fields of."""
+    return {o.name: wire for o in OPTIONS if (wire := o.names[api]) is not None and wire not in skip}
 
 
 def must_be(expected: str) -> WrapValidator:
@@ -123,6 +157,9 @@ class ServerRequest(BaseModel):
     # the fields the server's defaults fill where the request leaves them out or null
     # (None: every field of the kind that the request leaves out)
     filled: ClassVar[tuple[str, ...] | None] = None
+    # its column of the option declaration (options.py): the options it refuses by name;
+    # a kind that becomes a chat request passes the others on (chat_options)
+    api: ClassVar[str] = ""
     _n_default: int = PrivateAttr(-1)  # the server's -n (-1: none): what an absent or -1 budget means
     _jinja: bool = PrivateAttr(True)  # False: the server's --no-jinja (chat: no reply format)
 
@@ -161,6 +198,25 @@ class ServerRequest(BaseModel):
 
     # -- what a kind translates: its fields under the names check_common reads --------
 
+    def given(self, name: str) -> Any:
+        """The body's ``name`` (a field or, where the kind keeps them, an extra one); None: absent."""
+        field = name.replace(".", "_")  # llama-server's dotted names are aliases
+        if field in type(self).model_fields:
+            return getattr(self, field)
+        return (self.model_extra or {}).get(name)
+
+    def chat_options(self) -> dict[str, Any]:
+        """The options the body gives under this kind's names (the declaration's ``api``
+        column) as the chat request's fields, but the token budget (``budget_given``)."""
+        out: dict[str, Any] = {}
+        for o in OPTIONS:
+            mine, chat = o.names[self.api], o.names["chat"]
+            if mine is None or chat is None or o.name == "max_tokens":
+                continue
+            if (value := self.given(mine)) is not None:
+                out[chat] = value
+        return out
+
     def stops(self) -> list[str]:
         """The stop strings (its ``stop_field``)."""
         return []
@@ -186,6 +242,9 @@ class ServerRequest(BaseModel):
     def check_common(self, parallel: int) -> None:
         """What every kind is checked for before any work (BadRequest): its stop strings'
         bounds, the samplers pydflash refuses, its slot pin and its token budget."""
+        for name in refused(self.api) if self.api else ():
+            if self.given(name) not in (None, False, 0):  # off asks for nothing
+                raise BadRequest(f"'{name}' is not supported on this endpoint ({self.api})", name)
         stops = self.stops()
         if len(stops) > MAX_STOP or any(len(s) > MAX_STOP_CHARS for s in stops):
             raise BadRequest(
@@ -248,11 +307,7 @@ class LlamaFields(ServerRequest):
 
     def budget_given(self) -> tuple[str, int] | None:
         # llama-server reads n_predict, then its aliases: the first one given counts
-        for name, v in (
-            ("n_predict", self.n_predict),
-            ("max_completion_tokens", self.max_completion_tokens),
-            ("max_tokens", self.max_tokens),
-        ):
-            if v is not None:
+        for name in option("max_tokens").aliases["native"]:
+            if (v := getattr(self, name)) is not None:
                 return name, v
         return None

@@ -10,22 +10,24 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Iterator, Sequence
-from typing import Annotated, Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from ..config import SamplingConfig
 from ..engine.generation import Generation
 from ..llama import Llama
 from ..openai.structured import constraint
+from ..options import LLAMA_CPP_DEFAULTS, OPTIONS
 from ..results import TokenLogprob
-from .base import BadRequest, LlamaFields, Unsupported
+from .base import BadRequest, LlamaFields, Unsupported, option_fields, plain_options
 from .requests import MAX_PROMPTS, check_probs
 
 __all__ = ["InfillRequest", "NativeRequest", "fim_tokens", "pieces", "tokenize_mixed"]
 
 _STOP_TYPE = {"eos": "eos", "stop": "word", "length": "limit", None: "none"}
 Mixed = list[Annotated[str | int, Field(union_mode="left_to_right")]]
+_CORE = SamplingConfig()  # the core's defaults, where llama-server's are the same
 
 
 class JsonPrompt(BaseModel):
@@ -92,23 +94,30 @@ def _probs(llm: Llama, lps: Sequence[TokenLogprob], post: bool) -> list[dict[str
     return out
 
 
-class NativeRequest(LlamaFields):
-    """``POST /completion``: llama-server's fields and defaults."""
+# the options /completion reads itself; the others are fields made from the declaration, with
+# llama-server's defaults where they are not the core's (llama.cpp's common_params_sampling)
+_OWN = ("n_probs", "repeat_last_n", "seed", "ignore_eos", "post_sampling_probs", "logit_bias", "grammar",
+        "json_schema", *LlamaFields.model_fields)  # fmt: skip
+_DEFAULTS = {o.name: o.default for o in OPTIONS if o.default is not None} | dataclasses.asdict(LLAMA_CPP_DEFAULTS)
+_PLAIN = plain_options("native", _OWN)
+
+if TYPE_CHECKING:
+    _Options = LlamaFields
+else:
+    _Options = create_model(
+        "_Options", __base__=LlamaFields, __module__=__name__, **option_fields("native", _OWN, _DEFAULTS)
+    )
+
+
+class NativeRequest(_Options):
+    """``POST /completion``: llama-server's fields and defaults (the plain options' fields are
+    made from the declaration: ``_Options``)."""
 
     model_config = ConfigDict(extra="ignore")
 
     prompt: str | Mixed | JsonPrompt | list[str | Mixed | JsonPrompt] = ""
     stream: bool = False
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    typical_p: float = 1.0
-    top_n_sigma: float = -1.0
-    repeat_penalty: float = 1.0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    repeat_last_n: int = 64
+    repeat_last_n: int = _CORE.penalty_last_n
     seed: int | None = None
     ignore_eos: bool = False
     n_probs: int = 0
@@ -116,15 +125,11 @@ class NativeRequest(LlamaFields):
     return_tokens: bool = False
     return_progress: bool = False  # prompt_progress events in a stream
     timings_per_token: bool = False  # each chunk of a stream with the timings as they stand
-    cache_prompt: bool = True
     id_slot: int = -1  # -1: any slot
     logit_bias: list[list[Any]] | dict[str, Any] | None = None
     grammar: str | None = None
     json_schema: dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
-    speculative_n_max: int | None = Field(default=None, alias="speculative.n_max")
-    speculative_n_min: int | None = Field(default=None, alias="speculative.n_min")
-    speculative_p_min: float | None = Field(default=None, alias="speculative.p_min")
     lora: list[Any] | None = None
     multimodal_data: list[Any] | None = None
 
@@ -205,28 +210,16 @@ class NativeRequest(LlamaFields):
         schema, gbnf = constraint(self.response_format, self.json_schema, self.grammar)
         stops = self.stops()
         return SamplingConfig.build(
+            **{name: v for name, wire in _PLAIN.items() if (v := self.given(wire)) is not None},
             max_tokens=self.token_budget(),
-            temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            min_p=self.min_p,
-            typical_p=self.typical_p,
-            top_n_sigma=self.top_n_sigma,
-            repeat_penalty=self.repeat_penalty,
-            frequency_penalty=self.frequency_penalty,
-            presence_penalty=self.presence_penalty,
             penalty_last_n=llm.n_ctx_slot if self.repeat_last_n == -1 else self.repeat_last_n,  # -1: the context
             seed=None if self.seed is None or self.seed < 0 else self.seed,
             stop=[s for s in stops if s],
             logit_bias=self._bias(llm),
             ignore_eos=self.ignore_eos,
-            cache_prompt=self.cache_prompt,
             logprobs=self.n_probs > 0,
             top_logprobs=self.n_probs,
             post_sampling_probs=self.post_sampling_probs,
-            draft_max=self.speculative_n_max,
-            draft_min=self.speculative_n_min or 0,
-            draft_p_min=self.speculative_p_min or 0.0,
             grammar=gbnf,
             json_schema=schema,
         )

@@ -10,12 +10,12 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
-from pydantic import ConfigDict, ValidationError
+from pydantic import ConfigDict, ValidationError, create_model
 
 from .._core import __version__
 from ..openai.chat import resolve_tool_choice
 from ..openai.completions import MAX_CHOICES, chat_prompt
-from .base import BadRequest, LlamaFields, Unsupported, must_be
+from .base import BadRequest, LlamaFields, Unsupported, must_be, option_fields, plain_options
 
 if TYPE_CHECKING:
     from ..llama import Llama
@@ -71,38 +71,25 @@ def tools_bytes(tools: object) -> int:
     return len(json.dumps(tools, ensure_ascii=False).encode("utf-8", "surrogatepass")) if tools else 0
 
 
-# the fields passed on as they are when given (None: the library's default)
-_PASSED = (
-    "temperature",
-    "top_p",
-    "min_p",
-    "typical_p",
-    "top_n_sigma",
-    "top_k",
-    "frequency_penalty",
-    "presence_penalty",
-    "repeat_penalty",
-    "seed",
-    "ignore_eos",
-    "draft_max",
-    "draft_min",
-    "draft_p_min",
-    "cache_prompt",
-    "id_slot",
-    "n",
-    "post_sampling_probs",
-    "response_format",
-    "json_schema",
-    "grammar",
-    "stop",
-    "logit_bias",
-    "verify",
-    "return_progress",
-    "timings_per_token",
-)
+# the options the declaration (options.py) gives the chat endpoint are fields made from it (the
+# completions' names are the same), passed on under the library's names when given (None: the
+# library's default); but those each kind reads itself (the token budget, the log-probabilities)
+_OWN = ("max_tokens", "logprobs", "top_logprobs")
+_OPTIONS = plain_options("chat", _OWN)  # the stop strings too (LlamaFields' field)
+_PASSED = ("id_slot", "n", "response_format", "return_progress", "timings_per_token")
+
+if TYPE_CHECKING:
+    _Options = LlamaFields
+else:
+    _Options = create_model(
+        "_Options",
+        __base__=LlamaFields,
+        __module__=__name__,
+        **option_fields("chat", (*_OWN, *LlamaFields.model_fields)),
+    )
 
 
-class _Request(LlamaFields):
+class _Request(_Options):
     """The fields completions and chat share. Unknown fields are ignored (OpenAI's
     clients send ``user``, ``stream_options`` ...)."""
 
@@ -110,27 +97,7 @@ class _Request(LlamaFields):
 
     stream: bool | None = None  # null: a field's default, as OpenAI's API reads it
     n: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    min_p: float | None = None
-    typical_p: float | None = None
-    top_n_sigma: float | None = None
-    top_k: int | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    repeat_penalty: float | None = None
-    seed: int | None = None
-    ignore_eos: bool | None = None
-    draft_max: int | None = None
-    draft_min: int | None = None
-    draft_p_min: float | None = None
-    cache_prompt: bool | None = None  # llama-server's: reuse the prompt prefix the caches hold
-    post_sampling_probs: bool | None = None
     response_format: dict[str, Any] | None = None
-    json_schema: dict[str, Any] | None = None
-    grammar: str | None = None
-    logit_bias: dict[str, float] | None = None  # JSON keys are strings: token ids, checked below
-    verify: str | None = None  # pydflash's: "rejection", "match" or "coupled" (Llama.generate's)
     return_progress: bool | None = None  # llama-server's: prompt_progress events in a stream
     timings_per_token: bool | None = None  # llama-server's: each chunk of a stream with its timings
     stream_options: dict[str, Any] | None = None  # OpenAI's: include_usage
@@ -145,6 +112,8 @@ class _Request(LlamaFields):
     def respond(self, llm: Llama, model: str, cancel: Callable[[], bool]) -> Any:
         """The response, or a stream's chunks."""
         first, kw = self.arguments()
+        if kw.get("penalty_last_n") == -1:  # llama-server's -1: the whole context (of a slot)
+            kw["penalty_last_n"] = llm.n_ctx_slot
         create: Callable[..., Any] = (
             llm.create_completion if isinstance(self, CompletionRequest) else llm.create_chat_completion
         )
@@ -182,13 +151,17 @@ class _Request(LlamaFields):
         if self.n is not None and not 1 <= self.n <= MAX_CHOICES:
             raise BadRequest(f"'n' must be in [1, {MAX_CHOICES}]", "n")
         self.check_common(parallel)
-        for key in self.logit_bias or {}:  # here, so that a stream fails before it starts
+        last_n = self.given("repeat_last_n")
+        if last_n is not None and last_n < -1:
+            raise BadRequest(f"'repeat_last_n' must be -1 (the context) or >= 0, got {last_n}", "repeat_last_n")
+        for key in self.given("logit_bias") or {}:  # here, so that a stream fails before it starts
             if not (key.lstrip("-").isdigit() and 0 <= int(key) < n_vocab):
                 raise BadRequest(f"logit_bias keys must be token ids in [0, {n_vocab}), got {key!r}", "logit_bias")
 
     def options(self) -> dict[str, Any]:
         """The keyword arguments common to both completion functions."""
         kw = {k: v for k in _PASSED if (v := getattr(self, k)) is not None}
+        kw.update({name: v for name, wire in _OPTIONS.items() if (v := self.given(wire)) is not None})
         kw["max_tokens"] = self.token_budget()
         return kw
 

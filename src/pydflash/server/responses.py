@@ -11,6 +11,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from pydantic import ConfigDict
+
 from .base import BadRequest, ServerRequest, Unsupported
 from .requests import ChatRequest, check_conversation, tools_bytes
 
@@ -55,6 +57,9 @@ class ResponsesRequest(ServerRequest):
 
     sse_event_names: ClassVar[bool] = True
     filled: ClassVar[tuple[str, ...] | None] = ("temperature", "top_p")
+    api: ClassVar[str] = "responses"
+    # llama-server's own fields pass through (the declaration's "responses" names)
+    model_config = ConfigDict(extra="allow")
 
     def budget_given(self) -> tuple[str, int] | None:
         return None if self.max_output_tokens is None else ("max_output_tokens", self.max_output_tokens)
@@ -119,15 +124,12 @@ class ResponsesRequest(ServerRequest):
                     }
                 )
         fields: dict[str, Any] = {
+            **self.chat_options(),
             "messages": self.messages(),
             "max_tokens": self.max_output_tokens,
             "stream": self.stream,
             "tools": tools,
             "tool_choice": self.tool_choice,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "seed": self.seed,
-            "logit_bias": self.logit_bias,
             "return_progress": self.return_progress or None,
             "timings_per_token": self.timings_per_token or None,
         }

@@ -37,9 +37,9 @@ import numpy as np
 import pytest
 
 from pydflash import Llama, testing
-from support.accept_rule import AMBIGUOUS, STANDARD_10000TH, MT19937_64, replay_step
+from support.accept_rule import AMBIGUOUS, MT19937_64, STANDARD_10000TH, replay_step
 from support.models import SPREAD, SPREAD_DRAFTER
-from support.sampling import PROMPT
+from support.sampling import NO_POWER, PROMPT, SETTINGS
 
 BIAS = {3: 3.0, 7: 2.5, 11: 2.0, 250: 1.5, 17: 1.0}
 DRAFTED_Q = {  # settings for the zero-logit drafter: no cut that could split tied tokens
@@ -47,17 +47,9 @@ DRAFTED_Q = {  # settings for the zero-logit drafter: no cut that could split ti
     "T0.8-bias-penalties": dict(temperature=0.8, logit_bias=BIAS, repeat_penalty=1.3,
                                 presence_penalty=1.0, frequency_penalty=0.5),
     "T1.2-bias-minp": dict(temperature=1.2, min_p=0.05, logit_bias=BIAS),  # p(x) = 0 for most drafts
+    "T1.2-bias-topnsigma3": dict(temperature=1.2, top_n_sigma=3.0, logit_bias=BIAS),
 }  # fmt: skip
-EXTERNAL = {  # test_sampling.py's settings (the spread target's rows have no ties)
-    "T1-topk6": dict(temperature=1.0, top_k=6),
-    "T0.5-topp0.3-minp": dict(temperature=0.5, top_p=0.3, min_p=0.05),
-    "T0.7-topp0.8": dict(temperature=0.7, top_p=0.8),
-    "T1.3-minp-penalties": dict(temperature=1.3, top_k=12, min_p=0.05, repeat_penalty=1.5,
-                                presence_penalty=0.5, frequency_penalty=0.3),
-    "T0.6-topk24-typical0.5": dict(temperature=0.6, top_k=24, typical_p=0.5),
-    "T1.2-topnsigma3": dict(temperature=1.2, top_n_sigma=3.0),
-    "T1-bias-penalties": dict(temperature=1.0, top_k=10, logit_bias={42: 4.0, 17: -2.0}, repeat_penalty=2.0),
-}  # fmt: skip
+EXTERNAL = {**SETTINGS, **NO_POWER}  # test_sampling.py's (the spread target's rows have no ties)
 SEEDS = range(200)
 MAX_AMBIGUOUS = 0.03
 

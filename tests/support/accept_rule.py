@@ -3,7 +3,8 @@ draw by uniform draw (tests/test_accept_resample.py's docstring explains the rou
 
 The core's ``Sampler`` draws every uniform from ``std::mt19937_64`` seeded with the
 sampling seed, as ``std::uniform_real_distribution<double>(0, 1)``: one 64-bit output
-x gives u = x / 2^64 (``std::generate_canonical`` with a 64-bit engine). ``MT19937_64``
+x gives u = x / 2^64 (``std::generate_canonical`` with a 64-bit engine, in libstdc++ and
+libc++ alike). ``MT19937_64``
 reimplements the engine from the C++ standard (and checks itself against the standard's
 known answer); nothing here calls the core. The same stream serves, in order: the
 drafter's samples of its block (one per drafted token), then per verified row the

@@ -18,6 +18,10 @@ core and whose every random draw is replayed:
   answer), consumed in the core's order: the drafter's samples, then per row the accept
   draw, the residual's draw or the bonus token's.
 
+External drafts are replayed with verify="match" too (the target's own sample must equal
+the draft). Under a grammar the same holds with p and q the chain on the masked rows (test_grammar.py's
+settings; a planted mistake applies the mask after the chain).
+
 For each seed, the drafted block, the emitted tokens and the accepted count must equal
 the reference's exactly. A seed where some draw lies within ``AMBIGUOUS`` of its
 threshold (float32 probabilities, a verification pass's rounding) is left out, and at
@@ -36,17 +40,17 @@ import dataclasses
 import numpy as np
 import pytest
 
-from pydflash import Llama, testing
+from pydflash import Grammar, Llama, testing
 from support.accept_rule import AMBIGUOUS, MT19937_64, STANDARD_10000TH, replay_step
 from support.models import SPREAD, SPREAD_DRAFTER
-from support.sampling import NO_POWER, PROMPT, SETTINGS
+from support.sampling import GRAMMAR_SETTINGS, NO_POWER, PROMPT, SETTINGS, letters_allowed
 
 BIAS = {3: 3.0, 7: 2.5, 11: 2.0, 250: 1.5, 17: 1.0}
 DRAFTED_Q = {  # settings for the zero-logit drafter: no cut that could split tied tokens
     "T1-bias": dict(temperature=1.0, logit_bias=BIAS),
     "T0.8-bias-penalties": dict(temperature=0.8, logit_bias=BIAS, repeat_penalty=1.3,
                                 presence_penalty=1.0, frequency_penalty=0.5),
-    "T1.2-bias-minp": dict(temperature=1.2, min_p=0.05, logit_bias=BIAS),  # p(x) = 0 for most drafts
+    "T1.2-bias-minp": dict(temperature=1.2, min_p=0.05, logit_bias=BIAS),  # most first drafts rejected
     "T1.2-bias-topnsigma3": dict(temperature=1.2, top_n_sigma=3.0, logit_bias=BIAS),
 }  # fmt: skip
 EXTERNAL = {**SETTINGS, **NO_POWER}  # test_sampling.py's (the spread target's rows have no ties)
@@ -64,22 +68,25 @@ def zero_q_pair(spread_files, tmp_path_factory: pytest.TempPathFactory):
         yield llm, base
 
 
-def run(llm: Llama, base: Llama, kw: dict, seed: int, verify: str, external: list[int] | None):
+def run(llm: Llama, base: Llama, kw: dict, seed: int, verify: str, external: list[int] | None,
+        grammar: str | None = None, masks=None):
     """One step of the core and the reference's replay of it: (core, reference, inputs)."""
     pair = llm.pair
     pair.set_sampling(seed=seed, verify=verify, **kw)
+    if grammar:
+        pair.set_grammar(Grammar(grammar))
     pair.prefill(PROMPT)
     step = pair.step(draft=external) if external else pair.step(draft_max=pair.max_draft)
     drafted = list(step.drafted)
     rows = base.pair.score(PROMPT + drafted)[len(PROMPT) - 1 :].astype(np.float64)
     flat = np.zeros(len(rows[0]))
-    inputs = (seed, rows, flat, external, kw, verify)
+    inputs = (seed, rows, flat, external, kw, verify, masks)
     return (drafted, list(step.tokens), step.n_accepted), replay_step_of(inputs), inputs
 
 
 def replay_step_of(inputs: tuple, bug: str | None = None):
-    seed, rows, flat, external, kw, verify = inputs
-    return replay_step(MT19937_64(seed), rows, list(PROMPT), lambda i: flat, external, kw, verify, bug)
+    seed, rows, flat, external, kw, verify, masks = inputs
+    return replay_step(MT19937_64(seed), rows, list(PROMPT), lambda i: flat, external, kw, verify, bug, masks)
 
 
 def replay(inputs: tuple, bug: str | None = None) -> tuple:
@@ -110,6 +117,28 @@ def external_runs(spread_pair) -> dict:
             for name, kw in EXTERNAL.items() for verify in ("rejection", "match")}
 
 
+LETTERS = "root ::= [a-e]+"  # test_grammar.py's: after a letter the end of generation is allowed too
+LONG_LETTERS = "root ::= [a-e]{40}"  # no end within one step: a drafted block never ends early
+GRAMMAR_CASES = [("T1", "drafted"), *((name, v) for name in GRAMMAR_SETTINGS for v in ("rejection", "match"))]
+
+
+@pytest.fixture(scope="module")
+def grammar_runs(zero_q_pair, spread_pair) -> dict:
+    """Steps under a grammar: the zero-logit drafter's blocks (q: uniform over the letters)
+    and external drafts, test_grammar.py's sampling settings."""
+    zero, base = zero_q_pair
+    first, later = letters_allowed(base, True), letters_allowed(base, False)
+    out = {("T1", "drafted"): [run(zero, base, GRAMMAR_SETTINGS["T1"], s, "rejection", None, LONG_LETTERS,
+                                   (first, first)) for s in SEEDS[:100]]}
+    llm, _ = spread_pair
+    draft = base.generate(PROMPT, max_tokens=3, ignore_eos=True, grammar=Grammar(LETTERS)).tokens
+    assert all(first[t] for t in draft), draft
+    for name, kw in GRAMMAR_SETTINGS.items():
+        for verify in ("rejection", "match"):
+            out[(name, verify)] = [run(llm, base, kw, s, verify, draft, LETTERS, (first, later)) for s in SEEDS[:100]]
+    return out
+
+
 def test_the_uniform_stream_is_the_standards_mt19937_64():
     rng = MT19937_64(5489)
     for _ in range(9999):
@@ -133,11 +162,19 @@ def test_external_drafts_follow_the_rule_draw_by_draw(external_runs, setting, ve
     assert (n_acc < 3).any(), "no rejection: the residual path was not exercised"
 
 
-@pytest.mark.parametrize("bug", ["ratio-inverted", "resample-from-p", "q-next-position"])
-def test_each_planted_mistake_is_told_apart(drafted_runs, external_runs, bug):
+@pytest.mark.parametrize("case", GRAMMAR_CASES, ids="-".join)
+def test_under_a_grammar_the_rule_runs_on_the_masked_chain(grammar_runs, case):
+    n_acc = check(grammar_runs[case])
+    print(f"\n{case}: accepted counts {np.bincount(n_acc).tolist()}")
+    assert (n_acc > 0).any() and (n_acc < n_acc.max()).any(), "accepted and rejected drafts"
+
+
+@pytest.mark.parametrize("bug", ["ratio-inverted", "resample-from-p", "q-next-position", "mask-after-chain"])
+def test_each_planted_mistake_is_told_apart(drafted_runs, external_runs, grammar_runs, bug):
     # the same recorded steps against the reference with one mistake: it must disagree
-    # (q-next-position only where q differs by block position: the penalties' setting)
-    runs = [*drafted_runs.values(), *external_runs.values()]
+    # (q-next-position only where q differs by block position: the penalties' setting;
+    # mask-after-chain only under a grammar)
+    runs = [*drafted_runs.values(), *external_runs.values(), *grammar_runs.values()]
     wrong = sum(core != replay(inputs, bug) for results in runs for core, _, inputs in results)
     print(f"\n{bug}: {wrong} steps differ")
     assert wrong >= 10, f"{bug}: only {wrong} steps differ"

@@ -5,7 +5,8 @@ temperature (issue #63), computed from the exact distributions (no sampling of a
     PYTHONPATH=src:tests python tools/sampling_test_power.py \
         [--json benchmarks/results/sampling-test-power.json] [--reps 2000]
 
-For each chi-square setting of tests/test_sampling.py (tests/support/sampling.py's check:
+For each chi-square setting of tests/test_sampling.py and tests/test_grammar.py (there the
+distribution is the target's under the grammar [a-e]+; tests/support/sampling.py's check:
 the joint of the first two tokens and both marginals, cells of expected count < 5 pooled,
 the test failing when the smallest of the three p-values is below ALPHA), the expected
 distribution is the target's exact one, and the alternative is the same chain with the
@@ -13,17 +14,20 @@ temperature multiplied by 1.05, 1.10 or 1.25 (the cuts see the untempered row, s
 support is the same). Two numbers per factor and N:
 
 * "simulated": the probability that the test's own decision rule fails, over ``--reps``
-  multinomial samples of size N drawn from the alternative (exact for the rule, up to
-  the Monte Carlo error: at most 1.1 percentage points (one standard error) at 2000 repetitions);
-* "analytic": for each of the three checks, the noncentral chi-square power
-  (noncentrality N * sum (p1 - p0)^2 / p0 over the pooled cells), and the largest of them
-  (a lower bound on the rule's power, whose failing any check fails it).
+  multinomial samples of size N drawn from the alternative (exact for the rule up to the
+  Monte Carlo error: at most 1.1 percentage points, one standard error, at 2000 repetitions);
+  the kept settings are chosen by it;
+* "analytic": for each of the three checks, the noncentral chi-square approximation of its
+  power (noncentrality N * sum (p1 - p0)^2 / p0 over the pooled cells), and the largest of
+  them, which approximates a lower bound on the rule's power (failing any check fails it);
+  rough where many cells are small.
 
 Each setting is given at N = 1000, 2000, 4000 and 8000 (the pooling of small cells changes
 with N, so the power is not monotonic in it), with the N its test uses ("n_used"; none for
-a setting taken out of the chi-square matrix for lack of power). The position-0 and joint chi-square checks of
-tests/test_block_sampling.py (N = 600, Bonferroni alpha 1e-4 / (k + 3)) are given the same
-way, analytic only: there they are two checks of a family whose rank checks add power.
+a setting taken out of the chi-square matrix for lack of power). The position-0 and joint
+chi-square checks of tests/test_block_sampling.py (N = 600, Bonferroni alpha 1e-4 / (k + 3))
+are given the analytic way only: there they are two checks of a family whose rank checks
+add power.
 """
 
 from __future__ import annotations
@@ -116,14 +120,31 @@ def simulated_power(exact: dict, alt: dict, n: int, alpha: float, reps: int, rng
 def sampling_rows(reps: int, rng) -> dict:
     from pydflash import Llama, testing
     from support.models import SPREAD
-    from support.sampling import ALPHA, N_OF, NO_POWER, PROMPT, SETTINGS, N, exact_joint
+    from support.sampling import (
+        ALPHA,
+        GRAMMAR_SETTINGS,
+        N_OF,
+        NO_POWER,
+        PROMPT,
+        SETTINGS,
+        N,
+        exact_constrained_joint,
+        exact_joint,
+    )
 
     out = {}
     with tempfile.TemporaryDirectory() as d:
         t = testing.write_target(Path(d) / "t.gguf", SPREAD)
         with Llama(t, n_ctx=256, n_threads=1) as base:
-            for name, kw in {**SETTINGS, **NO_POWER}.items():
-                exact = exact_joint(base, PROMPT, 64, **kw)
+            grammar = {f"grammar-{k}": v for k, v in GRAMMAR_SETTINGS.items()}  # tests/test_grammar.py's
+            for name, kw in {**SETTINGS, **NO_POWER, **grammar}.items():
+
+                def joint(kw: dict, name: str = name) -> dict:
+                    if name in grammar:
+                        return exact_constrained_joint(base, **kw)
+                    return exact_joint(base, PROMPT, 64, **kw)
+
+                exact = joint(kw)
                 n_used = N_OF.get(name, N) if name in SETTINGS else None
                 row: dict = {
                     "sampling": {k: (list(v.items()) if isinstance(v, dict) else v) for k, v in kw.items()},
@@ -133,7 +154,7 @@ def sampling_rows(reps: int, rng) -> dict:
                     "power": {},
                 }
                 for f in FACTORS:
-                    alt = exact_joint(base, PROMPT, 64, **{**kw, "temperature": kw["temperature"] * f})
+                    alt = joint({**kw, "temperature": kw["temperature"] * f})
                     per_n = {}
                     for n in (1000, 2000, 4000, 8000):
                         comps = [analytic_power(p0, project(alt, g, v), n, ALPHA) for g, p0, v in rule_checks(exact, n)]

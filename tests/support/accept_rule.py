@@ -93,20 +93,32 @@ def sample(p: np.ndarray, rng: MT19937_64, out: Replay) -> int:
 
 
 def replay_step(rng: MT19937_64, rows: np.ndarray, recent: list[int], q_rows, drafted: list[int] | None,
-                kw: dict, verify: str = "rejection", bug: str | None = None) -> Replay:
-    """One step. ``rows[i]``: the target's raw logits after the context and the first i
-    drafts; ``recent``: the context's last tokens (the penalties' window, oldest first);
-    ``q_rows(i, window)``: the drafter's raw logits row for block position i, or None for
-    an external (deterministic) draft, ``drafted``, whose q is one-hot. ``bug`` plants one
-    mistake in the reference (the tests show each one is told apart)."""
+                kw: dict, verify: str = "rejection", bug: str | None = None, masks=None) -> Replay:
+    """One step, the first after a prefill. ``rows[i]``: the target's raw logits after the
+    context and the first i drafts; ``recent``: the context's last tokens (the penalties'
+    window, oldest first); ``q_rows(i)``: the drafter's raw logits row for block position
+    i, unless ``drafted`` is given: an external (deterministic) draft, whose q is one-hot.
+    ``masks``: under a grammar, the tokens it allows at the first generated position and
+    at the later ones (the chain sees the other logits at -inf). ``bug`` plants one mistake
+    in the reference (the tests show each one is told apart)."""
     out = Replay()
     last_n = 64
     k = len(rows) - 1
+
+    def chain(row: np.ndarray, i: int, window: list[int]) -> np.ndarray:
+        if masks is None:
+            return transform(row, window, **kw)
+        allowed = masks[min(i, 1)]
+        if bug == "mask-after-chain":  # the chain on the whole row, then the grammar's tokens kept
+            p = transform(row, window, **kw) * allowed
+            return p / p.sum() if p.sum() > 0 else allowed / allowed.sum()
+        return transform(np.where(allowed, row, -np.inf), window, **kw)
+
     qs: list[np.ndarray] = []
     if drafted is None:  # the drafter samples its block from q, position by position
         drafted = []
         for i in range(k):
-            q = transform(q_rows(i), (recent + drafted)[-last_n:], **kw)
+            q = chain(q_rows(i), i, (recent + drafted)[-last_n:])
             qs.append(q)
             drafted.append(sample(q, rng, out))
     else:
@@ -115,7 +127,7 @@ def replay_step(rng: MT19937_64, rows: np.ndarray, recent: list[int], q_rows, dr
             qs[-1][x] = 1.0
     out.drafted = list(drafted)
     for i in range(k + 1):
-        p = transform(rows[i], (recent + drafted[:i])[-last_n:], **kw)
+        p = chain(rows[i], i, (recent + drafted[:i])[-last_n:])
         if i == k:  # every draft accepted: the target's own token
             out.tokens.append(sample(p, rng, out))
             break

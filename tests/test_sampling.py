@@ -22,6 +22,9 @@ tests/test_block_sampling.py's rank checks cover whole blocks.
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from pydflash import Llama
@@ -38,6 +41,20 @@ def sample_pairs(llm: Llama, n: int, **kw) -> tuple[dict, float]:
         drafted += res.stats.n_drafted
         accepted += res.stats.n_accepted
     return counts, accepted / max(drafted, 1)
+
+
+POWER = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "sampling-test-power.json"
+
+
+def test_every_chi_square_setting_has_its_computed_power():
+    # the settings and N here are those whose power was computed (tools/sampling_test_power.py
+    # rewrites the file): a setting changed or added without it fails here
+    table = json.loads(POWER.read_text())["test_sampling"]
+    for name, kw in SETTINGS.items():
+        row = table[name]
+        recorded = {k: (dict((int(t), b) for t, b in v) if k == "logit_bias" else v) for k, v in row["sampling"].items()}
+        assert recorded == kw and row["kept"] and row["n_used"] == N_OF.get(name, N), (name, row["sampling"])
+        assert row["simulated_power_at_n_used"]["x1.25"] >= 0.9, (name, row["simulated_power_at_n_used"])
 
 
 # settings whose few kept tokens this random drafter's q never hits: every draft is

@@ -7,7 +7,10 @@ core and whose every random draw is replayed:
 
 * p: the target's rows, read with ``ContextPair.score`` on a separate target-only context
   and put through the numpy reference of llama.cpp's sampler chain
-  (``support.sampling.transform``);
+  (``support.sampling.transform``). The core reports its own p of every row whose token it
+  emits (post-sampling log-probabilities); that must be within P_CLOSE of the reference
+  chain's, and the replay decides on it, free of the rounding by which a verification
+  pass's logits differ from ``score``'s;
 * q: a drafter whose final norm has zero weights (``DrafterSpec(output_norm_scale=0)``),
   so every logit it gives is exactly 0 and its q is the chain applied to a flat row: a
   logit bias shapes it, and penalties make it differ from block position to block
@@ -41,7 +44,8 @@ import numpy as np
 import pytest
 
 from pydflash import Grammar, Llama, testing
-from support.accept_rule import AMBIGUOUS, MT19937_64, STANDARD_10000TH, replay_step
+from pydflash.config import SamplingConfig
+from support.accept_rule import AMBIGUOUS, MT19937_64, STANDARD_10000TH, chain, replay_step
 from support.models import SPREAD, SPREAD_DRAFTER
 from support.sampling import GRAMMAR_SETTINGS, NO_POWER, PROMPT, SETTINGS, letters_allowed
 
@@ -56,6 +60,9 @@ DRAFTED_Q = {  # settings for the zero-logit drafter: no cut that could split ti
 EXTERNAL = {**SETTINGS, **NO_POWER}  # test_sampling.py's (the spread target's rows have no ties)
 SEEDS = range(200)
 MAX_AMBIGUOUS = 0.03
+# the core's p against the chain of score()'s rows, per token: a verification pass rounds
+# its logits differently (measured here: at most 1e-7 of probability)
+P_CLOSE = 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -72,21 +79,28 @@ def run(llm: Llama, base: Llama, kw: dict, seed: int, verify: str, external: lis
         grammar: str | None = None, masks=None):
     """One step of the core and the reference's replay of it: (core, reference, inputs)."""
     pair = llm.pair
-    pair.set_sampling(seed=seed, verify=verify, **kw)
-    if grammar:
-        pair.set_grammar(Grammar(grammar))
+    n_vocab = base.n_vocab()
+    # the core reports p of each emitted token's row (post-sampling log-probabilities)
+    cfg = SamplingConfig.build(**kw, verify=verify, grammar=grammar, logprobs=True, top_logprobs=n_vocab,
+                               post_sampling_probs=True)
+    pair.set_sampling_config(cfg, seed)
     pair.prefill(PROMPT)
     step = pair.step(draft=external) if external else pair.step(draft_max=pair.max_draft)
     drafted = list(step.drafted)
     rows = base.pair.score(PROMPT + drafted)[len(PROMPT) - 1 :].astype(np.float64)
-    flat = np.zeros(len(rows[0]))
-    inputs = (seed, rows, flat, external, kw, verify, masks)
+    reported = []
+    for lp in step.logprobs:
+        reported.append(np.zeros(n_vocab))
+        for t, v in lp.top:
+            reported[-1][t] = np.exp(v)
+    inputs = (seed, rows, np.zeros(n_vocab), external, kw, verify, masks, reported, drafted)
     return (drafted, list(step.tokens), step.n_accepted), replay_step_of(inputs), inputs
 
 
 def replay_step_of(inputs: tuple, bug: str | None = None):
-    seed, rows, flat, external, kw, verify, masks = inputs
-    return replay_step(MT19937_64(seed), rows, list(PROMPT), lambda i: flat, external, kw, verify, bug, masks)
+    seed, rows, flat, external, kw, verify, masks, reported, _ = inputs
+    return replay_step(MT19937_64(seed), rows, list(PROMPT), lambda i: flat, external, kw, verify, bug, masks,
+                       reported)
 
 
 def replay(inputs: tuple, bug: str | None = None) -> tuple:
@@ -94,8 +108,20 @@ def replay(inputs: tuple, bug: str | None = None) -> tuple:
     return (ref.drafted, ref.tokens, ref.n_accepted)
 
 
+def p_gap(inputs: tuple, bug: str | None = None) -> float:
+    """How far the core's reported p of each emitted row is from the reference chain of the
+    target's ``score`` row."""
+    _, rows, _, _, kw, _, masks, reported, drafted = inputs
+    return max(float(np.abs(p - chain(rows[i], i, (PROMPT + drafted[:i])[-64:], kw, masks, bug)).max())
+               for i, p in enumerate(reported))
+
+
 def check(results: list) -> np.ndarray:
-    """Every clear seed decided as the reference; returns the accepted counts."""
+    """The core's p is the reference chain's, and every clear seed decided as the reference;
+    returns the accepted counts."""
+    gap = max(p_gap(inputs) for _, _, inputs in results)
+    print(f"\nlargest p gap {gap:.2e}")
+    assert gap < P_CLOSE, gap
     clear = [(core, ref) for core, ref, _ in results if ref.margin >= AMBIGUOUS]
     assert len(clear) >= (1 - MAX_AMBIGUOUS) * len(results), f"{len(results) - len(clear)} ambiguous seeds"
     for core, ref in clear:
@@ -175,6 +201,7 @@ def test_each_planted_mistake_is_told_apart(drafted_runs, external_runs, grammar
     # (q-next-position only where q differs by block position: the penalties' setting;
     # mask-after-chain only under a grammar)
     runs = [*drafted_runs.values(), *external_runs.values(), *grammar_runs.values()]
-    wrong = sum(core != replay(inputs, bug) for results in runs for core, _, inputs in results)
+    wrong = sum(core != replay(inputs, bug) or p_gap(inputs, bug) >= P_CLOSE for results in runs
+                for core, _, inputs in results)
     print(f"\n{bug}: {wrong} steps differ")
     assert wrong >= 10, f"{bug}: only {wrong} steps differ"

@@ -92,33 +92,38 @@ def sample(p: np.ndarray, rng: MT19937_64, out: Replay) -> int:
     return _walk(p, order, rng.uniform(), out)
 
 
+def chain(row: np.ndarray, i: int, window: list[int], kw: dict, masks=None, bug: str | None = None) -> np.ndarray:
+    """The sampler chain's distribution of generated position i's raw logits ``row``;
+    ``masks``: under a grammar, the tokens it allows at the first generated position and
+    at the later ones (the chain sees the others at -inf)."""
+    if masks is None:
+        return transform(row, window, **kw)
+    allowed = masks[min(i, 1)]
+    if bug == "mask-after-chain":  # the chain on the whole row, then the grammar's tokens kept
+        p = transform(row, window, **kw) * allowed
+        return p / p.sum() if p.sum() > 0 else allowed / allowed.sum()
+    return transform(np.where(allowed, row, -np.inf), window, **kw)
+
+
 def replay_step(rng: MT19937_64, rows: np.ndarray, recent: list[int], q_rows, drafted: list[int] | None,
-                kw: dict, verify: str = "rejection", bug: str | None = None, masks=None) -> Replay:
+                kw: dict, verify: str = "rejection", bug: str | None = None, masks=None,
+                p_rows: list[np.ndarray] = ()) -> Replay:
     """One step, the first after a prefill. ``rows[i]``: the target's raw logits after the
     context and the first i drafts; ``recent``: the context's last tokens (the penalties'
     window, oldest first); ``q_rows(i)``: the drafter's raw logits row for block position
-    i, unless ``drafted`` is given: an external (deterministic) draft, whose q is one-hot.
-    ``masks``: under a grammar, the tokens it allows at the first generated position and
-    at the later ones (the chain sees the other logits at -inf). ``bug`` plants one mistake
-    in the reference (the tests show each one is told apart)."""
+    i, unless ``drafted`` is given: an external (deterministic) draft, whose q is one-hot;
+    ``masks``: a grammar's (``chain``). ``p_rows[i]``, where given, is p of row i as the
+    core reported it (its rows' rounding differs from ``rows``' by up to ~1e-4 of
+    probability); the others are the chain of ``rows[i]``. ``bug`` plants one mistake in
+    the reference (the tests show each one is told apart)."""
     out = Replay()
     last_n = 64
     k = len(rows) - 1
-
-    def chain(row: np.ndarray, i: int, window: list[int]) -> np.ndarray:
-        if masks is None:
-            return transform(row, window, **kw)
-        allowed = masks[min(i, 1)]
-        if bug == "mask-after-chain":  # the chain on the whole row, then the grammar's tokens kept
-            p = transform(row, window, **kw) * allowed
-            return p / p.sum() if p.sum() > 0 else allowed / allowed.sum()
-        return transform(np.where(allowed, row, -np.inf), window, **kw)
-
     qs: list[np.ndarray] = []
     if drafted is None:  # the drafter samples its block from q, position by position
         drafted = []
         for i in range(k):
-            q = chain(q_rows(i), i, (recent + drafted)[-last_n:])
+            q = chain(q_rows(i), i, (recent + drafted)[-last_n:], kw, masks, bug)
             qs.append(q)
             drafted.append(sample(q, rng, out))
     else:
@@ -127,7 +132,7 @@ def replay_step(rng: MT19937_64, rows: np.ndarray, recent: list[int], q_rows, dr
             qs[-1][x] = 1.0
     out.drafted = list(drafted)
     for i in range(k + 1):
-        p = chain(rows[i], i, (recent + drafted[:i])[-last_n:])
+        p = p_rows[i] if i < len(p_rows) else chain(rows[i], i, (recent + drafted[:i])[-last_n:], kw, masks, bug)
         if i == k:  # every draft accepted: the target's own token
             out.tokens.append(sample(p, rng, out))
             break

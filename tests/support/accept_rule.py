@@ -22,7 +22,7 @@ from support.sampling import transform
 
 M64 = (1 << 64) - 1
 # a draw this close to a decision's threshold may go either way: the core's probabilities are
-# float32, and a verification pass rounds a logit differently from ``score``'s pass (~1e-6)
+# float32 (and p, as it reports it, a float32 log-probability: ~4e-7 of relative error)
 AMBIGUOUS = 2e-6
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import threading
 
-TIMER = 0.05  # seconds until the interrupt
-MIN_PREFILL = 1.0  # seconds the prefill to interrupt must last at least (20x the timer)
+# seconds the prefill to interrupt lasts at least: its second half (a chunk) outlasts by far
+# the few milliseconds an interrupt takes to reach the decode in flight
+MIN_PREFILL = 1.0
 PROBE = 2048  # prompt tokens of the rate measurement
 
 

@@ -33,6 +33,13 @@ check's calibration was measured on 300 seeds of the correct replay: each
 p-value fell below 0.05 in 4.0-6.3% and below 0.01 in 0.3-1.3% of runs, and
 the Bonferroni rule at a family level of 1e-2 fired in 0.7%.
 
+These rank checks, with the decision-by-decision replay of tests/test_accept_resample.py,
+are the gate for the rule's exactness. The two chi-square checks (position 0 and the joint
+of positions 0 and 1) add little against a small temperature error at N = 600: their
+computed power against temperature x1.25 is 0.94-1.0 on the qwen3 and qwen35 pairs but
+0.25-0.27 on the spread pair, and below 0.1 everywhere against x1.10
+(benchmarks/results/sampling-test-power.json).
+
 The models: tiny targets whose token embeddings share a long common direction
 (``TargetSpec.embd_common``) so that the next-token distribution moves only
 a little with the context, and random drafters that therefore propose nearly

@@ -2,11 +2,12 @@
 
 * Greedy: DFlash with a grammar gives exactly the target-alone output under the same
   grammar (the embedded pair and tiny models), and the text is in the grammar's language.
-* Sampled: the first two tokens follow the EXACT constrained distribution: llama.cpp's
-  chain applied to the target's logits with every token the grammar forbids at -inf
-  (numpy, on ``score()`` rows; chi-square as in test_sampling, false-alarm rate <= 3e-4
-  per test), in both verification modes; and position by position the sampler's
-  reported distribution is that masked chain (the mask before top-k/top-p).
+* Sampled: position by position the sampler's reported distribution is llama.cpp's
+  chain applied to the target's logits with every token the grammar forbids at -inf (the
+  mask before top-k/top-p; numpy, on ``score()`` rows). That the tokens follow it, drafted
+  or not, in both verification modes, is checked decision by decision in
+  tests/test_accept_resample.py (a chi-square check of the first two tokens had no power
+  here: 0.001 against a sampler at temperature x1.25, benchmarks/results/sampling-test-power.json).
 * JSON-schema output parses and validates on every prompt, greedy and sampled.
 * A grammar that does not parse, or a schema that cannot convert, raises a ValueError
   before any work; the model stays usable."""
@@ -22,7 +23,7 @@ import pytest
 import pydflash
 from pydflash import Grammar, GrammarError, Llama
 from support.json_schema import PROMPTS, SCHEMA
-from support.sampling import ALPHA, PROMPT, N, exact_joint, fit_pvalue, transform
+from support.sampling import GRAMMAR_SETTINGS, PROMPT, letters_allowed, transform
 
 # the tiny test vocabulary: bytes, then merges; [a-e]+ allows 'a'..'e' and 'de'
 LETTERS = "root ::= [a-e]+"
@@ -118,49 +119,6 @@ def test_json_object_and_grammar_objects(embedded):
 @pytest.fixture(scope="module")
 def spread(spread_pair):
     return spread_pair
-
-
-def letters_allowed(base: Llama, first: bool) -> np.ndarray:
-    """Tokens [a-e]+ allows: letter tokens; after one, the end of generation too."""
-    m = base.core_model
-    ok = np.array([re.fullmatch(rb"[a-e]+", m.token_to_piece(t, False)) is not None for t in range(base.n_vocab())])
-    if not first:
-        ok |= np.array([m.is_eog(t) for t in range(base.n_vocab())])
-    return ok
-
-
-def exact_constrained_joint(base: Llama, **kw) -> dict[tuple[int, int], float]:
-    return exact_joint(base, PROMPT, 64, allowed=(letters_allowed(base, True), letters_allowed(base, False)), **kw)
-
-
-def constrained_pairs(llm: Llama, **kw) -> tuple[dict[tuple[int, int], int], float]:
-    g = Grammar(LETTERS)
-    counts: dict[tuple[int, int], int] = {}
-    drafted = accepted = 0
-    for seed in range(N):
-        r = llm.generate(PROMPT, max_tokens=2, seed=seed, ignore_eos=True, grammar=g, **kw)
-        counts[(r.tokens[0], r.tokens[1])] = counts.get((r.tokens[0], r.tokens[1]), 0) + 1
-        drafted += r.stats.n_drafted
-        accepted += r.stats.n_accepted
-    return counts, accepted / max(drafted, 1)
-
-
-GRAMMAR_SETTINGS = {"T1": dict(temperature=1.0), "T0.7-topk3-topp0.9": dict(temperature=0.7, top_k=3, top_p=0.9)}
-
-
-@pytest.mark.parametrize("verify", ["rejection", "match"])
-@pytest.mark.parametrize("setting", sorted(GRAMMAR_SETTINGS))
-def test_sampling_under_a_grammar_is_the_exact_constrained_distribution(spread, verify, setting):
-    llm, base = spread
-    kw = GRAMMAR_SETTINGS[setting]
-    exact = exact_constrained_joint(base, **kw)
-    counts, acc = constrained_pairs(llm, verify=verify, **kw)
-    p = fit_pvalue(counts, exact, N)
-    assert p > ALPHA, f"{verify}/{setting}: chi-square p={p:.2e}, acceptance {acc:.3f}"
-    if verify == "rejection" and setting == "T1":
-        # drafts were both accepted and rejected (at top-k 3 this random drafter's
-        # masked top 3 misses the target's: every draft is rejected, the fit still holds)
-        assert 0.02 < acc < 0.98, acc
 
 
 def test_the_reported_distribution_is_the_masked_chain(spread):

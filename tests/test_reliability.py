@@ -4,6 +4,7 @@ the object stays usable."""
 from __future__ import annotations
 
 import gc
+import json
 import os
 import signal
 import subprocess
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pydflash import GenerationInterrupted, Llama
-from support.long_prefill import MIN_PREFILL, PROBE, TIMER, long_prompt, tokens_for
+from support.long_prefill import MIN_PREFILL, PROBE, PrefillWatch, long_prompt, tokens_for
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +35,9 @@ def long_n(target_path, model_dir) -> int:
 
 @pytest.fixture(scope="module")
 def big(target_path, model_dir, long_n):
-    with Llama(target_path, draft=model_dir / "drafter-b8.gguf", n_ctx=long_n + 64, n_batch=2048) as llm:
+    # the prompt is evaluated in two chunks: the first one's end is the event that the
+    # prefill is under way, and the interrupt must stop the second one midway
+    with Llama(target_path, draft=model_dir / "drafter-b8.gguf", n_ctx=long_n + 64, n_batch=long_n // 2) as llm:
         yield llm
 
 
@@ -48,22 +51,27 @@ def python_sigint():
     signal.signal(signal.SIGINT, old)
 
 
+def sigint_self() -> None:
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def assert_stopped_in_the_second_chunk(watch: PrefillWatch, long_n: int) -> None:
+    # the first chunk (half the prompt) was evaluated, the second was not: the decode in
+    # flight stopped, which it does only if the interrupt is honoured within it
+    assert len(watch.processed) == 1 and 0 < watch.processed[0] < long_n - 1, watch.processed
+    assert not watch.completed, "the prefill ran to its end"
+
+
 def test_ctrl_c_stops_a_long_prefill(big, long_n, python_sigint):
-    t0 = time.perf_counter()
-    big.pair.prefill(long_prompt(long_n))
-    full = time.perf_counter() - t0
-    assert full > 4 * TIMER, f"the workload is too small to interrupt: {long_n} tokens in {full:.3f}s"
-    timer = threading.Timer(TIMER, os.kill, (os.getpid(), signal.SIGINT))
-    t0 = time.perf_counter()
-    timer.start()
-    with pytest.raises(KeyboardInterrupt):
-        big.generate(long_prompt(long_n), max_tokens=4, cache_prompt=False)
-    took = time.perf_counter() - t0
-    timer.join()
-    assert took < TIMER + max(0.5 * full, 0.2), f"interrupt took {took:.2f}s, full prefill {full:.2f}s"
-    # usable, and correct, afterwards
-    ref = big.generate("def f():", max_tokens=20, ignore_eos=True, draft_max=0).tokens
-    assert big.generate("def f():", max_tokens=20, ignore_eos=True).tokens == ref
+    with PrefillWatch(long_n) as watch:
+        sender = watch.then(sigint_self)
+        with pytest.raises(KeyboardInterrupt):
+            big.generate(long_prompt(long_n), max_tokens=4, cache_prompt=False)
+        sender.join()
+        # usable, and correct, afterwards (the engine finished the interrupted request first)
+        ref = big.generate("def f():", max_tokens=20, ignore_eos=True, draft_max=0).tokens
+        assert big.generate("def f():", max_tokens=20, ignore_eos=True).tokens == ref
+    assert_stopped_in_the_second_chunk(watch, long_n)
 
 
 def test_a_sigint_handler_that_does_not_raise_lets_the_work_finish(big, long_n):
@@ -71,36 +79,38 @@ def test_a_sigint_handler_that_does_not_raise_lets_the_work_finish(big, long_n):
     calls: list[int] = []
     old = signal.signal(signal.SIGINT, lambda signum, frame: calls.append(signum))
     try:
-        timer = threading.Timer(TIMER, os.kill, (os.getpid(), signal.SIGINT))
-        timer.start()
-        out = big.generate(long_prompt(long_n), max_tokens=4, ignore_eos=True, cache_prompt=False)
-        timer.join()
+        with PrefillWatch(long_n) as watch:
+            sender = watch.then(sigint_self)
+            out = big.generate(long_prompt(long_n), max_tokens=4, ignore_eos=True, cache_prompt=False)
+            sender.join()
     finally:
         signal.signal(signal.SIGINT, old)
     assert calls == [signal.SIGINT]
+    assert len(watch.processed) == 1 and watch.completed  # the signal came mid-prefill, which went on
     assert len(out.tokens) == 4 and out.finish_reason == "length"
 
 
 CTRL_C_AFTER_THREAD_IMPORT = """
-import os, signal, sys, threading, time
+import json, os, signal, sys, threading, time
 signal.signal(signal.SIGINT, signal.default_int_handler)
 t = threading.Thread(target=lambda: __import__("pydflash"))
 t.start(); t.join()
 from pydflash import Llama
-from support.long_prefill import MIN_PREFILL, PROBE, TIMER, long_prompt, tokens_for
-with Llama(sys.argv[1], n_ctx=PROBE + 64, n_batch=2048) as llm:  # this process's prefill rate
+from support.long_prefill import MIN_PREFILL, PROBE, PrefillWatch, long_prompt, tokens_for
+with Llama(sys.argv[1], n_ctx=PROBE + 64, n_batch=2048) as llm:  # size the workload: this process's rate
     llm.pair.prefill(long_prompt(PROBE))
     t0 = time.perf_counter(); llm.pair.prefill(long_prompt(PROBE)); rate = PROBE / (time.perf_counter() - t0)
 n = tokens_for(MIN_PREFILL, rate)
-with Llama(sys.argv[1], n_ctx=n + 64, n_batch=2048) as llm:
-    t0 = time.perf_counter(); llm.pair.prefill(long_prompt(n)); full = time.perf_counter() - t0
-    threading.Timer(TIMER, os.kill, (os.getpid(), signal.SIGINT)).start()
-    t0 = time.perf_counter()
+with Llama(sys.argv[1], n_ctx=n + 64, n_batch=n // 2) as llm, PrefillWatch(n) as watch:
+    sender = watch.then(lambda: os.kill(os.getpid(), signal.SIGINT))
+    word = "finished"
     try:
         llm.generate(long_prompt(n), max_tokens=4, cache_prompt=False)
     except KeyboardInterrupt:
-        print("interrupted", time.perf_counter() - t0, full)
-    print(len(llm.generate("ok", max_tokens=3, ignore_eos=True).tokens))
+        word = "interrupted"
+    sender.join()
+    after = len(llm.generate("ok", max_tokens=3, ignore_eos=True).tokens)
+print(json.dumps({"word": word, "n": n, "processed": watch.processed, "completed": watch.completed, "after": after}))
 """
 
 
@@ -109,45 +119,53 @@ def test_ctrl_c_works_when_a_worker_thread_imported_pydflash_first(target_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).parent),
                                                                     os.environ.get("PYTHONPATH")])))
     out = subprocess.run([sys.executable, "-c", CTRL_C_AFTER_THREAD_IMPORT, str(target_path)],
-                         capture_output=True, text=True, timeout=300, env=env)
+                         capture_output=True, text=True, timeout=300, env=env)  # a hang guard
     assert out.returncode == 0, out.stderr[-2000:]
-    word, took, full, n = out.stdout.split()
-    assert (word, n) == ("interrupted", "3")
-    assert float(full) > 4 * TIMER, f"the workload is too small to interrupt: prefill {full}s"
-    assert float(took) < TIMER + max(0.5 * float(full), 0.2), f"interrupt took {took}s, full prefill {full}s"
+    got = json.loads(out.stdout.splitlines()[-1])
+    assert (got["word"], got["after"]) == ("interrupted", 3), got
+    watch = PrefillWatch(got["n"])
+    watch.processed, watch.completed = got["processed"], got["completed"]
+    assert_stopped_in_the_second_chunk(watch, got["n"])
 
 
 def test_interrupt_from_another_thread(big, long_n):
-    timer = threading.Timer(TIMER, big.interrupt)
-    t0 = time.perf_counter()
-    timer.start()
-    with pytest.raises(GenerationInterrupted, match="interrupted"):
-        big.generate(long_prompt(long_n), max_tokens=4, cache_prompt=False)
-    timer.join()
-    assert time.perf_counter() - t0 < 5
-    assert len(big.generate("ok", max_tokens=5, ignore_eos=True).tokens) == 5
+    with PrefillWatch(long_n) as watch:
+        sender = watch.then(big.interrupt)
+        with pytest.raises(GenerationInterrupted, match="interrupted"):
+            big.generate(long_prompt(long_n), max_tokens=4, cache_prompt=False)
+        sender.join()
+        assert len(big.generate("ok", max_tokens=5, ignore_eos=True).tokens) == 5
+    assert_stopped_in_the_second_chunk(watch, long_n)
 
 
 def test_two_objects_decode_concurrently(target_path, model_dir, long_n):
-    # one long C++ call per thread: with the GIL held they could not overlap
+    # one long C++ call per thread: with the GIL held the second could not start before the
+    # first ended. Each thread notes its start and its end (an order, not times): the calls
+    # release the GIL, so both start before either ends. A long switch interval keeps a
+    # thread that runs Python from being preempted between its note and its call.
     with Llama(target_path, n_ctx=long_n + 64, n_batch=2048, n_threads=1) as a, \
             Llama(target_path, draft=model_dir / "drafter-b8.gguf", n_ctx=long_n + 64, n_batch=2048, n_threads=1) as b:
         tokens = long_prompt(long_n)
-        spans: dict[str, tuple[float, float]] = {}
+        marks: list[str] = []
+        together = threading.Barrier(2)
 
         def work(name: str, llm: Llama) -> None:
-            t0 = time.perf_counter()
+            together.wait(timeout=120)
+            marks.append(f"{name} starts")
             llm.pair.score(tokens)
-            spans[name] = (t0, time.perf_counter())
+            marks.append(f"{name} ends")
 
         threads = [threading.Thread(target=work, args=(n, m)) for n, m in (("a", a), ("b", b))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
-        (a0, a1), (b0, b1) = spans["a"], spans["b"]
-        overlap = min(a1, b1) - max(a0, b0)
-        assert overlap > 0.5 * min(a1 - a0, b1 - b0), spans
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(30.0)
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=300)  # a hang guard
+        finally:
+            sys.setswitchinterval(interval)
+        assert len(marks) == 4 and sorted(marks[:2]) == ["a starts", "b starts"], marks
 
 
 def test_abandoned_stream_leaves_object_usable(dflash_b8):

@@ -1,10 +1,14 @@
 """A prefill long enough to interrupt on this machine: sized from the measured prefill
-rate (tests/test_reliability.py; its subprocesses import this module too)."""
+rate (tests/test_reliability.py; its subprocesses import this module too), and a watch on
+how much of it the context evaluated (the interrupt tests' evidence: counts, not time)."""
 
 from __future__ import annotations
 
-TIMER = 0.05  # seconds until the interrupt
-MIN_PREFILL = 1.0  # seconds the prefill to interrupt must last at least (20x the timer)
+import threading
+
+# seconds the prefill to interrupt lasts at least: its second half (a chunk) outlasts by far
+# the few milliseconds an interrupt takes to reach the decode in flight
+MIN_PREFILL = 1.0
 PROBE = 2048  # prompt tokens of the rate measurement
 
 
@@ -16,3 +20,50 @@ def tokens_for(seconds: float, rate: float) -> int:
     """Prompt tokens whose prefill lasts ``seconds`` at ``rate`` tokens/s (a
     lower bound: attention makes longer prompts slower per token)."""
     return int(min(max(rate * seconds, 4096), 2**18))
+
+
+class PrefillWatch:
+    """While entered: for generations whose prompt has ``n`` tokens, the prompt tokens the
+    context had evaluated after each chunk of the prefill (``processed``, from the engine's
+    ``Generation.prefill_progress``) and whether the prefill completed (``completed``:
+    ``Generation.prefilled`` ran). ``first_chunk`` is set once the first chunk is evaluated:
+    the prefill is under way and the engine is decoding its next chunk."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.processed: list[int] = []
+        self.completed = False
+        self.first_chunk = threading.Event()
+
+    def __enter__(self) -> PrefillWatch:
+        from pydflash.engine.generation import Generation
+
+        self._saved = Generation.prefill_progress, Generation.prefilled
+        progress, prefilled = self._saved
+        watch = self
+
+        def on_progress(gen, n_left: int) -> None:
+            progress(gen, n_left)
+            if len(gen.prompt) == watch.n:
+                watch.processed.append(len(gen.prompt) - 1 - n_left)
+                watch.first_chunk.set()
+
+        def on_prefilled(gen) -> None:
+            prefilled(gen)
+            if len(gen.prompt) == watch.n:
+                watch.completed = True
+
+        Generation.prefill_progress, Generation.prefilled = on_progress, on_prefilled  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from pydflash.engine.generation import Generation
+
+        Generation.prefill_progress, Generation.prefilled = self._saved  # type: ignore[method-assign]
+
+    def then(self, action) -> threading.Thread:
+        """Run ``action`` on a thread of its own once the first chunk is evaluated (a
+        hang guard, not a time limit: it gives up after 300 s and does nothing)."""
+        thread = threading.Thread(target=lambda: self.first_chunk.wait(300) and action())
+        thread.start()
+        return thread

@@ -243,6 +243,9 @@ class DrafterSpec:
     block_size: int = 8
     seed: int = 1
     attn_out_scale: float = 4.0
+    # 0: the final norm's weights are zero, so every logit the drafter gives is exactly 0 and
+    # its q is the sampling chain applied to a flat row (known without running the drafter)
+    output_norm_scale: float = 1.0
     # broken variants, for tests of the load checks
     architecture: str = "dflash"
     n_embd: int | None = None  # None = the target's
@@ -646,7 +649,7 @@ def write_drafter(
         tensors.update(
             _attention_layer(rng, i, n_embd, s.n_head, s.n_head_kv, s.head_dim, s.n_ff, out_scale=s.attn_out_scale)
         )
-    tensors["output_norm.weight"] = _norm(rng, n_embd)
+    tensors["output_norm.weight"] = _norm(rng, n_embd) * np.float32(s.output_norm_scale)
     for name in s.extra_tensors:
         tensors[name] = _rng_tensor(rng, (4, n_embd), 0.1)
     v = s.variant

@@ -43,7 +43,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from pydflash import Grammar, Llama, testing
+from pydflash import Grammar, Llama, gguf_writers
 from pydflash.config import SamplingConfig
 from support.accept_rule import AMBIGUOUS, MT19937_64, STANDARD_10000TH, chain, replay_step
 from support.models import SPREAD, SPREAD_DRAFTER
@@ -69,7 +69,7 @@ P_CLOSE = 1e-4
 def zero_q_pair(spread_files, tmp_path_factory: pytest.TempPathFactory):
     """The spread target with a drafter whose logits are all 0, and the target alone."""
     t, _ = spread_files
-    d = testing.write_drafter(tmp_path_factory.mktemp("zero-q") / "d.gguf", SPREAD,
+    d = gguf_writers.write_drafter(tmp_path_factory.mktemp("zero-q") / "d.gguf", SPREAD,
                               dataclasses.replace(SPREAD_DRAFTER, output_norm_scale=0.0))
     with Llama(t, draft=d, n_ctx=256) as llm, Llama(t, n_ctx=256) as base:
         yield llm, base

@@ -118,7 +118,7 @@ def simulated_power(exact: dict, alt: dict, n: int, alpha: float, reps: int, rng
 
 
 def sampling_rows(reps: int, rng) -> dict:
-    from pydflash import Llama, testing
+    from pydflash import Llama, gguf_writers
     from support.models import SPREAD
     from support.sampling import (
         ALPHA,
@@ -134,7 +134,7 @@ def sampling_rows(reps: int, rng) -> dict:
 
     out = {}
     with tempfile.TemporaryDirectory() as d:
-        t = testing.write_target(Path(d) / "t.gguf", SPREAD)
+        t = gguf_writers.write_target(Path(d) / "t.gguf", SPREAD)
         with Llama(t, n_ctx=256, n_threads=1) as base:
             grammar = {f"grammar-{k}": v for k, v in GRAMMAR_SETTINGS.items()}  # tests/test_grammar.py's
             for name, kw in {**SETTINGS, **NO_POWER, **grammar}.items():
@@ -183,14 +183,15 @@ def first_two(base, kw: dict, n: int) -> tuple[np.ndarray, dict]:
 
 
 def block_rows() -> dict:
-    from pydflash import Llama, testing
+    from pydflash import Llama, gguf_writers
     from support import blocks
 
     out = {}
     with tempfile.TemporaryDirectory() as d:
         for name, (tspec, dspec) in blocks.DRAFTERS.items():
             t = Path(d) / f"{name}.gguf"
-            (testing.write_hybrid_target if isinstance(tspec, testing.HybridSpec) else testing.write_target)(t, tspec)
+            hybrid = isinstance(tspec, gguf_writers.HybridSpec)
+            (gguf_writers.write_hybrid_target if hybrid else gguf_writers.write_target)(t, tspec)
             alpha = blocks.FAMILY_ALPHA / (dspec.block_size - 1 + 3)  # Bonferroni over the k + 3 checks
             kw = blocks.TOPK if name == "spread-b8" else blocks.PLAIN
             with Llama(t, n_ctx=256, n_threads=1) as base:

@@ -357,16 +357,16 @@ def test_an_awaited_result_wakes_the_event_loop_once(target_path, monkeypatch):
     # ``await aresult()`` with nothing iterated is woken at the end only, not for each step
     # (an event loop woken per step takes the GIL and a core from the engine's thread, as
     # generate() did); ``async for`` still gets each step
-    from pydflash.engine import generation as _generation
+    from pydflash.engine import channel as _channel
 
     wakes: list[int] = []
-    wake = _generation._wake
+    wake = _channel._wake
 
     def counted(fut) -> None:
         wakes.append(1)
         wake(fut)
 
-    monkeypatch.setattr(_generation, "_wake", counted)
+    monkeypatch.setattr(_channel, "_wake", counted)
     with Llama(target_path, n_ctx=4096, n_threads=THREADS) as llm:
         want = llm.generate([1, 2, 3], max_tokens=400, ignore_eos=True).tokens
 

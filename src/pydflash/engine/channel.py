@@ -13,7 +13,7 @@ import asyncio
 import collections
 import dataclasses
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 
 from .. import _core
 from ..results import FinishReason
@@ -116,9 +116,11 @@ class Channel:
 
 
 class RequestHandle:
-    """A submitted request (``Engine.submit``): its channel, ``cancel()`` (its reader
-    left: GenerationInterrupted), ``abort()`` (its output processor ended it: a stop
-    string) and ``done`` (the engine is through with it)."""
+    """A submitted request (``Engine.submit``): iterate it (or ``async for``) for its raw
+    outputs up to the engine's end (its error raised), or ``wait()`` for all of them,
+    asleep until then; ``cancel()`` (its reader left: GenerationInterrupted), ``abort()``
+    (its output processor ended it: a stop string); ``done`` (the engine is through with
+    it). Its reader may stop reading before the engine's end (a stop string)."""
 
     def __init__(
         self,
@@ -133,6 +135,30 @@ class RequestHandle:
         self.admitted = False  # in a slot (set by the engine)
         self.done = False  # finished, failed or dropped (set by the engine)
 
+    def __iter__(self) -> Iterator[EngineOutput]:
+        while True:
+            out = output_or_raise(self.channel.get())
+            yield out
+            if out.finish is not None:
+                return
+
+    async def __aiter__(self) -> AsyncIterator[EngineOutput]:
+        while True:
+            out = output_or_raise(await self.channel.aget())
+            yield out
+            if out.finish is not None:
+                return
+
+    def wait(self, timeout: float | None = None) -> list[EngineOutput] | None:
+        """Its outputs up to the engine's end, asleep until then, its reader woken once
+        (None: not there after ``timeout`` seconds; the error that ended it raised)."""
+        items = self.channel.until_end(timeout)
+        return None if items is None else [output_or_raise(i) for i in items]
+
+    async def await_end(self) -> list[EngineOutput]:
+        """``wait()`` for asyncio: the event loop is woken once, at the end."""
+        return [output_or_raise(i) for i in await self.channel.auntil_end()]
+
     def cancel(self) -> None:
         """Stop it between steps (or abort its decode when it runs alone)."""
         self._cancel(self, True)
@@ -140,6 +166,14 @@ class RequestHandle:
     def abort(self) -> None:
         """Stop it between steps, its sequence's cache kept (no decode interrupted)."""
         self._cancel(self, False)
+
+
+def output_or_raise(item: Item | None) -> EngineOutput:
+    """What the engine sent a reader: an output, or the error that ends it."""
+    assert item is not None
+    if isinstance(item, BaseException):
+        raise item
+    return item
 
 
 def _wake(fut: asyncio.Future[None]) -> None:

@@ -35,7 +35,7 @@ from ..results import (
     TokenLogprob,
     by_source,
 )
-from .channel import Channel, Clock, EngineOutput, Item, RequestHandle
+from .channel import Channel, Clock, EngineOutput, Item, RequestHandle, output_or_raise
 from .request import Request, make_request
 from .text import TextAssembler
 
@@ -118,24 +118,46 @@ class Generation:
         self.cancel_check: Callable[[], bool] | None = None
         self.t_submit = 0.0
 
-    # what the request fixed, and the engine's clock as its last output gave it
-    slot = property(lambda self: self.request.slot)
-    seed = property(lambda self: self.request.seed)
-    n_ctx = property(lambda self: self.request.n_ctx)
-    adaptive = property(lambda self: self.request.adaptive)
-    progress = property(lambda self: self.request.progress)
-    timings_per_token = property(lambda self: self.request.timings_per_token)
-    per_token = property(lambda self: self.request.per_token)
-    max_tokens = property(lambda self: self.request.max_tokens)
-    n_cached = property(lambda self: self._clock.n_cached)
-    prefill_s = property(lambda self: self._clock.prefill_s)
-    n_prompt_done = property(lambda self: self._clock.n_prompt_done)
-    t_start = property(lambda self: self._clock.t_start)
-    t_decode = property(lambda self: self._clock.t_decode)
+    # -- what the request fixed, and the engine's clock as its last output gave it
+
+    @property
+    def slot(self) -> int | None:
+        return self.request.slot
+
+    @property
+    def seed(self) -> int:
+        return self.request.seed
+
+    @property
+    def n_ctx(self) -> int:
+        return self.request.n_ctx
+
+    @property
+    def per_token(self) -> bool:
+        return self.request.per_token
+
+    @property
+    def timings_per_token(self) -> bool:
+        return self.request.timings_per_token
+
+    @property
+    def max_tokens(self) -> int:
+        """Its token budget: ``max_tokens``, or (None) what the context has left after
+        the prompt (llama-cpp-python's ``max_tokens=None``, llama-server's ``n_predict`` -1)."""
+        return self.request.max_tokens
 
     @property
     def tokens_left(self) -> int:
         return self.request.max_tokens - len(self.tokens)
+
+    @property
+    def n_cached(self) -> int:
+        """Prompt tokens taken from the prompt cache."""
+        return self._clock.n_cached
+
+    @property
+    def prefill_s(self) -> float:
+        return self._clock.prefill_s
 
     @property
     def submitted(self) -> bool:
@@ -186,9 +208,9 @@ class Generation:
         events: list[StreamStep] = []
         try:
             while self.finish is None:
-                got = handle.channel.until_end(poll) if quiet else _listed(handle.channel.get(poll))
-                for item in got or ():
-                    events += self._process(_output_or_raise(item), deliver=False)
+                got = handle.wait(poll) if quiet else _listed(handle.channel.get(poll))
+                for out in got or ():
+                    events += self._process(out, deliver=False)
                 if cancel is not None and handle.admitted and self.finish is None and time.monotonic() >= next_ask:
                     next_ask = time.monotonic() + CANCEL_POLL_S
                     if cancel():  # admitted: the engine asked first
@@ -205,10 +227,14 @@ class Generation:
         handle = self.submit(quiet)
         events: list[StreamStep] = []
         try:
-            while self.finish is None:
-                got = await handle.channel.auntil_end() if quiet else [await handle.channel.aget()]
-                for item in got:
-                    events += self._process(_output_or_raise(item), deliver=False)
+            if quiet:
+                for out in await handle.await_end():
+                    events += self._process(out, deliver=False)
+            else:
+                async for out in handle:
+                    events += self._process(out, deliver=False)
+                    if self.finish is not None:
+                        break
             return events
         finally:
             self.cancel()
@@ -237,8 +263,8 @@ class Generation:
     def _consume(self) -> Generator[StreamStep, None, None]:
         handle = self.submit()
         try:
-            while True:
-                for step in self._process(_output_or_raise(handle.channel.get()), deliver=True):
+            for out in handle:
+                for step in self._process(out, deliver=True):
                     yield step
                     if step.finish_reason is not None:
                         return
@@ -248,8 +274,8 @@ class Generation:
     async def _aconsume(self) -> AsyncIterator[StreamStep]:
         handle = self.submit()
         try:
-            while True:
-                for step in self._process(_output_or_raise(await handle.channel.aget()), deliver=True):
+            async for out in handle:
+                for step in self._process(out, deliver=True):
                     yield step
                     if step.finish_reason is not None:
                         return
@@ -461,13 +487,5 @@ class Generation:
         }
 
 
-def _output_or_raise(item: Item | None) -> EngineOutput:
-    """What the engine sent a reader: an output, or the error that ends it."""
-    assert item is not None
-    if isinstance(item, BaseException):
-        raise item
-    return item
-
-
-def _listed(item: Item | None) -> list[Item] | None:
-    return None if item is None else [item]
+def _listed(item: Item | None) -> list[EngineOutput] | None:
+    return None if item is None else [output_or_raise(item)]

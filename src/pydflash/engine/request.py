@@ -31,14 +31,10 @@ class Request:
     max_tokens: int  # the token budget: max_tokens, or what one sequence's context leaves
     n_ctx: int  # one sequence's context
     adaptive: bool  # the engine chooses each step's draft length (draft_length/)
+    stop: tuple[str, ...] = ()  # the stop strings (searched by the output processor, off the engine's thread)
     progress: bool = False  # llama-server's return_progress: prompt-progress events
     timings_per_token: bool = False  # each event carries the timings as they stand
     per_token: bool = False  # one event per token (llama-server's native stream)
-
-    @property
-    def stop(self) -> tuple[str, ...]:
-        """The stop strings (the output processor searches them, off the engine's thread)."""
-        return tuple(s for s in self.config.stop if s)
 
     @property
     def logprobs(self) -> bool:
@@ -93,6 +89,7 @@ def make_request(
         max_tokens=limit - len(prompt) if n is None else n,
         n_ctx=limit,
         adaptive=adaptive,
+        stop=tuple(s for s in config.stop if s),
         progress=progress,
         timings_per_token=timings_per_token,
         per_token=per_token,

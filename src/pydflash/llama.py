@@ -151,8 +151,9 @@ class Llama(LlamaCppApi):
         assert self._target is not None
         self._engine = Engine(self._pair_core, self._target)
         self._pair = self._engine.pair
-        # an object dropped without close(), or alive at exit: its engine thread ends
-        weakref.finalize(self, self._engine.close)
+        # an object dropped without close(), or alive at exit: its engine thread ends (the
+        # pair is freed with the last reference to it: a ContextPair from .pair may outlive it)
+        weakref.finalize(self, self._engine.close, False)
 
     def _load(self, model_path: str | os.PathLike[str], draft: str | os.PathLike[str] | None) -> _core.ContextPair:
         """Both models and their contexts (llama.cpp's log flushed either way)."""
@@ -205,9 +206,7 @@ class Llama(LlamaCppApi):
         fail with PyDFlashError. Idempotent."""
         self._asleep = None  # closed for good: nothing to wake
         if self._engine is not None:
-            self._engine.close()
-        if self._pair_core is not None:
-            self._pair_core.close()
+            self._engine.close()  # and the pair: the engine owns it
         self._pair_core = None
         self._target = None
         self._draft = None

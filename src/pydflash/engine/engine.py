@@ -65,6 +65,7 @@ class _Running:
     n_tokens: int = 0  # tokens counted: before an EOS, within the budget
     clock: Clock = dataclasses.field(default_factory=Clock)
     processed: int = -1  # the last prompt-progress event's (a chunk that gave it none sends none)
+    draft: SequenceDraft | None = None  # an adaptive request's draft-length state
 
     def send(
         self,
@@ -116,7 +117,11 @@ class _Slot:
     prefilling: bool = False
     last_used: int = 0
     reserved: bool = False  # held by save/load: no generation is admitted to it
-    draft: SequenceDraft | None = None  # an adaptive generation's draft-length state
+
+    @property
+    def draft(self) -> SequenceDraft | None:
+        """Its request's draft-length state (None: its draft length is not chosen)."""
+        return None if self.run is None else self.run.draft
 
 
 class Engine:
@@ -176,8 +181,10 @@ class Engine:
                 self._core.interrupt()
             self._cv.notify()
 
-    def close(self) -> None:
-        """Stop the thread; waiting and running generations fail with PyDFlashError."""
+    def close(self, free: bool = True) -> None:
+        """Stop the thread (waiting and running generations fail with PyDFlashError),
+        then free the pair, which the engine owns (``free`` False: left to its destructor,
+        for a ``ContextPair`` its owner's caller may still hold)."""
         with self._cv:
             if self._closed:
                 return
@@ -185,13 +192,16 @@ class Engine:
             thread = self._thread
             busy = any(s.run is not None for s in self._slots)
             self._cv.notify()
-        if thread is not None and thread is not threading.current_thread():
+        on_thread = thread is threading.current_thread()
+        if thread is not None and not on_thread:
             if busy:
                 self._core.interrupt()
             thread.join()
         self._core.clear_interrupt()
         with self._cv:
             self._fail_all_locked(PyDFlashError("this Llama object was closed"))
+        if free and not on_thread:  # (from its own thread: it ends after this iteration)
+            self._core.close()
 
     @contextlib.contextmanager
     def reserve(self, seq: int) -> Iterator[None]:
@@ -278,7 +288,6 @@ class Engine:
         if slot.run is not None:
             slot.run.handle.done = True
         slot.run = None
-        slot.draft = None
         slot.prefilling = False
         slot.last_used = self._tick
 
@@ -346,9 +355,9 @@ class Engine:
         assert run is not None
         req = run.req
         if req.adaptive and self._policy is not None:
-            slot.draft = self._policy.new_sequence()
+            run.draft = self._policy.new_sequence()
         # a sequence that starts off leaves its prompt's features waiting, as plain steps do
-        defer = slot.draft is not None and slot.draft.quiet > 0
+        defer = run.draft is not None and run.draft.quiet > 0
         try:
             self.pair.sequence(slot.seq).set_sampling_config(req.config, req.seed)
             run.started(self._core.prefill_begin(slot.seq, list(req.prompt), req.config.cache_prompt, defer))

@@ -229,6 +229,22 @@ def test_generate_batch_more_prompts_than_slots(alone, target_path, model_dir):
         assert max(s.n_batch_seqs for r in res for s in r.stats.steps) == 2  # they did share passes
 
 
+def test_generate_batch_searches_every_prompts_stop_strings_as_it_runs(alone, target_path, model_dir):
+    # the stop strings are searched on the reader's side: generate_batch reads every prompt's
+    # steps as they come, so none runs on past its stop string while an earlier one is read
+    prompts = ["def f(x):", "for i in"]
+    full = [alone.generate(p, max_tokens=200, ignore_eos=True) for p in prompts]
+    stop = next(full[1].text[k : k + 4] for k in range(10, 100) if full[1].text[k : k + 4] not in full[0].text)
+    want = [alone.generate(p, max_tokens=200, ignore_eos=True, stop=[stop]) for p in prompts]
+    assert want[0].finish_reason == "length" and want[1].finish_reason == "stop" and len(want[1].tokens) < 100
+    with open_llm(target_path, model_dir / "drafter-b8.gguf", 2) as llm:
+        res = llm.generate_batch(prompts, max_tokens=200, ignore_eos=True, stop=[stop])
+        assert [(r.tokens, r.text, r.finish_reason) for r in res] == [(r.tokens, r.text, r.finish_reason) for r in want]
+        # the second stopped within a step or two of its stop string, not at max_tokens
+        core = llm._engine._core
+        assert min(core.n_past(i) for i in range(2)) < len(want[1].tokens) + 30
+
+
 def test_a_conversation_returns_to_its_slot(target_path, model_dir):
     with open_llm(target_path, model_dir / "drafter-b8.gguf", 3) as llm:
         turn1 = [3, 1, 4, 1, 5, 9, 2, 6] * 6

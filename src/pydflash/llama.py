@@ -480,6 +480,7 @@ class Llama(LlamaCppApi):
         gens = [Generation(self, p, cfg) for p in prompts]
         subs = [Submission(g) for g in gens]
         try:
+            Generation.run_all(gens)  # each one's stop strings searched as its steps come
             return [s.result() for s in subs]
         finally:
             for s in subs:

@@ -56,6 +56,9 @@ class Channel:
         self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
         # its reader waits for the end only (until_end): no wake-up per step
         self.quiet = quiet
+        # an event that several readers' channels share, set whenever this one would
+        # wake its reader: one thread waits on many (Generation.run_all)
+        self.bell: threading.Event | None = None
         self._ended = False  # the last item (the engine's finish or an error) is in
 
     def put(self, item: Item) -> None:
@@ -64,9 +67,12 @@ class Channel:
             self._items.append(item)
             self._ended = self._ended or end
             waiter = None
-            if end or not self.quiet:
+            ring = end or not self.quiet
+            if ring:
                 self._cv.notify()
                 waiter, self._waiter = self._waiter, None
+        if ring and self.bell is not None:
+            self.bell.set()
         if waiter is not None:
             loop, fut = waiter
             loop.call_soon_threadsafe(_wake, fut)

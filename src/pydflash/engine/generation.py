@@ -15,6 +15,7 @@ module imports nothing that imports it back."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from typing import Protocol
@@ -115,6 +116,7 @@ class Generation:
         self.decode_s = 0.0
         self._clock = Clock()
         self._handle: RequestHandle | None = None
+        self._error: BaseException | None = None  # what ended it while run_all read it
         self.cancel_check: Callable[[], bool] | None = None
         self.t_submit = 0.0
 
@@ -200,6 +202,8 @@ class Generation:
         ``GenerationInterrupted``. Ctrl-C while waiting cancels it, as leaving an
         iteration does."""
         self.cancel_check = cancel  # the engine also asks it before the prompt is evaluated
+        if self._error is not None:
+            raise self._error
         self._hold = True  # from its first step
         quiet = not self.text.stop_strings
         handle = self.submit(quiet)
@@ -238,6 +242,33 @@ class Generation:
             return events
         finally:
             self.cancel()
+
+    @staticmethod
+    def run_all(gens: Sequence[Generation]) -> None:
+        """Run them all to the end in one thread, each one's outputs processed as they come
+        (a reader that reads them one after the other would leave the stop strings of all
+        but the first unsearched, and those generations running past them), asleep between;
+        then each one's ``wait()`` returns at once (or raises the error that ended it)."""
+        bell = threading.Event()
+        for g in gens:
+            g._hold = True
+            g.submit(not g.text.stop_strings).channel.bell = bell
+        pending = list(gens)
+        while True:
+            bell.clear()  # before reading: an output put after this sets it again
+            if not (pending := [g for g in pending if not g._pump()]):
+                return
+            bell.wait()
+
+    def _pump(self) -> bool:
+        """Process every output in its channel now, without waiting; True where it ended."""
+        assert self._handle is not None
+        try:
+            while self.finish is None and (item := self._handle.channel.get(0)) is not None:
+                self._process(output_or_raise(item), deliver=False)
+        except Exception as e:  # the error that ended it: its wait() raises it
+            self._error = e
+        return self.finish is not None or self._error is not None
 
     def submit(self, quiet: bool = False) -> RequestHandle:
         """Hand it to the engine (once); its outputs then queue for the reader

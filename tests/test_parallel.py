@@ -575,6 +575,17 @@ def test_n_choices_run_side_by_side(target_path, model_dir):
         for chunk in llm.create_completion([3, 4, 5], n=3, stream=True, ignore_eos=True, **opts):
             texts[chunk["choices"][0]["index"]] += chunk["choices"][0]["text"]
         assert [texts[i] for i in range(3)] == [c["text"] for c in res["choices"]]
+        # every choice's stop strings are searched as its steps come (not once it is read)
+        stop = alone[1]["choices"][0]["text"][2:4] or "x"
+        stopped = llm.create_completion([3, 4, 5], n=3, ignore_eos=True, stop=[stop], cancel=lambda: False, **opts)
+        want = [
+            llm.create_completion([3, 4, 5], **dict(opts, seed=7 + i), ignore_eos=True, stop=[stop])["choices"][0]
+            for i in range(3)
+        ]
+        assert [(c["text"], c["finish_reason"]) for c in stopped["choices"]] == [
+            (w["text"], w["finish_reason"]) for w in want
+        ]
+        assert stopped["choices"][1]["finish_reason"] == "stop"
         chat = llm.create_chat_completion([{"role": "user", "content": "hi"}], n=2, max_tokens=8, seed=1)
         assert [c["index"] for c in chat["choices"]] == [0, 1]
         with pytest.raises(ValueError, match="n must be"):

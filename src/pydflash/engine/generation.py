@@ -117,6 +117,7 @@ class Generation:
         self._clock = Clock()
         self._handle: RequestHandle | None = None
         self._error: BaseException | None = None  # what ended it while run_all read it
+        self._ready: list[StreamStep] = []  # events run_all made, for wait() to return
         self.cancel_check: Callable[[], bool] | None = None
         self.t_submit = 0.0
 
@@ -209,7 +210,7 @@ class Generation:
         handle = self.submit(quiet)
         poll = None if cancel is None else CANCEL_POLL_S
         next_ask = time.monotonic() + CANCEL_POLL_S
-        events: list[StreamStep] = []
+        events, self._ready = self._ready, []
         try:
             while self.finish is None:
                 got = handle.wait(poll) if quiet else _listed(handle.channel.get(poll))
@@ -244,28 +245,42 @@ class Generation:
             self.cancel()
 
     @staticmethod
-    def run_all(gens: Sequence[Generation]) -> None:
+    def run_all(gens: Sequence[Generation], cancel: Callable[[], bool] | None = None) -> None:
         """Run them all to the end in one thread, each one's outputs processed as they come
         (a reader that reads them one after the other would leave the stop strings of all
         but the first unsearched, and those generations running past them), asleep between;
-        then each one's ``wait()`` returns at once (or raises the error that ended it)."""
+        then each one's ``wait()`` returns at once (or raises the error that ended it).
+        ``cancel()``, as ``wait``'s, is asked every CANCEL_POLL_S seconds once one runs:
+        True cancels them all with ``GenerationInterrupted``."""
         bell = threading.Event()
         for g in gens:
             g._hold = True
+            g.cancel_check = cancel
             g.submit(not g.text.stop_strings).channel.bell = bell
         pending = list(gens)
-        while True:
-            bell.clear()  # before reading: an output put after this sets it again
-            if not (pending := [g for g in pending if not g._pump()]):
-                return
-            bell.wait()
+        next_ask = time.monotonic() + CANCEL_POLL_S
+        try:
+            while True:
+                bell.clear()  # before reading: an output put after this sets it again
+                if not (pending := [g for g in pending if not g._pump()]):
+                    return
+                bell.wait(None if cancel is None else CANCEL_POLL_S)
+                running = any(g._handle is not None and g._handle.admitted for g in pending)
+                if cancel is not None and running and time.monotonic() >= next_ask:
+                    next_ask = time.monotonic() + CANCEL_POLL_S
+                    if cancel():
+                        raise GenerationInterrupted("the generation was cancelled")
+        except BaseException:
+            for g in gens:
+                g.cancel()
+            raise
 
     def _pump(self) -> bool:
         """Process every output in its channel now, without waiting; True where it ended."""
         assert self._handle is not None
         try:
             while self.finish is None and (item := self._handle.channel.get(0)) is not None:
-                self._process(output_or_raise(item), deliver=False)
+                self._ready += self._process(output_or_raise(item), deliver=False)
         except Exception as e:  # the error that ended it: its wait() raises it
             self._error = e
         return self.finish is not None or self._error is not None

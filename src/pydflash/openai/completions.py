@@ -196,6 +196,8 @@ def create_completion(
     head = _echo(llm, prompt, tokens) if echo else ""
     if stream:
         return _chained([_completion_chunks(g, cancel, meta, head) for g in gens], gens)
+    if len(gens) > 1:  # every choice read as its steps come: each one's stop strings searched
+        Generation.run_all(gens, cancel)
     return _merged([_completion(g, cancel, meta, head) for g in gens])
 
 
@@ -388,6 +390,8 @@ def create_chat_completion(
     meta: _Meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or llm.model_name}
     if stream:
         return _chained([_chat_chunks(g, cancel, cp, meta) for g in gens], gens)
+    if len(gens) > 1:  # as create_completion's
+        Generation.run_all(gens, cancel)
     return _merged([_chat_completion(g, cancel, cp, meta) for g in gens])
 
 

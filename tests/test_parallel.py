@@ -243,6 +243,13 @@ def test_generate_batch_searches_every_prompts_stop_strings_as_it_runs(alone, ta
         # the second stopped within a step or two of its stop string, not at max_tokens
         core = llm._engine._core
         assert min(core.n_past(i) for i in range(2)) < len(want[1].tokens) + 30
+        # so are a submission's that nothing reads yet (the watcher's thread searches them)
+        subs = [llm.submit(p, max_tokens=200, ignore_eos=True, stop=[stop], cache_prompt=False) for p in prompts]
+        assert subs[0].result().tokens == want[0].tokens
+        assert min(core.n_past(i) for i in range(2)) < len(want[1].tokens) + 30
+        assert subs[1].done and subs[1].result().tokens == want[1].tokens
+        streamed = [step for step in subs[1]]  # read after the end: nothing left, as after a loop
+        assert streamed == []
 
 
 def test_a_conversation_returns_to_its_slot(target_path, model_dir):

@@ -39,6 +39,7 @@ from ..results import (
 from .channel import Channel, Clock, EngineOutput, Item, RequestHandle, output_or_raise
 from .request import Request, make_request
 from .text import TextAssembler
+from .watcher import WATCHER
 
 __all__ = ["Generation", "GenerationHost", "Prompt"]
 
@@ -117,7 +118,9 @@ class Generation:
         self._clock = Clock()
         self._handle: RequestHandle | None = None
         self._error: BaseException | None = None  # what ended it while run_all read it
-        self._ready: list[StreamStep] = []  # events run_all made, for wait() to return
+        self._ready: list[StreamStep] = []  # events run_all or the watcher made, for its reader
+        self._lock = threading.Lock()  # the watcher's processing, or a reader's claim
+        self._watched = False  # the watcher processes its outputs until a reader claims it
         self.cancel_check: Callable[[], bool] | None = None
         self.t_submit = 0.0
 
@@ -203,14 +206,12 @@ class Generation:
         ``GenerationInterrupted``. Ctrl-C while waiting cancels it, as leaving an
         iteration does."""
         self.cancel_check = cancel  # the engine also asks it before the prompt is evaluated
-        if self._error is not None:
-            raise self._error
+        events = self._claim()
         self._hold = True  # from its first step
         quiet = not self.text.stop_strings
         handle = self.submit(quiet)
         poll = None if cancel is None else CANCEL_POLL_S
         next_ask = time.monotonic() + CANCEL_POLL_S
-        events, self._ready = self._ready, []
         try:
             while self.finish is None:
                 got = handle.wait(poll) if quiet else _listed(handle.channel.get(poll))
@@ -227,12 +228,14 @@ class Generation:
     async def await_end(self) -> list[StreamStep]:
         """``wait()`` for asyncio, without blocking the event loop; a task that stops
         awaiting (cancelled) cancels the generation."""
+        events = self._claim()
         self._hold = True
         quiet = not self.text.stop_strings
         handle = self.submit(quiet)
-        events: list[StreamStep] = []
         try:
-            if quiet:
+            if self.finish is not None:
+                pass
+            elif quiet:
                 for out in await handle.await_end():
                     events += self._process(out, deliver=False)
             else:
@@ -275,6 +278,32 @@ class Generation:
                 g.cancel()
             raise
 
+    def watch(self) -> None:
+        """Have the watcher process its outputs as they come until a reader claims it
+        (``watcher.py``): where it has stop strings, which would otherwise go unsearched,
+        and it running past them, until it is read. Call after ``submit()``."""
+        if self.text.stop_strings and self._handle is not None and self.finish is None:
+            self._watched = True
+            WATCHER.watch(self._handle.channel, self._pump_watched)
+
+    def _pump_watched(self) -> bool:
+        with self._lock:
+            if not self._watched:  # claimed by a reader
+                return True
+            ended = self._pump()
+            self._watched = not ended
+            return ended
+
+    def _claim(self) -> list[StreamStep]:
+        """Its reader takes it over from the watcher (or from run_all): the events made
+        for it meanwhile, or the error that ended it."""
+        with self._lock:
+            self._watched = False
+            if self._error is not None:
+                raise self._error
+            events, self._ready = self._ready, []
+            return events
+
     def _pump(self) -> bool:
         """Process every output in its channel now, without waiting; True where it ended."""
         assert self._handle is not None
@@ -309,6 +338,10 @@ class Generation:
     def _consume(self) -> Generator[StreamStep, None, None]:
         handle = self.submit()
         try:
+            for step in self._claim():
+                yield step
+                if step.finish_reason is not None:
+                    return
             for out in handle:
                 for step in self._process(out, deliver=True):
                     yield step
@@ -320,6 +353,10 @@ class Generation:
     async def _aconsume(self) -> AsyncIterator[StreamStep]:
         handle = self.submit()
         try:
+            for step in self._claim():
+                yield step
+                if step.finish_reason is not None:
+                    return
             async for out in handle:
                 for step in self._process(out, deliver=True):
                     yield step

@@ -258,6 +258,8 @@ def _chained(streams: list[Iterator[_Chunk]], gens: list[Generation]) -> Iterato
 
 
 def _chain(streams: list[Iterator[_Chunk]], gens: list[Generation]) -> Iterator[_Chunk]:
+    for g in gens[1:]:  # their stop strings searched as their steps come, until they are read
+        g.watch()
     try:
         for i, chunks in enumerate(streams):
             for chunk in chunks:

@@ -257,6 +257,8 @@ class Generation:
         True cancels them all with ``GenerationInterrupted``."""
         bell = threading.Event()
         for g in gens:
+            with g._lock:  # taken over from the watcher (a Submission's)
+                g._watched = False
             g._hold = True
             g.cancel_check = cancel
             g.submit(not g.text.stop_strings).channel.bell = bell

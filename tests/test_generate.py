@@ -34,6 +34,7 @@ def test_generate_sleeps_until_the_end(dflash, monkeypatch):
     # generate() reads only the result: the engine wakes its caller once, at the end, not
     # for every step (a caller woken per step took the GIL and a core from the engine's
     # thread while the next step computed)
+    from pydflash.engine import channel as _channel
     from pydflash.engine import generation as _generation
 
     notified: list[int] = []
@@ -43,13 +44,13 @@ def test_generate_sleeps_until_the_end(dflash, monkeypatch):
             notified.append(n)
             super().notify(n)
 
-    init = _generation._Channel.__init__
+    init = _channel.Channel.__init__
 
-    def counted(self) -> None:
-        init(self)
+    def counted(self, *args, **kwargs) -> None:
+        init(self, *args, **kwargs)
         self._cv = Counting()
 
-    monkeypatch.setattr(_generation._Channel, "__init__", counted)
+    monkeypatch.setattr(_channel.Channel, "__init__", counted)
     # ... and is handed one event, at the end, with every token and the whole text (building
     # and queueing one per step took ~15 us of the engine's thread)
     events: list[int] = []

@@ -229,6 +229,29 @@ def test_generate_batch_more_prompts_than_slots(alone, target_path, model_dir):
         assert max(s.n_batch_seqs for r in res for s in r.stats.steps) == 2  # they did share passes
 
 
+def test_generate_batch_searches_every_prompts_stop_strings_as_it_runs(alone, target_path, model_dir):
+    # the stop strings are searched on the reader's side: generate_batch reads every prompt's
+    # steps as they come, so none runs on past its stop string while an earlier one is read
+    prompts = ["def f(x):", "for i in"]
+    full = [alone.generate(p, max_tokens=200, ignore_eos=True) for p in prompts]
+    stop = next(full[1].text[k : k + 4] for k in range(10, 100) if full[1].text[k : k + 4] not in full[0].text)
+    want = [alone.generate(p, max_tokens=200, ignore_eos=True, stop=[stop]) for p in prompts]
+    assert want[0].finish_reason == "length" and want[1].finish_reason == "stop" and len(want[1].tokens) < 100
+    with open_llm(target_path, model_dir / "drafter-b8.gguf", 2) as llm:
+        res = llm.generate_batch(prompts, max_tokens=200, ignore_eos=True, stop=[stop])
+        assert [(r.tokens, r.text, r.finish_reason) for r in res] == [(r.tokens, r.text, r.finish_reason) for r in want]
+        # the second stopped within a step or two of its stop string, not at max_tokens
+        core = llm._engine._core
+        assert min(core.n_past(i) for i in range(2)) < len(want[1].tokens) + 30
+        # so are a submission's that nothing reads yet (the watcher's thread searches them)
+        subs = [llm.submit(p, max_tokens=200, ignore_eos=True, stop=[stop], cache_prompt=False) for p in prompts]
+        assert subs[0].result().tokens == want[0].tokens
+        assert min(core.n_past(i) for i in range(2)) < len(want[1].tokens) + 30
+        assert subs[1].done and subs[1].result().tokens == want[1].tokens
+        streamed = [step for step in subs[1]]  # read after the end: nothing left, as after a loop
+        assert streamed == []
+
+
 def test_a_conversation_returns_to_its_slot(target_path, model_dir):
     with open_llm(target_path, model_dir / "drafter-b8.gguf", 3) as llm:
         turn1 = [3, 1, 4, 1, 5, 9, 2, 6] * 6
@@ -357,16 +380,16 @@ def test_an_awaited_result_wakes_the_event_loop_once(target_path, monkeypatch):
     # ``await aresult()`` with nothing iterated is woken at the end only, not for each step
     # (an event loop woken per step takes the GIL and a core from the engine's thread, as
     # generate() did); ``async for`` still gets each step
-    from pydflash.engine import generation as _generation
+    from pydflash.engine import channel as _channel
 
     wakes: list[int] = []
-    wake = _generation._wake
+    wake = _channel._wake
 
     def counted(fut) -> None:
         wakes.append(1)
         wake(fut)
 
-    monkeypatch.setattr(_generation, "_wake", counted)
+    monkeypatch.setattr(_channel, "_wake", counted)
     with Llama(target_path, n_ctx=4096, n_threads=THREADS) as llm:
         want = llm.generate([1, 2, 3], max_tokens=400, ignore_eos=True).tokens
 
@@ -559,6 +582,17 @@ def test_n_choices_run_side_by_side(target_path, model_dir):
         for chunk in llm.create_completion([3, 4, 5], n=3, stream=True, ignore_eos=True, **opts):
             texts[chunk["choices"][0]["index"]] += chunk["choices"][0]["text"]
         assert [texts[i] for i in range(3)] == [c["text"] for c in res["choices"]]
+        # every choice's stop strings are searched as its steps come (not once it is read)
+        stop = alone[1]["choices"][0]["text"][2:4] or "x"
+        stopped = llm.create_completion([3, 4, 5], n=3, ignore_eos=True, stop=[stop], cancel=lambda: False, **opts)
+        want = [
+            llm.create_completion([3, 4, 5], **dict(opts, seed=7 + i), ignore_eos=True, stop=[stop])["choices"][0]
+            for i in range(3)
+        ]
+        assert [(c["text"], c["finish_reason"]) for c in stopped["choices"]] == [
+            (w["text"], w["finish_reason"]) for w in want
+        ]
+        assert stopped["choices"][1]["finish_reason"] == "stop"
         chat = llm.create_chat_completion([{"role": "user", "content": "hi"}], n=2, max_tokens=8, seed=1)
         assert [c["index"] for c in chat["choices"]] == [0, 1]
         with pytest.raises(ValueError, match="n must be"):

@@ -7,13 +7,15 @@ import dataclasses
 import difflib
 import os
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import _core, _logging
 from .config import GenerateOptions, ModelConfig, NgramConfig, SamplingConfig, Unpack, speculative_types
+from .engine.channel import RequestHandle
 from .engine.engine import Engine
 from .engine.generation import Generation, Prompt
+from .engine.request import Request
 from .engine.submission import Submission
 from .errors import PyDFlashError
 from .fit import check_context_fits, explain_context_failure, model_context
@@ -140,11 +142,18 @@ class Llama(LlamaCppApi):
         self._engine: Engine | None = None
         self._chat_template_source = chat_template  # None: the GGUF's own (ChatML if none)
         self._chat_template: ChatTemplate | None = None
+        self._start(model_path, draft)
+
+    def _start(self, model_path: str | os.PathLike[str], draft: str | os.PathLike[str] | None) -> None:
+        """Load both models and their contexts and start the engine, the pair's owner
+        (``__init__`` and ``wake()``)."""
         self._pair_core = self._load(model_path, draft)
-        self._pair = ContextPair(self._pair_core)
-        self._engine = Engine(self._pair_core, self._pair, self._pair_core.n_batch)
-        # an object dropped without close(), or alive at exit: its engine thread ends
-        weakref.finalize(self, self._engine.close)
+        assert self._target is not None
+        self._engine = Engine(self._pair_core, self._target)
+        self._pair = self._engine.pair
+        # an object dropped without close(), or alive at exit: its engine thread ends (the
+        # pair is freed with the last reference to it: a ContextPair from .pair may outlive it)
+        weakref.finalize(self, self._engine.close, False)
 
     def _load(self, model_path: str | os.PathLike[str], draft: str | os.PathLike[str] | None) -> _core.ContextPair:
         """Both models and their contexts (llama.cpp's log flushed either way)."""
@@ -184,10 +193,7 @@ class Llama(LlamaCppApi):
         if self._asleep is None:
             return
         model_path, draft = self._asleep
-        self._pair_core = self._load(model_path, draft)
-        self._pair = ContextPair(self._pair_core)
-        self._engine = Engine(self._pair_core, self._pair, self._pair_core.n_batch)
-        weakref.finalize(self, self._engine.close)
+        self._start(model_path, draft)
         self._asleep = None
 
     @property
@@ -200,9 +206,7 @@ class Llama(LlamaCppApi):
         fail with PyDFlashError. Idempotent."""
         self._asleep = None  # closed for good: nothing to wake
         if self._engine is not None:
-            self._engine.close()
-        if self._pair_core is not None:
-            self._pair_core.close()
+            self._engine.close()  # and the pair: the engine owns it
         self._pair_core = None
         self._target = None
         self._draft = None
@@ -476,6 +480,7 @@ class Llama(LlamaCppApi):
         gens = [Generation(self, p, cfg) for p in prompts]
         subs = [Submission(g) for g in gens]
         try:
+            Generation.run_all(gens)  # each one's stop strings searched as its steps come
             return [s.result() for s in subs]
         finally:
             for s in subs:
@@ -555,18 +560,23 @@ class Llama(LlamaCppApi):
 
     # -- what a Generation needs (pydflash.engine.generation.GenerationHost) ---
 
-    def run_generation(self, gen: Generation) -> None:
-        """Queue ``gen`` for the engine (a free slot, else its turn)."""
+    def submit_request(
+        self, request: Request, quiet: bool = False, cancel_check: Callable[[], bool] | None = None
+    ) -> RequestHandle:
+        """Queue ``request`` for the engine (a free slot, else its turn); its handle."""
         self._model()
         assert self._engine is not None
-        if self._cache is not None and gen.config.cache_prompt and self._pair_core is not None:
-            load_longest_prefix(self._cache, self._pair_core, self._engine, gen.prompt)
-        self._engine.submit(gen)
+        if self._cache is not None and request.config.cache_prompt and self._pair_core is not None:
+            load_longest_prefix(self._cache, self._pair_core, self._engine, list(request.prompt))
+        return self._engine.submit(request, quiet, cancel_check)
+
+    def run_generation(self, gen: Generation) -> None:
+        """Queue ``gen`` for the engine (internal, as before: ``gen.submit()``)."""
+        gen.submit()
 
     def cancel_generation(self, gen: Generation) -> None:
-        """Stop ``gen``, queued or running (internal: ``Submission.cancel`` calls it)."""
-        if self._engine is not None:
-            self._engine.cancel(gen)
+        """Stop ``gen``, queued or running (internal: ``gen.cancel()``)."""
+        gen.cancel()
 
     def prompt_tokens(self, prompt: Prompt) -> list[int]:
         """The token ids a generation starts from: text is tokenized (an empty

@@ -25,8 +25,8 @@ def tokens_for(seconds: float, rate: float) -> int:
 class PrefillWatch:
     """While entered: for generations whose prompt has ``n`` tokens, the prompt tokens the
     context had evaluated after each chunk of the prefill (``processed``, from the engine's
-    ``Generation.prefill_progress``) and whether the prefill completed (``completed``:
-    ``Generation.prefilled`` ran). ``first_chunk`` is set once the first chunk is evaluated:
+    record of a running request, ``_Running.prefill_progress``) and whether the prefill
+    completed (``completed``: ``_Running.prefilled`` ran). ``first_chunk`` is set once the first chunk is evaluated:
     the prefill is under way and the engine is decoding its next chunk."""
 
     def __init__(self, n: int) -> None:
@@ -36,30 +36,30 @@ class PrefillWatch:
         self.first_chunk = threading.Event()
 
     def __enter__(self) -> PrefillWatch:
-        from pydflash.engine.generation import Generation
+        from pydflash.engine.engine import _Running
 
-        self._saved = Generation.prefill_progress, Generation.prefilled
+        self._saved = _Running.prefill_progress, _Running.prefilled
         progress, prefilled = self._saved
         watch = self
 
-        def on_progress(gen, n_left: int) -> None:
-            progress(gen, n_left)
-            if len(gen.prompt) == watch.n:
-                watch.processed.append(len(gen.prompt) - 1 - n_left)
+        def on_progress(run, n_left: int) -> None:
+            progress(run, n_left)
+            if len(run.req.prompt) == watch.n:
+                watch.processed.append(len(run.req.prompt) - 1 - n_left)
                 watch.first_chunk.set()
 
-        def on_prefilled(gen) -> None:
-            prefilled(gen)
-            if len(gen.prompt) == watch.n:
+        def on_prefilled(run) -> None:
+            prefilled(run)
+            if len(run.req.prompt) == watch.n:
                 watch.completed = True
 
-        Generation.prefill_progress, Generation.prefilled = on_progress, on_prefilled  # type: ignore[method-assign]
+        _Running.prefill_progress, _Running.prefilled = on_progress, on_prefilled  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: object) -> None:
-        from pydflash.engine.generation import Generation
+        from pydflash.engine.engine import _Running
 
-        Generation.prefill_progress, Generation.prefilled = self._saved  # type: ignore[method-assign]
+        _Running.prefill_progress, _Running.prefilled = self._saved  # type: ignore[method-assign]
 
     def then(self, action) -> threading.Thread:
         """Run ``action`` on a thread of its own once the first chunk is evaluated (a

@@ -10,6 +10,16 @@ batched speculative step (one drafter pass, one target pass for all of them).
 Generations join and leave between iterations; a consumer that leaves
 cancels its own generation only.
 
+The engine thread does no text work: it counts each request's tokens (EOS, the token
+budget) and sends the raw step results into the request's channel (``channel.py``);
+its reader's output processor (``generation.py``) makes text of them, searches the stop
+strings and aborts the request (``RequestHandle.abort``) where one appears. A request
+(``request.Request``) is immutable; what the engine keeps of it while it runs (its slot,
+tokens counted, draft-length state, clock) is ``_Running``, its own.
+
+The engine owns the core pair: it makes its ``ContextPair`` (``Engine.pair``), and
+closing it ends the thread.
+
 The thread starts with the first submission and ends after a second with
 nothing to do, so an idle ``Llama`` holds no thread."""
 
@@ -21,13 +31,15 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from .. import _core
 from ..draft_length.policy import CONFIDENCE_CUT, CostModel, DraftPolicy, Outcome, SequenceDraft
 from ..errors import GenerationInterrupted, GrammarError, PyDFlashError, SlotBusyError
 from ..pair import ContextPair
-from .generation import Generation
+from ..results import FinishReason
+from .channel import Channel, Clock, EngineOutput, RequestHandle
+from .request import Request
 
 __all__ = ["Engine"]
 
@@ -44,26 +56,85 @@ RUN_ALPHA = 0.25  # weight of each run's time per step in the estimate that size
 _log = logging.getLogger("pydflash")
 
 
+@dataclasses.dataclass(eq=False)
+class _Running:
+    """What the engine keeps of one request while it runs (its reader sees none of it)."""
+
+    req: Request
+    handle: RequestHandle
+    n_tokens: int = 0  # tokens counted: before an EOS, within the budget
+    clock: Clock = dataclasses.field(default_factory=Clock)
+    processed: int = -1  # the last prompt-progress event's (a chunk that gave it none sends none)
+    draft: SequenceDraft | None = None  # an adaptive request's draft-length state
+
+    def send(
+        self,
+        steps: tuple[_core.StepResult, ...] = (),
+        kept: tuple[int, ...] = (),
+        finish: FinishReason | None = None,
+        processed: int | None = None,
+    ) -> None:
+        if self.handle.cancelled:  # its reader left, or its output processor ended it
+            return
+        out = EngineOutput(self.clock, time.perf_counter(), steps, kept, finish, processed)
+        self.handle.channel.put(out)
+
+    def started(self, n_cached: int) -> None:
+        """Admitted to a slot; ``n_cached`` prompt tokens came from its cache."""
+        self.clock = Clock(t_start=time.perf_counter(), n_cached=n_cached)
+        self._progress(n_cached)
+
+    def prefill_progress(self, n_left: int) -> None:
+        """A chunk of its prompt is evaluated; ``n_left`` tokens wait (the last one is
+        evaluated with the first step)."""
+        c = self.clock
+        processed = len(self.req.prompt) - 1 - n_left
+        prefill_s = time.perf_counter() - c.t_start
+        self.clock = dataclasses.replace(c, prefill_s=prefill_s, n_prompt_done=max(processed - c.n_cached, 0))
+        self._progress(processed)
+
+    def prefilled(self) -> None:
+        """Its prompt is evaluated (in chunks, between other sequences' steps)."""
+        now, c = time.perf_counter(), self.clock
+        n_done = len(self.req.prompt) - c.n_cached
+        self.clock = dataclasses.replace(c, prefill_s=now - c.t_start, n_prompt_done=n_done, t_decode=now)
+        self._progress(len(self.req.prompt))
+
+    def _progress(self, processed: int) -> None:
+        if self.req.progress and processed > self.processed:
+            self.processed = processed
+            self.send(processed=processed)
+
+    def fail(self, exc: BaseException) -> None:
+        self.handle.done = True
+        self.handle.channel.put(exc)
+
+
 @dataclasses.dataclass
 class _Slot:
     seq: int
-    gen: Generation | None = None
+    run: _Running | None = None
     prefilling: bool = False
     last_used: int = 0
     reserved: bool = False  # held by save/load: no generation is admitted to it
-    draft: SequenceDraft | None = None  # an adaptive generation's draft-length state
+
+    @property
+    def draft(self) -> SequenceDraft | None:
+        """Its request's draft-length state (None: its draft length is not chosen)."""
+        return None if self.run is None else self.run.draft
 
 
 class Engine:
     """Runs every generation of one core pair (see the module docstring).
     ``submit``/``cancel``/``close`` may be called from any thread."""
 
-    def __init__(self, core: _core.ContextPair, pair: ContextPair, chunk: int):
+    def __init__(self, core: _core.ContextPair, model: _core.Model):
         self._core = core
-        self._pair = pair
-        self._chunk = chunk  # prompt tokens evaluated per iteration
+        self._model = model
+        self.pair = ContextPair(core)  # the step API over it, for direct calls
+        self._chunk = core.n_batch  # prompt tokens evaluated per iteration
         self._slots = [_Slot(i) for i in range(core.n_seq)]
-        self._queue: collections.deque[Generation] = collections.deque()
+        self._queue: collections.deque[_Running] = collections.deque()
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -75,7 +146,12 @@ class Engine:
 
     # -- any thread --------------------------------------------------------------
 
-    def submit(self, gen: Generation) -> None:
+    def submit(
+        self, request: Request, quiet: bool = False, cancel_check: Callable[[], bool] | None = None
+    ) -> RequestHandle:
+        """Queue ``request`` (a free slot, else its turn); its outputs go to the handle's
+        channel (``quiet``: its reader is woken at the end only). ``cancel_check`` is
+        asked once, as it is admitted: True drops it before its prompt is evaluated."""
         # the submitting thread now waits on the engine's: an OpenMP pool it holds
         # from direct pair calls (pair.score on the main thread) would slow every
         # graph the engine computes (threads.h); it gets a new one if it computes again
@@ -83,39 +159,49 @@ class Engine:
         with self._cv:
             if self._closed:
                 raise PyDFlashError("this Llama object is closed")
-            self._queue.append(gen)
+            handle = RequestHandle(Channel(quiet), self.cancel, cancel_check)
+            self._queue.append(_Running(request, handle))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="pydflash-engine", daemon=True)
                 self._thread.start()
             self._cv.notify()
+        return handle
 
-    def cancel(self, gen: Generation) -> None:
+    def cancel(self, handle: RequestHandle, interrupt: bool = True) -> None:
+        """Drop a request between steps; ``interrupt``: abort its decode now where it runs
+        alone (its reader left), not where its output processor ended it (a stop string:
+        its sequence's cache stays)."""
         with self._cv:
-            gen.cancelled = True
-            active = [s.gen for s in self._slots if s.gen is not None]
-            if active == [gen]:
+            handle.cancelled = True
+            active = [s.run.handle for s in self._slots if s.run is not None]
+            if interrupt and active == [handle]:
                 # alone in the pair: abort its decode now (a long prefill) rather than
                 # after it; aborting resets the caches, which no other sequence is using
                 self._aborting = True
                 self._core.interrupt()
             self._cv.notify()
 
-    def close(self) -> None:
-        """Stop the thread; waiting and running generations fail with PyDFlashError."""
+    def close(self, free: bool = True) -> None:
+        """Stop the thread (waiting and running generations fail with PyDFlashError),
+        then free the pair, which the engine owns (``free`` False: left to its destructor,
+        for a ``ContextPair`` its owner's caller may still hold)."""
         with self._cv:
             if self._closed:
                 return
             self._closed = True
             thread = self._thread
-            busy = any(s.gen is not None for s in self._slots)
+            busy = any(s.run is not None for s in self._slots)
             self._cv.notify()
-        if thread is not None and thread is not threading.current_thread():
+        on_thread = thread is threading.current_thread()
+        if thread is not None and not on_thread:
             if busy:
                 self._core.interrupt()
             thread.join()
         self._core.clear_interrupt()
         with self._cv:
             self._fail_all_locked(PyDFlashError("this Llama object was closed"))
+        if free and not on_thread:  # (from its own thread: it ends after this iteration)
+            self._core.close()
 
     @contextlib.contextmanager
     def reserve(self, seq: int) -> Iterator[None]:
@@ -125,7 +211,7 @@ class Engine:
             if self._closed:
                 raise PyDFlashError("this Llama object is closed")
             slot = self._slots[seq]
-            if slot.gen is not None or slot.reserved:
+            if slot.run is not None or slot.reserved:
                 raise SlotBusyError(f"slot {seq} is busy")
             slot.reserved = True
         try:
@@ -138,7 +224,7 @@ class Engine:
 
     def busy_slots(self) -> set[int]:
         with self._cv:
-            return {s.seq for s in self._slots if s.gen is not None or s.reserved}
+            return {s.seq for s in self._slots if s.run is not None or s.reserved}
 
     # -- the engine thread --------------------------------------------------------
 
@@ -161,7 +247,7 @@ class Engine:
                     return False
                 self._release_cancelled_locked()
                 starts = self._admit_locked()
-                if any(s.gen is not None for s in self._slots):
+                if any(s.run is not None for s in self._slots):
                     break
                 if self._pooled:
                     # idle: hand back ggml's OpenMP workers (threads.h: a pool another
@@ -177,44 +263,47 @@ class Engine:
                 self._aborting = False
             self._tick += 1
             self._pooled = True
-        if self._policy is None and any(s.gen is not None and s.gen.adaptive for s in starts):
+        if self._policy is None and any(s.run is not None and s.run.req.adaptive for s in starts):
             self._policy = self._make_policy()
         for slot in starts:
             self._start(slot)
         try:
-            prefilling = [s for s in self._slots if s.gen is not None and s.prefilling and not s.gen.cancelled]
+            live = [s for s in self._slots if s.run is not None and not s.run.handle.cancelled]
+            prefilling = [s for s in live if s.prefilling]
             if prefilling:
                 self._prefill(prefilling)
-            running = [s for s in self._slots if s.gen is not None and not s.prefilling and not s.gen.cancelled]
+            running = [s for s in live if s.run is not None and not s.prefilling]
             if running:
                 self._step(running)
         except Exception as e:
             # a failed decode or rollback resets the whole pair: every sequence in it fails
             with self._cv:
                 for s in self._slots:
-                    if s.gen is not None:
-                        s.gen.fail(_copy(e))
+                    if s.run is not None:
+                        s.run.fail(_copy(e))
                         self._release(s)
         return True
 
     def _release(self, slot: _Slot) -> None:
-        slot.gen = None
-        slot.draft = None
+        if slot.run is not None:
+            slot.run.handle.done = True
+        slot.run = None
         slot.prefilling = False
         slot.last_used = self._tick
 
     def _release_cancelled_locked(self) -> None:
         for s in self._slots:
-            if s.gen is not None and (s.gen.cancelled or s.gen.done):
-                s.gen.done = True
+            if s.run is not None and (s.run.handle.cancelled or s.run.handle.done):
                 self._release(s)
-        if any(g.cancelled for g in self._queue):
-            self._queue = collections.deque(g for g in self._queue if not g.cancelled)
+        if any(r.handle.cancelled for r in self._queue):
+            for r in self._queue:
+                r.handle.done = r.handle.done or r.handle.cancelled
+            self._queue = collections.deque(r for r in self._queue if not r.handle.cancelled)
 
     def _fail_all_locked(self, exc: PyDFlashError) -> None:
         for s in self._slots:
-            if s.gen is not None:
-                s.gen.fail(_copy(exc))
+            if s.run is not None:
+                s.run.fail(_copy(exc))
                 self._release(s)
         while self._queue:
             self._queue.popleft().fail(_copy(exc))
@@ -222,36 +311,38 @@ class Engine:
     def _admit_locked(self) -> list[_Slot]:
         """Waiting generations into free slots, in order (one pinned to a busy slot waits)."""
         starts: list[_Slot] = []
-        waiting: collections.deque[Generation] = collections.deque()
+        waiting: collections.deque[_Running] = collections.deque()
         while self._queue:
-            gen = self._queue.popleft()
-            free = [s for s in self._slots if s.gen is None and not s.reserved]
-            if gen.slot is not None:
-                free = [s for s in free if s.seq == gen.slot]
+            run = self._queue.popleft()
+            free = [s for s in self._slots if s.run is None and not s.reserved]
+            if run.req.slot is not None:
+                free = [s for s in free if s.seq == run.req.slot]
             if not free:
-                waiting.append(gen)
+                waiting.append(run)
                 continue
             # asked once, as it would start: its caller left while it waited, so no prefill
-            if gen.cancel_check is not None and gen.cancel_check():
-                gen.cancelled = gen.done = True
-                gen.channel.put(GenerationInterrupted("the generation was cancelled"))
+            handle = run.handle
+            if handle.cancel_check is not None and handle.cancel_check():
+                handle.cancelled = handle.done = True
+                handle.channel.put(GenerationInterrupted("the generation was cancelled"))
                 continue
-            slot = self._choose(free, gen)
-            slot.gen = gen
+            slot = self._choose(free, run.req)
+            slot.run = run
+            handle.admitted = True
             starts.append(slot)
         self._queue = waiting
         return starts
 
-    def _choose(self, free: list[_Slot], gen: Generation) -> _Slot:
+    def _choose(self, free: list[_Slot], req: Request) -> _Slot:
         """The free slot whose cached tokens share the longest prefix with the
         prompt (least recently used among equals)."""
-        if not gen.config.cache_prompt:
+        if not req.config.cache_prompt:
             return min(free, key=lambda s: s.last_used)
 
         def common(s: _Slot) -> int:
             held = self._core.tokens(s.seq)
             n = 0
-            for a, b in zip(held, gen.prompt, strict=False):
+            for a, b in zip(held, req.prompt, strict=False):
                 if a != b:
                     break
                 n += 1
@@ -260,33 +351,34 @@ class Engine:
         return max(free, key=lambda s: (common(s), -s.last_used))
 
     def _start(self, slot: _Slot) -> None:
-        gen = slot.gen
-        assert gen is not None
-        if gen.adaptive and self._policy is not None:
-            slot.draft = self._policy.new_sequence()
+        run = slot.run
+        assert run is not None
+        req = run.req
+        if req.adaptive and self._policy is not None:
+            run.draft = self._policy.new_sequence()
         # a sequence that starts off leaves its prompt's features waiting, as plain steps do
-        defer = slot.draft is not None and slot.draft.quiet > 0
+        defer = run.draft is not None and run.draft.quiet > 0
         try:
-            self._pair.sequence(slot.seq).set_sampling_config(gen.config, gen.seed)
-            gen.started(self._core.prefill_begin(slot.seq, gen.prompt, gen.config.cache_prompt, defer))
+            self.pair.sequence(slot.seq).set_sampling_config(req.config, req.seed)
+            run.started(self._core.prefill_begin(slot.seq, list(req.prompt), req.config.cache_prompt, defer))
             slot.prefilling = self._core.prefill_remaining(slot.seq) > 0
             if not slot.prefilling:
-                gen.prefilled()
+                run.prefilled()
         except Exception as e:  # this prompt's own problem: the other sequences go on
-            gen.fail(e)
+            run.fail(e)
             with self._cv:
                 self._release(slot)
 
     def _prefill(self, slots: list[_Slot]) -> None:
         self._core.prefill_some([s.seq for s in slots], self._chunk)
         for s in slots:
-            assert s.gen is not None
+            assert s.run is not None
             left = self._core.prefill_remaining(s.seq)
             if left == 0:
                 s.prefilling = False
-                s.gen.prefilled()
+                s.run.prefilled()
             else:
-                s.gen.prefill_progress(left)
+                s.run.prefill_progress(left)
 
     def _make_policy(self) -> DraftPolicy:
         """The adaptive draft length's policy, its costs timed on an empty slot
@@ -317,15 +409,16 @@ class Engine:
         caps: list[int] = []  # the longest draft each may keep: what the policy chooses within
         budgets: list[int] = []  # tokens each may still keep of any draft (llama.cpp's budget)
         for s in slots:
-            gen = s.gen
-            assert gen is not None
-            dm = gen.next_draft_max(core.n_past(s.seq), n_ctx, default_dm)
+            run = s.run
+            assert run is not None
+            dm = _next_draft_max(run, core.n_past(s.seq), n_ctx)
             if dm is None:  # finished ("length")
+                run.send(finish="length")
                 with self._cv:
                     self._release(s)
                 continue
             stepping.append(s)
-            budgets.append(gen.tokens_left - 1)
+            budgets.append(run.req.max_tokens - run.n_tokens - 1)
             asked.append(dm)
             caps.append(max(0, min(default_dm if dm < 0 else dm, budgets[-1])))
         if not stepping:
@@ -334,7 +427,7 @@ class Engine:
         drafts = [s.draft for s in stepping]  # before a generation's end clears its slot
         lengths = asked
         if policy is not None and any(d is not None for d in drafts):
-            floors = [s.gen.config.draft_min if s.gen is not None else 0 for s in stepping]
+            floors = [s.run.req.config.draft_min if s.run is not None else 0 for s in stepping]
             chosen = policy.choose(drafts, caps, floors)
             lengths = [k if d is not None else a for d, k, a in zip(drafts, chosen, asked, strict=True)]
         # nothing to draft for a while (the policy's off, or a pinned 0) and readers that
@@ -350,14 +443,15 @@ class Engine:
             return
         steps = []
         for s, k, b in zip(stepping, lengths, budgets, strict=True):
-            assert s.gen is not None
-            p_min = s.gen.config.draft_p_min
+            assert s.run is not None
+            cfg = s.run.req.config
+            p_min = cfg.draft_p_min
             if s.draft is not None and p_min <= 0 and policy is not None:
                 p_min = policy.cut  # a chosen length: the policy's cut too, unless the generation sets one
-            steps.append(_core.SeqStep(s.seq, k, s.gen.config.draft_min, p_min, budget=b))
+            steps.append(_core.SeqStep(s.seq, k, cfg.draft_min, p_min, budget=b))
         results = core.step_batch(steps)
         for s, r in zip(stepping, results, strict=True):
-            self._take(s, r)
+            self._take(s, [r])
         wall = (time.perf_counter() - t0) * 1e3
         # the first plain step of this many sequences sizes their first run
         if len(stepping) not in self._run_step_ms and not any(r.n_drafted for r in results):
@@ -375,30 +469,55 @@ class Engine:
         string must be searched after each step, a generation waits to join or is still
         reading its prompt, or one has no token yet (its first comes alone); else as many as
         take about RUN_MS (STREAM_RUN_MS where a reader follows the steps)."""
-        gens = [s.gen for s in slots if s.gen is not None]
+        runs = [s.run for s in slots if s.run is not None]
         waiting = self._queue or any(s.prefilling for s in self._slots)
-        if waiting or any(g.text.stop_strings or not g.tokens for g in gens):
+        if waiting or any(r.req.stop or not r.n_tokens for r in runs):
             return 1
-        budget = RUN_MS if all(g.channel.quiet for g in gens) else STREAM_RUN_MS
+        budget = RUN_MS if all(r.handle.channel.quiet for r in runs) else STREAM_RUN_MS
         # at least 2: only runs measure a run's step (2 where no step of this many sequences
         # was timed yet), and one slow run must not end runs for good
         step_ms = self._run_step_ms.get(len(slots), budget / 2)
         return max(2, min(RUN_MAX_STEPS, int(budget / step_ms)))
 
-    def _take(self, s: _Slot, r: _core.StepResult, deliver: bool = True) -> bool:
-        """One step's result to its generation (``deliver``: handed to its reader now); True
-        (its slot freed) where that ended it."""
-        gen = s.gen
-        assert gen is not None
-        if r.error:
-            gen.fail(GrammarError(r.error))
+    def _take(self, s: _Slot, results: list[_core.StepResult]) -> bool:
+        """A step's (or a run's) results to its reader, as one output: its tokens counted
+        up to an EOS and within the budget; True (its slot freed) where that ended it."""
+        run = s.run
+        assert run is not None
+        steps: list[_core.StepResult] = []
+        kept: list[int] = []
+        finish: FinishReason | None = None
+        for r in results:
+            if r.error:
+                if steps:  # what came before it
+                    run.send(tuple(steps), tuple(kept))
+                run.fail(GrammarError(r.error))
+                break
+            k, finish = self._count(run, r)
+            run.n_tokens += k
+            steps.append(r)
+            kept.append(k)
+            if finish is not None:
+                run.send(tuple(steps), tuple(kept), finish)
+                break
         else:
-            gen.take_step(r, deliver)
-        if not gen.done:
+            run.send(tuple(steps), tuple(kept))
+        if finish is None and not run.handle.done:
             return False
         with self._cv:
             self._release(s)
         return True
+
+    def _count(self, run: _Running, r: _core.StepResult) -> tuple[int, FinishReason | None]:
+        """How many of a step's tokens count (before an EOS, within the budget), and the
+        finish reason where they end it."""
+        eos = not run.req.config.ignore_eos
+        for i, t in enumerate(r.tokens):
+            if eos and self._model.is_eog(t):
+                return i, "eos"
+            if run.n_tokens + i + 1 >= run.req.max_tokens:
+                return i + 1, "length"
+        return len(r.tokens), None
 
     def _step_run(self, slots: list[_Slot], n: int, budgets: list[int], t0: float) -> None:
         """``n`` plain steps of these sequences in one call to the core: the engine's own
@@ -407,14 +526,14 @@ class Engine:
         drafts = [s.draft for s in slots]  # before a release clears them
         steps, eog = [], False
         for s, b in zip(slots, budgets, strict=True):
-            assert s.gen is not None
-            steps.append(_core.SeqStep(s.seq, 0, s.gen.config.draft_min, s.gen.config.draft_p_min, budget=b))
-            eog = eog or not s.gen.config.ignore_eos
+            assert s.run is not None
+            cfg = s.run.req.config
+            steps.append(_core.SeqStep(s.seq, 0, cfg.draft_min, cfg.draft_p_min, budget=b))
+            eog = eog or not cfg.ignore_eos
         runs = self._core.step_runs(steps, n, [b + 1 for b in budgets], eog)
         for s, results in zip(slots, runs, strict=True):
-            for i, r in enumerate(results):
-                if self._take(s, r, deliver=i == len(results) - 1):
-                    break
+            if results:
+                self._take(s, list(results))
         wall = (time.perf_counter() - t0) * 1e3
         longest = max(runs, key=len)
         n, k = len(longest), len(slots)
@@ -423,6 +542,20 @@ class Engine:
         if self._policy is not None:
             verify = sum(r.t_verify_ms for r in longest) / n
             self._policy.observe(drafts, [Outcome(0, 0, 0)] * k, verify, 0.0, wall / n, n)
+
+
+def _next_draft_max(run: _Running, n_past: int, n_ctx: int) -> int | None:
+    """This step's draft_max (-1: the pair's block), or None where the request ends
+    here ("length": its budget spent, or its sequence's context full)."""
+    remaining = run.req.max_tokens - run.n_tokens
+    if remaining <= 0 or n_past >= n_ctx:
+        return None
+    if remaining == 1:  # one token left: no draft could be kept
+        return 0
+    # the block length asked of the drafter (None: the pair's default); what is
+    # kept of any draft is cut to the tokens left (the step's budget)
+    dm = run.req.config.draft_max
+    return -1 if dm is None else dm
 
 
 MODEL_SOURCES = ("draft-dflash", "draft-dspark", "draft-mtp", "")  # "": nothing drafted this step

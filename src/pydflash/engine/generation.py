@@ -1,18 +1,20 @@
-"""One generation: a prompt, its sampling settings, and what comes of it.
-The engine (``_engine.Engine``) runs it in a sequence slot, speculative step
-after step, until EOS, a stop string, ``max_tokens`` or a full context, and
-hands each step to the consumer (``__iter__``/``__aiter__``). ``Llama.generate``/
-``stream``/``submit`` and the OpenAI-style completions (and through them the
-server) all use it.
+"""One generation as its reader sees it: the request, and the output processor that
+turns the engine's raw step results into what comes of it.
+
+``Generation(host, prompt, config)`` builds and checks the immutable ``Request`` in the
+caller's thread; iterating it (or ``wait()``, ``async for``, ``await_end()``) submits it
+to the host's engine (``Engine.submit`` returns a ``RequestHandle``). The engine thread
+only sends raw ``EngineOutput``s (token ids, logprobs, per-step draft counts, its
+clock); here, on the reader's side, they become text (``TextAssembler``), stop-string
+hits (which abort the request in the engine: the tokens past the stop are cut),
+logprobs, ``StreamStep``s and the ``GenerationResult``. ``Llama.generate``/``stream``/
+``submit`` and the OpenAI-style completions (and through them the server) all use it.
 
 It needs only what ``GenerationHost`` names (``Llama`` provides it), so this
 module imports nothing that imports it back."""
 
 from __future__ import annotations
 
-import asyncio
-import collections
-import random
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
@@ -20,7 +22,7 @@ from typing import Protocol
 
 from .. import _core
 from ..config import ModelConfig, SamplingConfig
-from ..errors import ContextLimitError, GenerationInterrupted
+from ..errors import GenerationInterrupted
 from ..pair import ContextPair
 from ..results import (
     CompletionUsage,
@@ -34,7 +36,10 @@ from ..results import (
     TokenLogprob,
     by_source,
 )
+from .channel import Channel, Clock, EngineOutput, Item, RequestHandle, output_or_raise
+from .request import Request, make_request
 from .text import TextAssembler
+from .watcher import WATCHER
 
 __all__ = ["Generation", "GenerationHost", "Prompt"]
 
@@ -57,89 +62,9 @@ class GenerationHost(Protocol):
 
     def prompt_tokens(self, prompt: Prompt) -> list[int]: ...
 
-    def run_generation(self, gen: Generation) -> None: ...
-
-    def cancel_generation(self, gen: Generation) -> None: ...
-
-
-class _Channel:
-    """Steps from the engine thread to one consumer, blocking or async."""
-
-    def __init__(self) -> None:
-        self._items: collections.deque[StreamStep | BaseException] = collections.deque()
-        self._cv = threading.Condition()
-        self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
-        # its consumer waits for the end only (until_end): no wake-up per step (and its
-        # generation sends nothing before the end: Generation.take_step)
-        self.quiet = False
-        self._ended = False  # the last item (the finishing step or an error) is in
-
-    def put(self, item: StreamStep | BaseException) -> None:
-        end = isinstance(item, BaseException) or item.finish_reason is not None
-        with self._cv:
-            self._items.append(item)
-            self._ended = self._ended or end
-            waiter = None
-            if end or not self.quiet:
-                self._cv.notify()
-                waiter, self._waiter = self._waiter, None
-        if waiter is not None:
-            loop, fut = waiter
-            loop.call_soon_threadsafe(_wake, fut)
-
-    def get(self) -> StreamStep | BaseException:
-        with self._cv:  # a lock wait: Ctrl-C interrupts it
-            while not self._items:
-                self._cv.wait()
-            return self._items.popleft()
-
-    def until_end(self, timeout: float | None = None) -> list[StreamStep | BaseException] | None:
-        """Every item up to the last, waiting for it asleep (None: not there after
-        ``timeout`` seconds): a consumer woken for each step would take the GIL and a
-        core from the engine's thread while the next step computes."""
-        with self._cv:  # a lock wait: Ctrl-C interrupts it
-            self.quiet = True
-            if not self._cv.wait_for(lambda: self._ended, timeout):
-                return None
-            items = list(self._items)
-            self._items.clear()
-            return items
-
-    async def auntil_end(self) -> list[StreamStep | BaseException]:
-        """``until_end`` for asyncio: the event loop is woken once, at the end."""
-        while True:
-            with self._cv:
-                self.quiet = True
-                if self._ended:
-                    items = list(self._items)
-                    self._items.clear()
-                    return items
-                loop = asyncio.get_running_loop()
-                fut: asyncio.Future[None] = loop.create_future()
-                self._waiter = (loop, fut)
-            await fut
-
-    async def aget(self) -> StreamStep | BaseException:
-        while True:
-            with self._cv:
-                if self._items:
-                    return self._items.popleft()
-                loop = asyncio.get_running_loop()
-                fut: asyncio.Future[None] = loop.create_future()
-                self._waiter = (loop, fut)
-            await fut
-
-
-def _step_or_raise(item: StreamStep | BaseException) -> StreamStep:
-    """What the engine sent a consumer: a step, or the error that ends it."""
-    if isinstance(item, BaseException):
-        raise item
-    return item
-
-
-def _wake(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
+    def submit_request(
+        self, request: Request, quiet: bool = False, cancel_check: Callable[[], bool] | None = None
+    ) -> RequestHandle: ...
 
 
 class Generation:
@@ -149,10 +74,9 @@ class Generation:
     Iterating submits it to the host's engine; leaving the iteration early
     cancels it.
 
-    The prompt is tokenized and checked (its length against one sequence's
-    context, the draft options against the pair) here, in the caller's thread,
-    before anything runs. After it: ``tokens``, ``steps`` (the core's step
-    results), ``prefill_s``/``decode_s``, ``n_cached``, ``finish`` and
+    The prompt is tokenized and checked (``request.make_request``) here, in the
+    caller's thread, before anything runs. After it: ``tokens``, ``steps`` (the core's
+    step results), ``prefill_s``/``decode_s``, ``n_cached``, ``finish`` and
     ``result()``, ``usage()``, ``timings()``."""
 
     def __init__(
@@ -167,72 +91,99 @@ class Generation:
         per_token: bool = False,
     ):
         self.host = host
-        self.config = config
-        self.prompt: list[int] = host.prompt_tokens(prompt)
-        pair = host.pair
-        self.n_ctx = limit = pair.n_ctx  # one sequence's context
-        if len(self.prompt) > limit - 1:
-            where = f"a sequence's context holds {limit}" if pair.n_parallel > 1 else f"the context holds {limit}"
-            raise ContextLimitError(
-                f"prompt has {len(self.prompt)} tokens but {where} (at most {limit - 1} prompt tokens leave room "
-                "to generate)",
-                n_prompt_tokens=len(self.prompt),
-                n_ctx=limit,
-            )
-        if slot is not None and (
-            isinstance(slot, bool) or not isinstance(slot, int) or not -1 <= slot < pair.n_parallel
-        ):
-            raise ValueError(f"slot must be -1 or an int in [0, {pair.n_parallel}), got {slot!r}")
-        self.slot = None if slot is None or slot < 0 else slot  # None: the engine picks
-        pair.check_draft(config)  # before any work: draft_max within the block
+        self.request = req = make_request(
+            host.prompt_tokens(prompt),
+            config,
+            host.pair,
+            host.config,
+            slot=slot,
+            progress=progress,
+            timings_per_token=timings_per_token,
+            per_token=per_token,
+        )
+        self.prompt: list[int] = list(req.prompt)
+        self.config = req.config
         self.model = model = host.core_model
-        self.text = TextAssembler(lambda t: model.token_to_piece(t, False), config.stop)
+        self.text = TextAssembler(lambda t: model.token_to_piece(t, False), req.stop)
         self.tokens: list[int] = []
         # one per token, in step with self.tokens, with logprobs=True
-        self.logprobs: list[TokenLogprob] | None = [] if config.logprobs else None
+        self.logprobs: list[TokenLogprob] | None = [] if req.logprobs else None
         self.n_released = 0  # tokens already handed to a stream consumer
         self._held: list[tuple[str, int]] = []  # text and tokens released, not handed yet
+        self._hold = False  # its reader waits for the end only: one event, at the end
         self.steps: list[_core.StepResult] = []
         self.n_drafted = self.n_accepted = 0  # over its steps (timings() is read after each, per token)
         self.finish: FinishReason | None = None
-        self.prefill_s = 0.0
         self.decode_s = 0.0
-        self.n_cached = 0  # prompt tokens taken from the prompt cache
-        seed = config.seed if config.seed is not None else host.config.seed
-        self.seed = seed if seed >= 0 else random.getrandbits(63)
-        self.config = config = config.for_seed(seed >= 0)  # verify=None: "coupled" when seeded
-        # the engine chooses each step's draft length (draft_length/) unless one is pinned
-        # (here or by the Llama), adaptive lengths are off, or a seeded sample must
-        # reproduce: its random draws follow the draft lengths, which follow timings
-        # (verify="coupled" draws none: its noise is keyed by position, any length reproduces)
-        sampled_with_seed = config.temperature > 0 and config.top_k != 1 and seed >= 0 and config.verify != "coupled"
-        self.adaptive = (
-            (pair.has_drafter or pair.drafter_kind == "mtp")
-            and config.draft_max is None
-            and host.config.draft_max is None
-            and host.config.draft_adaptive
-            and not sampled_with_seed
-        )
-        self.channel = _Channel()
-        # llama-server's return_progress: an empty step with its prompt_progress when the
-        # prompt starts and after each chunk of it is evaluated
-        self.progress = progress
-        self._processed = -1  # the last progress event's (a chunk that gave it none sends none)
-        # llama-server's timings_per_token: each step's event carries the timings as they stand
-        self.timings_per_token = timings_per_token
-        # llama-server's native stream: one event per token (its own logprobs and timings),
-        # speculative step or not, with the text that token made final
-        self.per_token = per_token
-        self.n_prompt_done = 0  # prompt tokens evaluated so far (the cache's not counted)
-        self.cancelled = False  # the consumer left: the engine drops it
+        self._clock = Clock()
+        self._handle: RequestHandle | None = None
+        self._error: BaseException | None = None  # what ended it while run_all read it
+        self._ready: list[StreamStep] = []  # events run_all or the watcher made, for its reader
+        self._lock = threading.Lock()  # the watcher's processing, or a reader's claim
+        self._watched = False  # the watcher processes its outputs until a reader claims it
         self.cancel_check: Callable[[], bool] | None = None
-        self.submitted = False
-        self.done = False  # finished, failed or cancelled (set by the engine)
         self.t_submit = 0.0
-        self.t_start = 0.0
-        self.t_decode = 0.0
 
-    # -- the consumer's side ---------------------------------------------------
+    # -- what the request fixed, and the engine's clock as its last output gave it
+
+    @property
+    def slot(self) -> int | None:
+        return self.request.slot
+
+    @property
+    def seed(self) -> int:
+        return self.request.seed
+
+    @property
+    def n_ctx(self) -> int:
+        return self.request.n_ctx
+
+    @property
+    def per_token(self) -> bool:
+        return self.request.per_token
+
+    @property
+    def timings_per_token(self) -> bool:
+        return self.request.timings_per_token
+
+    @property
+    def max_tokens(self) -> int:
+        """Its token budget: ``max_tokens``, or (None) what the context has left after
+        the prompt (llama-cpp-python's ``max_tokens=None``, llama-server's ``n_predict`` -1)."""
+        return self.request.max_tokens
+
+    @property
+    def tokens_left(self) -> int:
+        return self.request.max_tokens - len(self.tokens)
+
+    @property
+    def n_cached(self) -> int:
+        """Prompt tokens taken from the prompt cache."""
+        return self._clock.n_cached
+
+    @property
+    def prefill_s(self) -> float:
+        return self._clock.prefill_s
+
+    @property
+    def submitted(self) -> bool:
+        return self._handle is not None
+
+    @property
+    def done(self) -> bool:
+        """Finished, failed or cancelled (the engine is through with it, or its reader is)."""
+        return self.finish is not None or (self._handle is not None and self._handle.done)
+
+    @property
+    def cancelled(self) -> bool:
+        """The engine dropped it (a cancel, or its reader left) rather than finishing it."""
+        return self._handle is not None and self._handle.cancelled
+
+    @property
+    def channel(self) -> Channel | None:
+        return None if self._handle is None else self._handle.channel
+
+    # -- the reader's side -------------------------------------------------------
 
     def __iter__(self) -> Iterator[StreamStep]:
         return self._consume()
@@ -252,165 +203,255 @@ class Generation:
 
     def wait(self, cancel: Callable[[], bool] | None = None) -> list[StreamStep]:
         """Run it to the end for a caller that wants only what it gives (``result()``),
-        asleep until then rather than woken for each step; its steps not read yet (one,
-        with everything, where nothing read it before), or its error. ``cancel()``
+        asleep until then rather than woken for each step (where it has stop strings, woken
+        per step to search them, its events still held to the end); its steps not read yet
+        (one, with everything, where nothing read it before), or its error. ``cancel()``
         (when given) is asked every CANCEL_POLL_S seconds once it runs (while it waits
         for a slot only the engine asks, as it admits it): True stops it with
         ``GenerationInterrupted``. Ctrl-C while waiting cancels it, as leaving an
         iteration does."""
         self.cancel_check = cancel  # the engine also asks it before the prompt is evaluated
-        self.channel.quiet = True  # from its first step
-        self.submit()
+        events = self._claim()
+        self._hold = True  # from its first step
+        quiet = not self.text.stop_strings
+        handle = self.submit(quiet)
+        poll = None if cancel is None else CANCEL_POLL_S
+        next_ask = time.monotonic() + CANCEL_POLL_S
         try:
-            while (items := self.channel.until_end(None if cancel is None else CANCEL_POLL_S)) is None:
-                if cancel is not None and self.t_start > 0 and cancel():  # admitted: the engine asked first
-                    raise GenerationInterrupted("the generation was cancelled")
-            return [_step_or_raise(item) for item in items]
+            while self.finish is None:
+                got = handle.wait(poll) if quiet else _listed(handle.channel.get(poll))
+                for out in got or ():
+                    events += self._process(out, deliver=False)
+                if cancel is not None and handle.admitted and self.finish is None and time.monotonic() >= next_ask:
+                    next_ask = time.monotonic() + CANCEL_POLL_S
+                    if cancel():  # admitted: the engine asked first
+                        raise GenerationInterrupted("the generation was cancelled")
+            return events
         finally:
             self.cancel()
 
     async def await_end(self) -> list[StreamStep]:
         """``wait()`` for asyncio, without blocking the event loop; a task that stops
         awaiting (cancelled) cancels the generation."""
-        self.channel.quiet = True
-        self.submit()
+        events = self._claim()
+        self._hold = True
+        quiet = not self.text.stop_strings
+        handle = self.submit(quiet)
         try:
-            return [_step_or_raise(item) for item in await self.channel.auntil_end()]
+            if self.finish is not None:
+                pass
+            elif quiet:
+                for out in await handle.await_end():
+                    events += self._process(out, deliver=False)
+            else:
+                async for out in handle:
+                    events += self._process(out, deliver=False)
+                    if self.finish is not None:
+                        break
+            return events
         finally:
             self.cancel()
 
-    def submit(self) -> None:
-        """Hand it to the engine (once); its steps then queue for the consumer."""
-        if not self.submitted:
-            self.submitted = True
+    @staticmethod
+    def run_all(gens: Sequence[Generation], cancel: Callable[[], bool] | None = None) -> None:
+        """Run them all to the end in one thread, each one's outputs processed as they come
+        (a reader that reads them one after the other would leave the stop strings of all
+        but the first unsearched, and those generations running past them), asleep between;
+        then each one's ``wait()`` returns at once (or raises the error that ended it).
+        ``cancel()``, as ``wait``'s, is asked every CANCEL_POLL_S seconds once one runs:
+        True cancels them all with ``GenerationInterrupted``."""
+        bell = threading.Event()
+        for g in gens:
+            with g._lock:  # taken over from the watcher (a Submission's)
+                g._watched = False
+            g._hold = True
+            g.cancel_check = cancel
+            g.submit(not g.text.stop_strings).channel.bell = bell
+        pending = list(gens)
+        next_ask = time.monotonic() + CANCEL_POLL_S
+        try:
+            while True:
+                bell.clear()  # before reading: an output put after this sets it again
+                if not (pending := [g for g in pending if not g._pump()]):
+                    return
+                bell.wait(None if cancel is None else CANCEL_POLL_S)
+                running = any(g._handle is not None and g._handle.admitted for g in pending)
+                if cancel is not None and running and time.monotonic() >= next_ask:
+                    next_ask = time.monotonic() + CANCEL_POLL_S
+                    if cancel():
+                        raise GenerationInterrupted("the generation was cancelled")
+        except BaseException:
+            for g in gens:
+                g.cancel()
+            raise
+
+    def watch(self) -> None:
+        """Have the watcher process its outputs as they come until a reader claims it
+        (``watcher.py``): where it has stop strings, which would otherwise go unsearched,
+        and it running past them, until it is read. Call after ``submit()``."""
+        if self.text.stop_strings and self._handle is not None and self.finish is None:
+            self._watched = True
+            WATCHER.watch(self._handle.channel, self._pump_watched)
+
+    def _pump_watched(self) -> bool:
+        with self._lock:
+            if not self._watched:  # claimed by a reader
+                return True
+            ended = self._pump()
+            self._watched = not ended
+            return ended
+
+    def _claim(self) -> list[StreamStep]:
+        """Its reader takes it over from the watcher (or from run_all): the events made
+        for it meanwhile, or the error that ended it."""
+        with self._lock:
+            self._watched = False
+            if self._error is not None:
+                raise self._error
+            events, self._ready = self._ready, []
+            return events
+
+    def _pump(self) -> bool:
+        """Process every output in its channel now, without waiting; True where it ended."""
+        assert self._handle is not None
+        try:
+            while self.finish is None and (item := self._handle.channel.get(0)) is not None:
+                self._ready += self._process(output_or_raise(item), deliver=False)
+        except Exception as e:  # the error that ended it: its wait() raises it
+            self._error = e
+        return self.finish is not None or self._error is not None
+
+    def submit(self, quiet: bool = False) -> RequestHandle:
+        """Hand it to the engine (once); its outputs then queue for the reader
+        (``quiet``: its reader is woken at the end only)."""
+        if self._handle is None:
             self.t_submit = time.perf_counter()
-            self.host.run_generation(self)
+            self._handle = self.host.submit_request(self.request, quiet, self.cancel_check)
+        else:
+            self._handle.cancel_check = self.cancel_check
+            if quiet:
+                self._handle.channel.quiet = True
+        return self._handle
 
     def cancel(self) -> None:
         """Stop it between steps (or abort its decode when it runs alone); its
         sequence's cache stays valid and a reader gets GenerationInterrupted. No
         effect once done."""
-        if self.submitted and not self.done and not self.cancelled:
-            self.host.cancel_generation(self)
-            self.channel.put(GenerationInterrupted("the generation was cancelled"))
+        handle = self._handle
+        if handle is not None and not self.done and not handle.cancelled:
+            handle.cancel()
+            handle.channel.put(GenerationInterrupted("the generation was cancelled"))
 
     def _consume(self) -> Generator[StreamStep, None, None]:
-        self.submit()
+        handle = self.submit()
         try:
-            while True:
-                step = _step_or_raise(self.channel.get())
+            for step in self._claim():
                 yield step
                 if step.finish_reason is not None:
                     return
+            for out in handle:
+                for step in self._process(out, deliver=True):
+                    yield step
+                    if step.finish_reason is not None:
+                        return
         finally:
             self.cancel()
 
     async def _aconsume(self) -> AsyncIterator[StreamStep]:
-        self.submit()
+        handle = self.submit()
         try:
-            while True:
-                step = _step_or_raise(await self.channel.aget())
+            for step in self._claim():
                 yield step
                 if step.finish_reason is not None:
                     return
+            async for out in handle:
+                for step in self._process(out, deliver=True):
+                    yield step
+                    if step.finish_reason is not None:
+                        return
         finally:
             self.cancel()
 
     def __aiter__(self) -> AsyncIterator[StreamStep]:
         return self._aconsume()
 
-    # -- the engine's side (its thread) ------------------------------------------
+    # -- the output processor -------------------------------------------------------
 
-    def started(self, n_cached: int) -> None:
-        """Admitted to a slot; ``n_cached`` prompt tokens came from its cache."""
-        self.n_cached = n_cached
-        self.t_start = time.perf_counter()
-        self._progress(n_cached)
+    def _process(self, out: EngineOutput, deliver: bool) -> list[StreamStep]:
+        """One raw output of the engine into the events it gives (none while they are
+        held: ``deliver`` False, or a reader that waits for the end only)."""
+        if self.finish is not None:  # ended here (a stop string): what the engine sent since is dropped
+            return []
+        self._clock = out.clock
+        events: list[StreamStep] = []
+        if out.processed is not None:
+            events.append(self._progress_event(out))
+        if not out.steps:
+            if out.finish is not None:  # the context is full, or the budget spent, before a step
+                self.finish = out.finish
+                self._cut_at_stop()
+                self._ended(out.t)
+                events.append(self._event(None))
+            return events
+        last = len(out.steps) - 1
+        for i, (step, kept) in enumerate(zip(out.steps, out.kept, strict=True)):
+            events += self._take_step(step, kept, out.finish if i == last else None, deliver and i == last, out.t)
+            if self.finish is not None:
+                break
+        return events
 
-    def prefill_progress(self, n_left: int) -> None:
-        """A chunk of its prompt is evaluated; ``n_left`` tokens wait (the last one is
-        evaluated with the first step)."""
-        processed = len(self.prompt) - 1 - n_left
-        self.prefill_s = time.perf_counter() - self.t_start
-        self.n_prompt_done = max(processed - self.n_cached, 0)
-        self._progress(processed)
+    def _progress_event(self, out: EngineOutput) -> StreamStep:
+        """llama-server's return_progress: an empty step with its prompt_progress."""
+        c = out.clock
+        ms = int((out.t - c.t_start) * 1e3)
+        event = PromptProgress(total=len(self.prompt), cache=c.n_cached, processed=out.processed or 0, time_ms=ms)
+        timings = self.timings() if self.timings_per_token else None
+        return StreamStep([], "", 0, 0, [], prompt_progress=event, timings=timings)
 
-    def prefilled(self) -> None:
-        """Its prompt is evaluated (in chunks, between other sequences' steps)."""
-        now = time.perf_counter()
-        self.prefill_s = now - self.t_start
-        self.n_prompt_done = len(self.prompt) - self.n_cached
-        self.t_decode = now
-        self._progress(len(self.prompt))
-
-    def _progress(self, processed: int) -> None:
-        if self.progress and processed > self._processed:
-            self._processed = processed
-            ms = int((time.perf_counter() - self.t_start) * 1e3)
-            event = PromptProgress(total=len(self.prompt), cache=self.n_cached, processed=processed, time_ms=ms)
-            timings = self.timings() if self.timings_per_token else None
-            self.channel.put(StreamStep([], "", 0, 0, [], prompt_progress=event, timings=timings))
-
-    @property
-    def max_tokens(self) -> int:
-        """Its token budget: ``max_tokens``, or (None) what the context has left after
-        the prompt (llama-cpp-python's ``max_tokens=None``, llama-server's ``n_predict`` -1)."""
-        n = self.config.max_tokens
-        return self.n_ctx - len(self.prompt) if n is None else n
-
-    @property
-    def tokens_left(self) -> int:
-        """Tokens it may still generate: the one rule for the token budget."""
-        return self.max_tokens - len(self.tokens)
-
-    def next_draft_max(self, n_past: int, n_ctx: int, default_draft_max: int) -> int | None:
-        """This step's draft_max, or None when the generation ends here ("length")."""
-        remaining = self.tokens_left
-        if remaining <= 0 or n_past >= n_ctx:
-            self.finish = "length"
-            self._cut_at_stop()
-            self._deliver(self._event(None))
-            return None
-        if remaining == 1:  # one token left: no draft could be kept
-            return 0
-        # the block length asked of the drafter (None: the pair's default); what is
-        # kept of any draft is cut to the tokens left (the step's budget)
-        return -1 if self.config.draft_max is None else self.config.draft_max
-
-    def take_step(self, step: _core.StepResult, deliver: bool = True) -> None:
-        """One step's tokens: EOS, max_tokens, stop strings; delivered as a StreamStep
-        (to a reader that waits for the end only, one at the end, with every token and
-        all the text not delivered before: one per step would cost the engine's thread
-        more than a small model's plain step can spare; so too, ``deliver`` False, with
-        the next step delivered, where the engine ran several in one call)."""
+    def _take_step(
+        self, step: _core.StepResult, kept: int, finish: FinishReason | None, deliver: bool, t: float
+    ) -> list[StreamStep]:
+        """One step's tokens: the engine's count (EOS, the budget), then stop strings;
+        an event (to a reader that waits for the end only, one at the end, with every
+        token and all the text not delivered before; so too, ``deliver`` False, with the
+        next step delivered, where the engine ran several in one call)."""
         self.steps.append(step)
         self.n_drafted += step.n_drafted
         self.n_accepted += step.n_accepted
-        if self.per_token and not self.channel.quiet:
-            self._take_each(step)
-            return
-        self._take(step.tokens, step.logprobs)
-        if self.finish is None and (self.channel.quiet or not deliver):
+        if self.per_token and not self._hold:
+            return self._take_each(step, kept, finish, t)
+        self._take(step.tokens[:kept], step.logprobs)
+        self.finish = finish
+        self._cut_at_stop()
+        if self.finish is None and (self._hold or not deliver):
             if self.text.stop_strings:  # released step by step all the same: each stop-string
                 self._held.append(self.text.release(final=False))  # search covers new text only
-            return
-        self._deliver(self._event(step))
+            return []
+        self._ended(t)
+        return [self._event(step)]
 
-    def _take_each(self, step: _core.StepResult) -> None:
-        """``take_step`` one token at a time, an event for each (``per_token``): its own
+    def _take_each(self, step: _core.StepResult, kept: int, finish: FinishReason | None, t: float) -> list[StreamStep]:
+        """``_take_step`` one token at a time, an event for each (``per_token``): its own
         logprobs and timings, and the text it made final (none where a stop string may
         still begin, all that is left at the end)."""
-        for i, token in enumerate(step.tokens):
+        n_tok = kept + (1 if finish == "eos" else 0)  # the end-of-generation token has its event
+        events: list[StreamStep] = []
+        for i, token in enumerate(step.tokens[:n_tok]):
             n = len(self.tokens)
-            self._take([token], step.logprobs[i : i + 1])
-            kept = len(self.tokens) > n  # not an end-of-generation token
+            if i < kept:
+                self._take([token], step.logprobs[i : i + 1])
+            if i == n_tok - 1:
+                self.finish = finish
+            self._cut_at_stop()
+            taken = len(self.tokens) > n  # not an end-of-generation token
             text, _ = self.text.release(final=self.finish is not None)
             self.n_released = len(self.tokens)  # each token is handed with its own event
-            lps = None if self.logprobs is None or not kept else [self.logprobs[-1]]
+            lps = None if self.logprobs is None or not taken else [self.logprobs[-1]]
             first = i == 0  # the step's counts ride on its first token's event
-            self._deliver(
+            self._ended(t)
+            events.append(
                 StreamStep(
-                    tokens=[token] if kept else [],
+                    tokens=[token] if taken else [],
                     logprobs=lps,
                     text=text,
                     n_drafted=step.n_drafted if first else 0,
@@ -423,32 +464,23 @@ class Generation:
                 )
             )
             if self.finish is not None:
-                return
-
-    def fail(self, exc: BaseException) -> None:
-        self.done = True
-        self.channel.put(exc)
-
-    def _deliver(self, event: StreamStep) -> None:
-        if self.finish is not None:
-            self.decode_s = time.perf_counter() - self.t_decode
-            self.done = True
-        self.channel.put(event)
-
-    def _take(self, new: list[int], logprobs: Sequence[_core.TokenLogprob]) -> None:
-        """Apply EOS, max_tokens and stop strings to one step's tokens."""
-        for i, t in enumerate(new):
-            if not self.config.ignore_eos and self.model.is_eog(t):
-                self.finish = "eos"
                 break
+        return events
+
+    def _ended(self, t: float) -> None:
+        """At its finish: its decode time; a stop string found here aborts it in the engine."""
+        if self.finish is None:
+            return
+        self.decode_s = t - self._clock.t_decode
+        if self._handle is not None and not self._handle.done:
+            self._handle.abort()
+
+    def _take(self, new: Sequence[int], logprobs: Sequence[_core.TokenLogprob]) -> None:
+        for i, t in enumerate(new):
             self.tokens.append(t)
             if self.logprobs is not None:
                 self.logprobs.append(TokenLogprob.from_core(logprobs[i]))
             self.text.add(t)
-            if self.tokens_left <= 0:
-                self.finish = "length"
-                break
-        self._cut_at_stop()
 
     def _cut_at_stop(self) -> None:
         if self.text.stop_strings:
@@ -461,7 +493,7 @@ class Generation:
 
     def _event(self, step: _core.StepResult | None) -> StreamStep:
         text, n_new = self.text.release(final=self.finish is not None)
-        if self._held:  # released while its reader waited for the end only (take_step)
+        if self._held:  # released while its reader waited for the end only (_take_step)
             text = "".join(t for t, _ in self._held) + text
             n_new += sum(n for _, n in self._held)
             self._held.clear()
@@ -480,6 +512,8 @@ class Generation:
             draft_max=step.draft_max if step else 0,
             timings=self.timings() if self.timings_per_token else None,
         )
+
+    # -- what came of it -------------------------------------------------------------
 
     def result(self) -> GenerationResult:
         """The finished generation's text, tokens, finish reason and stats."""
@@ -511,17 +545,18 @@ class Generation:
     def timings(self) -> Timings:
         """llama-server's: prompt_n counts the prompt tokens evaluated, cache_n
         those taken from the prompt cache; as they stand now, while it runs."""
-        n_p, n_g = self.n_prompt_done, len(self.tokens)
-        decode_s = self.decode_s or (time.perf_counter() - self.t_decode if self.t_decode else 0.0)
-        p_ms, g_ms = self.prefill_s * 1e3, decode_s * 1e3
+        c = self._clock
+        n_p, n_g = c.n_prompt_done, len(self.tokens)
+        decode_s = self.decode_s or (time.perf_counter() - c.t_decode if c.t_decode else 0.0)
+        p_ms, g_ms = c.prefill_s * 1e3, decode_s * 1e3
         # llama-server's rate is over the tokens after the first, which it counts as the prompt's
         n_rate = max(n_g - 1, 0)
         return {
-            "cache_n": self.n_cached,
+            "cache_n": c.n_cached,
             "prompt_n": n_p,
             "prompt_ms": p_ms,
             "prompt_per_token_ms": p_ms / n_p if n_p else 0.0,
-            "prompt_per_second": n_p / self.prefill_s if self.prefill_s > 0 else 0.0,
+            "prompt_per_second": n_p / c.prefill_s if c.prefill_s > 0 else 0.0,
             "predicted_n": n_g,
             "predicted_ms": g_ms,
             "predicted_per_token_ms": g_ms / n_rate if n_rate else 0.0,
@@ -540,3 +575,7 @@ class Generation:
                 for k, v in by_source(self.steps).items()
             },
         }
+
+
+def _listed(item: Item | None) -> list[EngineOutput] | None:
+    return None if item is None else [output_or_raise(item)]

@@ -29,6 +29,7 @@ class Submission:
         self._it: Iterator[StreamStep] | None = None
         self._ait: AsyncIterator[StreamStep] | None = None
         gen.submit()
+        gen.watch()  # its stop strings searched as its steps come, until it is read
 
     def __iter__(self) -> Iterator[StreamStep]:
         with self._lock:

@@ -196,6 +196,8 @@ def create_completion(
     head = _echo(llm, prompt, tokens) if echo else ""
     if stream:
         return _chained([_completion_chunks(g, cancel, meta, head) for g in gens], gens)
+    if len(gens) > 1:  # every choice read as its steps come: each one's stop strings searched
+        Generation.run_all(gens, cancel)
     return _merged([_completion(g, cancel, meta, head) for g in gens])
 
 
@@ -256,6 +258,8 @@ def _chained(streams: list[Iterator[_Chunk]], gens: list[Generation]) -> Iterato
 
 
 def _chain(streams: list[Iterator[_Chunk]], gens: list[Generation]) -> Iterator[_Chunk]:
+    for g in gens[1:]:  # their stop strings searched as their steps come, until they are read
+        g.watch()
     try:
         for i, chunks in enumerate(streams):
             for chunk in chunks:
@@ -388,6 +392,8 @@ def create_chat_completion(
     meta: _Meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or llm.model_name}
     if stream:
         return _chained([_chat_chunks(g, cancel, cp, meta) for g in gens], gens)
+    if len(gens) > 1:  # as create_completion's
+        Generation.run_all(gens, cancel)
     return _merged([_chat_completion(g, cancel, cp, meta) for g in gens])
 
 

@@ -130,7 +130,10 @@ class Engine:
 
     def __init__(self, core: _core.ContextPair, model: _core.Model):
         self._core = core
-        self._model = model
+        # the end-of-generation ids, not the model: a model an engine held would outlive
+        # close() (the finalizer holds the engine), and a model on an RPC server must be
+        # freed while that server is still there
+        self._eog = frozenset(model.eog_tokens())
         self.pair = ContextPair(core)  # the step API over it, for direct calls
         self._chunk = core.n_batch  # prompt tokens evaluated per iteration
         self._slots = [_Slot(i) for i in range(core.n_seq)]
@@ -513,7 +516,7 @@ class Engine:
         finish reason where they end it."""
         eos = not run.req.config.ignore_eos
         for i, t in enumerate(r.tokens):
-            if eos and self._model.is_eog(t):
+            if eos and t in self._eog:
                 return i, "eos"
             if run.n_tokens + i + 1 >= run.req.max_tokens:
                 return i + 1, "length"

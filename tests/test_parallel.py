@@ -419,11 +419,26 @@ def test_an_awaited_result_wakes_the_event_loop_once(target_path, monkeypatch):
         assert llm.generate([1, 2, 3], max_tokens=400, ignore_eos=True).tokens == want
 
 
-def test_interrupt_stops_every_running_sequence_and_the_object_stays_usable(alone, target_path, model_dir):
+def test_interrupt_stops_every_running_sequence_and_the_object_stays_usable(alone, target_path, model_dir,
+                                                                             monkeypatch):
+    # the engine waits after its first step's output until the interrupt is issued, so both
+    # sequences are mid-generation when it lands (no race with their 200 tokens)
+    from pydflash.engine.engine import _Running
+
+    issued = threading.Event()
+    send = _Running.send
+
+    def paused(self, steps=(), *a, **k) -> None:
+        send(self, steps, *a, **k)
+        if steps:
+            issued.wait(60)  # a hang guard only
+
+    monkeypatch.setattr(_Running, "send", paused)
     with open_llm(target_path, model_dir / "drafter-b8.gguf", 2) as llm:
         subs = [_running(llm, [1, 2, 3], 200), _running(llm, [4, 5], 200)]
         next(iter(subs[0]))
         llm.interrupt()
+        issued.set()
         for s in subs:
             with pytest.raises(GenerationInterrupted):
                 s.result()

@@ -1,6 +1,7 @@
 #include "feature_capture.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <numeric>
 #include <string>
@@ -16,8 +17,8 @@
 namespace pydflash {
 
 FeatureCapture::FeatureCapture(std::shared_ptr<Model> model, std::vector<int32_t> layer_ids, int32_t n_ctx,
-                               int32_t n_batch, int32_t n_threads)
-    : model_(std::move(model)), layer_ids_(std::move(layer_ids)), n_ctx_(n_ctx), n_batch_(n_batch) {
+                               int32_t n_batch, int32_t n_threads, int32_t n_seq)
+    : model_(std::move(model)), layer_ids_(std::move(layer_ids)), n_ctx_(n_ctx), n_batch_(n_batch), n_seq_(n_seq) {
     if (!target_exposes_layer_inputs(model_->architecture())) {
         throw DraftCompatibilityError(model_->path() + ": target architecture '" + model_->architecture() +
                                       "' does not expose layer inputs in llama.cpp, so no drafter can read its "
@@ -40,12 +41,18 @@ FeatureCapture::FeatureCapture(std::shared_ptr<Model> model, std::vector<int32_t
     }
     if (n_ctx < 1) throw InvalidArgument("the capture context must hold at least 1 token");
     if (n_batch < 1) throw InvalidArgument("n_batch must be at least 1");
+    constexpr int32_t kMaxSeq = 256;  // llama.cpp's LLAMA_MAX_SEQ (an internal header)
+    if (n_seq < 1 || n_seq > kMaxSeq) {
+        throw InvalidArgument("n_seq must be in [1, " + std::to_string(kMaxSeq) + "], got " + std::to_string(n_seq));
+    }
     n_batch_ = std::min(n_batch, n_ctx);
     llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = static_cast<uint32_t>(n_ctx);
-    cp.n_batch = static_cast<uint32_t>(n_batch_);
-    cp.n_ubatch = static_cast<uint32_t>(n_batch_);
-    cp.n_seq_max = 1;
+    cp.n_ctx = static_cast<uint32_t>(static_cast<int64_t>(n_ctx) * n_seq);  // n_ctx for each sequence
+    cp.n_batch = static_cast<uint32_t>(std::max(n_batch_, n_seq));
+    cp.n_ubatch = cp.n_batch;
+    cp.n_seq_max = static_cast<uint32_t>(n_seq);
+    // one KV stream, as the pair's: a pass of several sequences' rows stays one ubatch
+    cp.kv_unified = true;
     if (n_threads <= 0) n_threads = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
     cp.n_threads = n_threads;
     cp.n_threads_batch = n_threads;
@@ -120,6 +127,137 @@ CapturedSequence FeatureCapture::capture(const std::vector<llama_token>& tokens,
             }
         }
     }
+    return out;
+}
+
+namespace {
+
+// The greedy token of a logits row: the highest logit, the lowest id among equal ones
+// (what the pair's greedy sampler picks).
+llama_token argmax(const float* logits, int32_t n_vocab) {
+    int32_t best = 0;
+    for (int32_t t = 1; t < n_vocab; ++t) {
+        if (logits[t] > logits[best]) best = t;
+    }
+    return best;
+}
+
+}  // namespace
+
+std::vector<GeneratedSequence> FeatureCapture::generate(const std::vector<std::vector<llama_token>>& prompts,
+                                                        int32_t max_new) {
+    if (max_new < 1) throw InvalidArgument("max_new must be at least 1, got " + std::to_string(max_new));
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        if (prompts[i].empty()) throw InvalidArgument("prompt " + std::to_string(i) + " is empty");
+        if (static_cast<int64_t>(prompts[i].size()) + max_new > n_ctx_) {
+            throw ContextLimitError("prompt " + std::to_string(i) + " (" + std::to_string(prompts[i].size()) +
+                                    " tokens) and " + std::to_string(max_new) +
+                                    " new tokens do not fit the capture context of " + std::to_string(n_ctx_) +
+                                    " tokens per sequence");
+        }
+        for (llama_token t : prompts[i]) model_->check_token(t);
+    }
+    const auto n_embd = static_cast<size_t>(model_->n_embd());
+    const size_t width = layer_ids_.size() * n_embd;
+    const int32_t n_vocab = model_->n_vocab();
+    llama_memory_t mem = llama_get_memory(ctx_.get());
+    llama_memory_clear(mem, true);
+
+    // A slot decodes one prompt at a time: first its prompt (as many tokens per pass as
+    // the batch has room for), then one token per pass; a finished slot takes the next prompt.
+    struct Slot {
+        size_t prompt = SIZE_MAX;  // SIZE_MAX: free
+        int32_t n_done = 0;        // tokens of prompt + reply evaluated (their features recorded)
+        bool last = false;         // the reply is full: its last token is evaluated for its features only
+    };
+    std::vector<GeneratedSequence> out(prompts.size());
+    std::vector<Slot> slots(static_cast<size_t>(n_seq_));
+    size_t next = 0;
+    const auto token_at = [&](size_t p, int32_t pos) {
+        const auto n_prompt = static_cast<int32_t>(prompts[p].size());
+        return pos < n_prompt ? prompts[p][static_cast<size_t>(pos)]
+                              : out[p].reply[static_cast<size_t>(pos - n_prompt)];
+    };
+    const auto n_total = [&](size_t p) { return static_cast<int32_t>(prompts[p].size() + out[p].reply.size()); };
+    struct Row {
+        size_t slot;
+        int32_t pos;
+        bool logits;
+    };
+    std::vector<Row> rows;
+    const int32_t room = std::max(n_batch_, n_seq_);
+    llama_batch_ext* b = batch_.get();
+    for (;;) {
+        for (size_t s = 0; s < slots.size(); ++s) {
+            if (slots[s].prompt != SIZE_MAX || next == prompts.size()) continue;
+            llama_memory_seq_rm(mem, static_cast<llama_seq_id>(s), -1, -1);
+            slots[s] = Slot{next, 0, false};
+            out[next].features.resize((prompts[next].size() + static_cast<size_t>(max_new)) * width);
+            ++next;
+        }
+        // every generating slot's one token first, so a long prompt never holds the others back
+        rows.clear();
+        int32_t left = room;
+        for (int pass = 0; pass < 2; ++pass) {
+            for (size_t s = 0; s < slots.size() && left > 0; ++s) {
+                const Slot& sl = slots[s];
+                if (sl.prompt == SIZE_MAX) continue;
+                const bool prefilling = sl.n_done < static_cast<int32_t>(prompts[sl.prompt].size());
+                if (prefilling != (pass == 1)) continue;
+                const int32_t end = prefilling ? std::min(n_total(sl.prompt), sl.n_done + left) : sl.n_done + 1;
+                for (int32_t pos = sl.n_done; pos < end; ++pos) {
+                    rows.push_back({s, pos, pos == n_total(sl.prompt) - 1 && !sl.last});
+                }
+                left -= end - sl.n_done;
+            }
+        }
+        if (rows.empty()) break;
+        llama_batch_ext_clear(b);
+        for (const Row& r : rows) {
+            add_token(b, static_cast<llama_seq_id>(r.slot), token_at(slots[r.slot].prompt, r.pos), r.pos, r.logits);
+        }
+        take_thread_errors();
+        const int32_t rc = llama_process(ctx_.get(), LLAMA_PROCESS_TYPE_DECODE, b);
+        if (rc != 0) {
+            llama_memory_clear(mem, true);
+            throw DecodeError("feature capture pass failed (llama_process returned " + std::to_string(rc) + ")");
+        }
+        for (size_t k = 0; k < layer_ids_.size(); ++k) {
+            const float* feats = llama_get_embeddings_layer_inp(ctx_.get(), static_cast<uint32_t>(layer_ids_[k]));
+            if (feats == nullptr)
+                throw DecodeError("llama.cpp returned no layer inputs for layer " + std::to_string(layer_ids_[k]));
+            for (size_t i = 0; i < rows.size(); ++i) {
+                // F16 as the cache keeps them: half the memory of a chunk of a large target
+                ggml_fp16_t* dst = out[slots[rows[i].slot].prompt].features.data() +
+                                   static_cast<size_t>(rows[i].pos) * width + k * n_embd;
+                ggml_fp32_to_fp16_row(feats + i * n_embd, dst, static_cast<int64_t>(n_embd));
+            }
+        }
+        for (size_t i = 0; i < rows.size(); ++i) {
+            const Row& r = rows[i];
+            Slot& sl = slots[r.slot];
+            sl.n_done = r.pos + 1;
+            if (!r.logits) {
+                if (sl.last) sl = Slot{};
+                continue;
+            }
+            const float* logits = llama_get_logits_ith(ctx_.get(), static_cast<int32_t>(i));
+            if (logits == nullptr) throw DecodeError("llama.cpp returned no logits for a generated row");
+            const llama_token t = argmax(logits, n_vocab);
+            auto& reply = out[sl.prompt].reply;
+            if (model_->is_eog(t)) {
+                sl = Slot{};
+                continue;
+            }
+            reply.push_back(t);
+            sl.last = static_cast<int32_t>(reply.size()) == max_new;
+        }
+    }
+    for (size_t p = 0; p < out.size(); ++p) {
+        out[p].features.resize(static_cast<size_t>(n_total(p)) * width);
+        out[p].features.shrink_to_fit();
+    }
+    llama_memory_clear(mem, true);
     return out;
 }
 

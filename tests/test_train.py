@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from pydflash import ChatTemplateError, DraftCompatibilityError, Llama, _core, gguf_writers, inspect_gguf
+from pydflash import errors as pydflash_errors
 
 torch = pytest.importorskip("torch", reason="the train extra (torch) is not installed")
 
@@ -105,6 +106,23 @@ def test_resume_continues_exactly_where_a_killed_run_stopped(tmp_path, target, p
     assert len(a) == len(b) == 16
     assert abs(a[stopped_at] - b[stopped_at]) < 1e-4  # the first step after the resume
     assert np.allclose(a, b, atol=1e-4)
+
+
+def test_chunks_made_for_other_target_layers_are_reused(tmp_path, target, prompts):
+    """The replies are the costly part: a run that reads other layers keeps the cached chunks and
+    captures only their features, as the pass that generated them would have given them."""
+    cache = tmp_path / "cache"
+    kw = {**FAST, "steps": 2, "eval_every": 2, "cache_dir": cache, "prompts": prompts}
+    train_drafter(target, tmp_path / "a.gguf", **kw)
+    chunks = sorted(cache.glob("*/data-*/*.npz"))
+    stamps = [c.stat().st_mtime_ns for c in chunks]
+    r = train_drafter(target, tmp_path / "b.gguf", **{**kw, "taps": 3})
+    assert len(chunks) >= 2 and sorted(cache.glob("*/data-*/*.npz")) == chunks
+    assert [c.stat().st_mtime_ns for c in chunks] == stamps
+    dirs = sorted(cache.glob("*/data-*/features-*"))
+    names = [sorted(f.name for f in d.iterdir()) for d in dirs]
+    assert len(dirs) == 2 and names[0] == names[1] == sorted(c.stem + ".npy" for c in chunks)
+    assert len(r.shape.target_layers) == 3
 
 
 def _run_of(cache: Path, out: Path) -> Path:
@@ -223,6 +241,38 @@ def test_layer_id_k_is_the_input_of_layer_k(target):
         np.testing.assert_allclose(logits[-1], llm.pair.score(toks)[-1][top[-1]], rtol=1e-4, atol=1e-4)
         with pytest.raises(ValueError, match="out of range"):
             _core.FeatureCapture(llm.core_model, [TARGET.n_layer], 64, 8, 1)
+
+
+def test_generated_replies_and_features_are_the_targets_own(tmp_path):
+    """FeatureCapture.generate (the trainer's data: replies and features in one pass over each
+    token) gives the greedy replies the engine gives and the features capture() gives for them,
+    with more prompts than sequences (slots refilled), prompts of several lengths, replies that
+    end at the end-of-generation token and replies cut at max_new."""
+    path = gguf_writers.write_target(tmp_path / "eos.gguf", dataclasses.replace(TARGET, eos_hot=True, seed=5))
+    words = "the of and to in is it you that he was for on are with as his they be at one have".split()  # noqa: SIM905
+    rng = np.random.default_rng(1)
+    with Llama(path, n_ctx=4 * 96, n_parallel=4, n_threads=1) as llm:
+        prompts = [llm.tokenize(" ".join(rng.choice(words, int(rng.integers(1, 12))))) for _ in range(11)]
+        want = llm.generate_batch(prompts, max_tokens=40, temperature=0.0)
+        cap = _core.FeatureCapture(llm.core_model, [1, 3], 96, 7, 1, 3)  # 7-row passes: prompts split
+        got = cap.generate(prompts, 40)
+        lengths = [len(r.tokens) for r in want]
+        assert min(lengths) < 40 and max(lengths) == 40  # both endings are exercised
+        assert [reply.tolist() for reply, _ in got] == [list(r.tokens) for r in want]
+        for p, (reply, feats) in zip(prompts, got, strict=True):
+            ref, _, _ = cap.capture(p + reply.tolist(), 0)
+            assert feats.dtype == np.float16 and feats.shape == ref.shape
+            # the same rows within F16 and the float noise of other batch shapes
+            assert np.abs(feats.astype(np.float32) - ref).max() <= 2e-3 * np.abs(ref).max()
+        with pytest.raises(ValueError, match="empty"):
+            cap.generate([prompts[0], []], 8)
+        with pytest.raises(pydflash_errors.ContextLimitError, match="do not fit"):
+            cap.generate([prompts[0] * 40], 8)
+        with pytest.raises(ValueError, match="max_new"):
+            cap.generate([prompts[0]], 0)
+        assert [r.tolist() for r, _ in cap.generate(prompts[:2], 40)] == [list(r.tokens) for r in want[:2]]
+        with pytest.raises(ValueError, match="n_seq"):
+            _core.FeatureCapture(llm.core_model, [1], 64, 8, 1, 0)
 
 
 def test_the_core_install_does_not_need_torch():

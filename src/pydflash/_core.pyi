@@ -357,13 +357,24 @@ class Embedder:
 
 class FeatureCapture:
     def __init__(
-        self, model: Model, layer_ids: Sequence[int], n_ctx: int, n_batch: int = 512, n_threads: int = 0
+        self,
+        model: Model,
+        layer_ids: Sequence[int],
+        n_ctx: int,
+        n_batch: int = 512,
+        n_threads: int = 0,
+        n_seq: int = 1,
     ) -> None: ...
     def capture(
         self, tokens: Sequence[int], top_k: int = 0
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int32], npt.NDArray[np.float32]]: ...
+    def generate(
+        self, prompts: Sequence[Sequence[int]], max_new: int
+    ) -> list[tuple[npt.NDArray[np.int32], npt.NDArray[np.float16]]]: ...
     @property
     def n_ctx(self) -> int: ...
+    @property
+    def n_seq(self) -> int: ...
     @property
     def width(self) -> int: ...
     @property

@@ -142,15 +142,19 @@ def chunk_prompts(plan: DataPlan, llm: Llama, index: int) -> list[TrainPrompt]:
     return self_prompts(llm, CHUNK, seed=plan.seed, first=index * CHUNK, chat=plan.chat, thinking=plan.thinking)
 
 
-def make_chunk(plan: DataPlan, llm: Llama, index: int, max_len: int) -> Chunk:
-    """Chunk ``index``'s prompts with the target's greedy replies (prompts over ``max_prompt``
-    tokens are left out)."""
+def make_chunk(
+    plan: DataPlan, llm: Llama, capture: _core.FeatureCapture, index: int
+) -> tuple[Chunk, npt.NDArray[np.float16]]:
+    """Chunk ``index``'s prompts with the target's greedy replies and their features, made in
+    one pass over each token (``FeatureCapture.generate``); prompts over ``max_prompt`` tokens
+    are left out, as are those with an empty reply."""
     rendered = [render(llm, p, thinking=plan.thinking) for p in chunk_prompts(plan, llm, index)]
-    rendered = [r for r in rendered if 0 < len(r) <= plan.max_prompt and len(r) + plan.max_response <= max_len]
-    if not rendered:
-        return Chunk.of([])
-    results = llm.generate_batch(rendered, max_tokens=plan.max_response, temperature=0.0)
-    return Chunk.of([(p, list(r.tokens)) for p, r in zip(rendered, results, strict=False) if r.tokens])
+    rendered = [r for r in rendered if 0 < len(r) <= plan.max_prompt and len(r) + plan.max_response <= capture.n_ctx]
+    replies = capture.generate(rendered, plan.max_response)
+    made = [(p, reply, f) for p, (reply, f) in zip(rendered, replies, strict=True) if len(reply)]
+    chunk = Chunk.of([(p, reply.tolist()) for p, reply, _ in made])
+    feats = np.concatenate([f for _, _, f in made]) if made else np.empty((0, capture.width), np.float16)
+    return chunk, feats
 
 
 def capture_chunk(capture: _core.FeatureCapture, chunk: Chunk) -> npt.NDArray[np.float16]:
@@ -188,10 +192,12 @@ def load_or_make(
     if cpath.exists():
         chunk = Chunk.load(cpath)
     else:
-        chunk = make_chunk(plan, llm, index, capture.n_ctx)
+        chunk, feats = make_chunk(plan, llm, capture, index)
+        check_disk(ds.features_dir, feats.nbytes, f"the features of {name}")
+        _atomic(fpath, lambda f: np.save(f, feats))  # before the chunk: a chunk on disk has its replies' features
         chunk.save(cpath)
         made = True
-    if not fpath.exists():
+    if not fpath.exists():  # a chunk made for other target layers
         check_disk(ds.features_dir, feature_bytes(len(chunk.tokens), capture.width), f"the features of {name}")
         feats = capture_chunk(capture, chunk)
         _atomic(fpath, lambda f: np.save(f, feats))

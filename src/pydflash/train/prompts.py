@@ -18,10 +18,11 @@ from .errors import PromptsFileError
 if TYPE_CHECKING:
     from ..llama import Llama
 
-__all__ = ["TrainPrompt", "read_prompts", "render", "self_prompts"]
+__all__ = ["SELF_PROMPT_CTX", "TrainPrompt", "read_prompts", "render", "self_prompts"]
 
 _SENTINEL = "PYDFLASH-USER-TURN-5c1e"  # stands for the user's text while the template is cut at it
 _ROLES = ("system", "user", "assistant", "tool", "developer")
+SELF_PROMPT_CTX = 512  # a slot's context for writing a prompt: the template's user prefix and the prompt
 
 
 @dataclasses.dataclass(frozen=True)

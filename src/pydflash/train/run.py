@@ -28,7 +28,7 @@ from .errors import TrainingInputError
 from .evaluate import Measured, measure_tau, reference_outputs
 from .loop import Checkpoint, Loop, Point, Schedule
 from .progress import Progress
-from .prompts import TrainPrompt, prompts_digest, read_prompts, user_prefix
+from .prompts import SELF_PROMPT_CTX, TrainPrompt, prompts_digest, read_prompts, user_prefix
 from .report import TrainReport
 from .shape import DrafterShape, default_shape, draft_vocab, shape_of_drafter
 from .target import TargetInfo, frozen_tensors, read_target, read_tensors
@@ -110,16 +110,19 @@ def _data(
     """The plan (prompts checked), then the data: cached chunks and, until ``deadline``, new ones."""
     gpu_layers = _gpu_layers(cfg)
     per_seq = min(cfg.max_prompt_tokens + cfg.max_response + 8, info.n_ctx_train)
+    # the replies come from the capture's context; this one renders prompts and writes its own
     with Llama(
-        str(cfg.target), n_ctx=cfg.n_parallel * per_seq, n_parallel=cfg.n_parallel, n_threads=cfg.threads,
-        n_gpu_layers=gpu_layers,
+        str(cfg.target), n_ctx=cfg.n_parallel * min(per_seq, SELF_PROMPT_CTX), n_parallel=cfg.n_parallel,
+        n_threads=cfg.threads, n_gpu_layers=gpu_layers,
     ) as llm:  # fmt: skip
         plan = _plan(cfg, llm)
         ds = Dataset(cfg.cache_dir / info.fingerprint / f"data-{plan.key}", shape0.target_layers)
         width = len(shape0.target_layers) * info.n_embd
         expected = cfg.max_response + min(cfg.max_prompt_tokens, 256)  # a prompt's tokens, guessed
         check_disk(ds.root, feature_bytes((cfg.max_prompts + cfg.eval_prompts) * expected, width), "the feature cache")
-        capture = _core.FeatureCapture(llm.core_model, list(shape0.target_layers), per_seq, 512, cfg.threads or 0)
+        capture = _core.FeatureCapture(
+            llm.core_model, list(shape0.target_layers), per_seq, 512, cfg.threads or 0, cfg.n_parallel
+        )
         prog.data(0, 0)  # the bar shows from the start: the held-out chunk comes first
         try:
             held = build(ds, plan, llm, capture, max_chunks=-(-cfg.max_prompts // CHUNK), deadline=deadline,

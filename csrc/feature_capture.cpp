@@ -142,10 +142,79 @@ llama_token argmax(const float* logits, int32_t n_vocab) {
     return best;
 }
 
+// One sequence of generate(): a prompt decoded first (as many tokens per pass as the
+// batch has room for), then its reply one token per pass.
+struct ReplySlot {
+    static constexpr size_t kFree = SIZE_MAX;
+    size_t prompt = kFree;
+    int32_t n_done = 0;  // tokens of prompt + reply evaluated (their features recorded)
+    bool last = false;   // the reply is full: its last token is evaluated for its features only
+};
+
+struct ReplyRow {
+    size_t slot;
+    int32_t pos;
+    bool logits;
+};
+
+class ReplyPlan {
+public:
+    ReplyPlan(const std::vector<std::vector<llama_token>>& prompts, std::vector<GeneratedSequence>& out)
+        : prompts_(prompts), out_(out) {}
+
+    int32_t n_total(size_t p) const { return static_cast<int32_t>(prompts_[p].size() + out_[p].reply.size()); }
+    llama_token token_at(size_t p, int32_t pos) const {
+        const auto n_prompt = static_cast<int32_t>(prompts_[p].size());
+        return pos < n_prompt ? prompts_[p][static_cast<size_t>(pos)]
+                              : out_[p].reply[static_cast<size_t>(pos - n_prompt)];
+    }
+
+    // The next pass's rows: every generating slot's one token first, so a long prompt never
+    // holds the others back, then prompt tokens while there is room.
+    std::vector<ReplyRow> rows(const std::vector<ReplySlot>& slots, int32_t room) const {
+        std::vector<ReplyRow> rows;
+        for (int pass = 0; pass < 2; ++pass) {
+            for (size_t s = 0; s < slots.size() && room > 0; ++s) {
+                const ReplySlot& sl = slots[s];
+                if (sl.prompt == ReplySlot::kFree) continue;
+                const bool prefilling = sl.n_done < static_cast<int32_t>(prompts_[sl.prompt].size());
+                if (prefilling != (pass == 1)) continue;
+                const int32_t end = prefilling ? std::min(n_total(sl.prompt), sl.n_done + room) : sl.n_done + 1;
+                for (int32_t pos = sl.n_done; pos < end; ++pos) {
+                    rows.push_back({s, pos, pos == n_total(sl.prompt) - 1 && !sl.last});
+                }
+                room -= end - sl.n_done;
+            }
+        }
+        return rows;
+    }
+
+    // A row's outcome: its slot moves on, takes the greedy token of a logits row (an
+    // end-of-generation token ends the reply unkept), and is freed once done.
+    void take(ReplySlot& sl, const ReplyRow& r, const float* logits, const Model& model, int32_t max_new) {
+        sl.n_done = r.pos + 1;
+        if (logits == nullptr) {
+            if (sl.last) sl = ReplySlot{};
+            return;
+        }
+        const llama_token t = argmax(logits, model.n_vocab());
+        if (model.is_eog(t)) {
+            sl = ReplySlot{};
+            return;
+        }
+        auto& reply = out_[sl.prompt].reply;
+        reply.push_back(t);
+        sl.last = static_cast<int32_t>(reply.size()) == max_new;
+    }
+
+private:
+    const std::vector<std::vector<llama_token>>& prompts_;
+    std::vector<GeneratedSequence>& out_;
+};
+
 }  // namespace
 
-std::vector<GeneratedSequence> FeatureCapture::generate(const std::vector<std::vector<llama_token>>& prompts,
-                                                        int32_t max_new) {
+void FeatureCapture::check_prompts(const std::vector<std::vector<llama_token>>& prompts, int32_t max_new) const {
     if (max_new < 1) throw InvalidArgument("max_new must be at least 1, got " + std::to_string(max_new));
     for (size_t i = 0; i < prompts.size(); ++i) {
         if (prompts[i].empty()) throw InvalidArgument("prompt " + std::to_string(i) + " is empty");
@@ -157,64 +226,34 @@ std::vector<GeneratedSequence> FeatureCapture::generate(const std::vector<std::v
         }
         for (llama_token t : prompts[i]) model_->check_token(t);
     }
+}
+
+std::vector<GeneratedSequence> FeatureCapture::generate(const std::vector<std::vector<llama_token>>& prompts,
+                                                        int32_t max_new) {
+    check_prompts(prompts, max_new);
     const auto n_embd = static_cast<size_t>(model_->n_embd());
     const size_t width = layer_ids_.size() * n_embd;
-    const int32_t n_vocab = model_->n_vocab();
     llama_memory_t mem = llama_get_memory(ctx_.get());
     llama_memory_clear(mem, true);
-
-    // A slot decodes one prompt at a time: first its prompt (as many tokens per pass as
-    // the batch has room for), then one token per pass; a finished slot takes the next prompt.
-    struct Slot {
-        size_t prompt = SIZE_MAX;  // SIZE_MAX: free
-        int32_t n_done = 0;        // tokens of prompt + reply evaluated (their features recorded)
-        bool last = false;         // the reply is full: its last token is evaluated for its features only
-    };
     std::vector<GeneratedSequence> out(prompts.size());
-    std::vector<Slot> slots(static_cast<size_t>(n_seq_));
+    ReplyPlan plan(prompts, out);
+    std::vector<ReplySlot> slots(static_cast<size_t>(n_seq_));
     size_t next = 0;
-    const auto token_at = [&](size_t p, int32_t pos) {
-        const auto n_prompt = static_cast<int32_t>(prompts[p].size());
-        return pos < n_prompt ? prompts[p][static_cast<size_t>(pos)]
-                              : out[p].reply[static_cast<size_t>(pos - n_prompt)];
-    };
-    const auto n_total = [&](size_t p) { return static_cast<int32_t>(prompts[p].size() + out[p].reply.size()); };
-    struct Row {
-        size_t slot;
-        int32_t pos;
-        bool logits;
-    };
-    std::vector<Row> rows;
-    const int32_t room = std::max(n_batch_, n_seq_);
     llama_batch_ext* b = batch_.get();
     for (;;) {
-        for (size_t s = 0; s < slots.size(); ++s) {
-            if (slots[s].prompt != SIZE_MAX || next == prompts.size()) continue;
+        for (size_t s = 0; s < slots.size() && next < prompts.size(); ++s) {  // a free slot takes the next prompt
+            if (slots[s].prompt != ReplySlot::kFree) continue;
             llama_memory_seq_rm(mem, static_cast<llama_seq_id>(s), -1, -1);
-            slots[s] = Slot{next, 0, false};
+            slots[s] = ReplySlot{next, 0, false};
             out[next].features.resize((prompts[next].size() + static_cast<size_t>(max_new)) * width);
             ++next;
         }
-        // every generating slot's one token first, so a long prompt never holds the others back
-        rows.clear();
-        int32_t left = room;
-        for (int pass = 0; pass < 2; ++pass) {
-            for (size_t s = 0; s < slots.size() && left > 0; ++s) {
-                const Slot& sl = slots[s];
-                if (sl.prompt == SIZE_MAX) continue;
-                const bool prefilling = sl.n_done < static_cast<int32_t>(prompts[sl.prompt].size());
-                if (prefilling != (pass == 1)) continue;
-                const int32_t end = prefilling ? std::min(n_total(sl.prompt), sl.n_done + left) : sl.n_done + 1;
-                for (int32_t pos = sl.n_done; pos < end; ++pos) {
-                    rows.push_back({s, pos, pos == n_total(sl.prompt) - 1 && !sl.last});
-                }
-                left -= end - sl.n_done;
-            }
-        }
+        const std::vector<ReplyRow> rows = plan.rows(slots, std::max(n_batch_, n_seq_));
         if (rows.empty()) break;
         llama_batch_ext_clear(b);
-        for (const Row& r : rows) {
-            add_token(b, static_cast<llama_seq_id>(r.slot), token_at(slots[r.slot].prompt, r.pos), r.pos, r.logits);
+        for (const ReplyRow& r : rows) {
+            add_token(b, static_cast<llama_seq_id>(r.slot), plan.token_at(slots[r.slot].prompt, r.pos), r.pos,
+                      r.logits);
         }
         take_thread_errors();
         const int32_t rc = llama_process(ctx_.get(), LLAMA_PROCESS_TYPE_DECODE, b);
@@ -234,27 +273,13 @@ std::vector<GeneratedSequence> FeatureCapture::generate(const std::vector<std::v
             }
         }
         for (size_t i = 0; i < rows.size(); ++i) {
-            const Row& r = rows[i];
-            Slot& sl = slots[r.slot];
-            sl.n_done = r.pos + 1;
-            if (!r.logits) {
-                if (sl.last) sl = Slot{};
-                continue;
-            }
-            const float* logits = llama_get_logits_ith(ctx_.get(), static_cast<int32_t>(i));
-            if (logits == nullptr) throw DecodeError("llama.cpp returned no logits for a generated row");
-            const llama_token t = argmax(logits, n_vocab);
-            auto& reply = out[sl.prompt].reply;
-            if (model_->is_eog(t)) {
-                sl = Slot{};
-                continue;
-            }
-            reply.push_back(t);
-            sl.last = static_cast<int32_t>(reply.size()) == max_new;
+            const float* logits = rows[i].logits ? llama_get_logits_ith(ctx_.get(), static_cast<int32_t>(i)) : nullptr;
+            if (rows[i].logits && logits == nullptr) throw DecodeError("llama.cpp returned no logits for a reply row");
+            plan.take(slots[rows[i].slot], rows[i], logits, *model_, max_new);
         }
     }
     for (size_t p = 0; p < out.size(); ++p) {
-        out[p].features.resize(static_cast<size_t>(n_total(p)) * width);
+        out[p].features.resize(static_cast<size_t>(plan.n_total(p)) * width);
         out[p].features.shrink_to_fit();
     }
     llama_memory_clear(mem, true);

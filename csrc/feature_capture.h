@@ -48,6 +48,9 @@ public:
     const std::vector<int32_t>& layer_ids() const { return layer_ids_; }
 
 private:
+    // InvalidArgument / ContextLimitError unless every prompt and its reply fit a sequence
+    void check_prompts(const std::vector<std::vector<llama_token>>& prompts, int32_t max_new) const;
+
     std::shared_ptr<Model> model_;
     std::vector<int32_t> layer_ids_;
     ContextPtr ctx_;

@@ -12,6 +12,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from pydflash.train.model import RMSNorm, rope  # the drafter's: the same norm and RoPE as llama.cpp's
+
 
 @dataclasses.dataclass(frozen=True)
 class Config:
@@ -25,26 +27,6 @@ class Config:
     n_ctx: int = 4096
     rope_theta: float = 10000.0
     rms_eps: float = 1e-6
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, n: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(n))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-
-
-def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
-    """NeoX-style rotary embedding (HF rotate_half). x: (..., T, D), pos: (..., T)."""
-    d = x.shape[-1]
-    inv = theta ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
-    ang = pos.to(torch.float32).unsqueeze(-1) * inv  # (..., T, D/2)
-    cos, sin = torch.cat([ang.cos(), ang.cos()], -1), torch.cat([ang.sin(), ang.sin()], -1)
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
-    return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
 class Block(nn.Module):

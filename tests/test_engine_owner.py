@@ -1,12 +1,16 @@
 """The engine is the core pair's only owner (issue #61): a slot's tokens, save, load and
 erase, the memory report and interrupt go through its named methods, each under the
-rules ``Llama`` took before (a hold keeps generations off the slot; a busy slot refuses)."""
+rules ``Llama`` took before (a hold keeps generations off the slot; a busy slot refuses);
+and a ``Generation`` runs a ``Request`` its caller built (``make_request``)."""
 
 from __future__ import annotations
 
 import pytest
 
 from pydflash import Llama, PyDFlashError, SlotBusyError
+from pydflash.config import SamplingConfig
+from pydflash.engine.generation import Generation
+from pydflash.engine.request import make_request
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]
 
@@ -52,6 +56,17 @@ def test_a_hold_keeps_generations_and_other_holds_off_its_slot(llm, tmp_path):
 def test_the_memory_report_comes_from_the_engine(llm):
     report = llm.memory()
     assert report == llm._engine.memory() and report.n_parallel == 2 and report.rows
+
+
+def test_a_generation_runs_the_request_its_caller_built(llm):
+    cfg = SamplingConfig(max_tokens=5, ignore_eos=True)
+    request = make_request(llm.prompt_tokens(PROMPT), cfg, llm.pair, llm.config, slot=1)
+    gen = Generation(llm, request)
+    assert gen.request is request and gen.slot == 1 and gen.prompt == PROMPT
+    gen.wait()
+    assert gen.result().tokens == llm.generate(PROMPT, max_tokens=5, ignore_eos=True).tokens
+    with pytest.raises(TypeError, match="Request"):
+        Generation(llm, PROMPT)  # type: ignore[arg-type]
 
 
 def test_a_closed_engine_refuses_holds_and_ignores_interrupt(model_dir, target_path):

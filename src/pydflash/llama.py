@@ -15,7 +15,7 @@ from .config import GenerateOptions, ModelConfig, NgramConfig, SamplingConfig, U
 from .engine.channel import RequestHandle
 from .engine.engine import Engine
 from .engine.generation import Generation, Prompt
-from .engine.request import Request
+from .engine.request import Request, make_request
 from .engine.submission import Submission
 from .errors import PyDFlashError
 from .fit import model_context
@@ -401,7 +401,7 @@ class Llama(LlamaCppApi):
         previous prompt and its output) is not evaluated again; the output is
         the same either way. ``stats.cached_tokens`` says how many were kept."""
         cfg = _sampling("generate", max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos, options)
-        gen = Generation(self, prompt, cfg)
+        gen = Generation(self, self._request(prompt, cfg))
         gen.wait()
         return gen.result()
 
@@ -421,7 +421,7 @@ class Llama(LlamaCppApi):
         step (where nothing is drafted for a while, one per run of plain steps, up
         to ~16 ms of them). The last step carries the finish_reason."""
         cfg = _sampling("stream", max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos, options)
-        return iter(Generation(self, prompt, cfg))
+        return iter(Generation(self, self._request(prompt, cfg)))
 
     def submit(
         self,
@@ -445,7 +445,7 @@ class Llama(LlamaCppApi):
         >>> subs = [llm.submit(p, max_tokens=64) for p in prompts]
         >>> texts = [s.result().text for s in subs]"""
         cfg = _sampling("submit", max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos, options)
-        return Submission(Generation(self, prompt, cfg, slot=slot))
+        return Submission(Generation(self, self._request(prompt, cfg, slot)))
 
     def generate_batch(
         self,
@@ -465,7 +465,7 @@ class Llama(LlamaCppApi):
         if isinstance(prompts, (str, bytes)):
             raise TypeError("prompts must be a sequence of prompts (for one prompt, use generate())")
         cfg = _sampling("generate_batch", max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos, options)
-        gens = [Generation(self, p, cfg) for p in prompts]
+        gens = [Generation(self, self._request(p, cfg)) for p in prompts]
         subs = [Submission(g) for g in gens]
         try:
             Generation.run_all(gens)  # each one's stop strings searched as its steps come
@@ -473,6 +473,10 @@ class Llama(LlamaCppApi):
         finally:
             for s in subs:
                 s.cancel()
+
+    def _request(self, prompt: Prompt, cfg: SamplingConfig, slot: int | None = None) -> Request:
+        """The checked request of ``prompt`` (text or ids) with ``cfg``, built in the caller's thread."""
+        return make_request(self.prompt_tokens(prompt), cfg, self.pair, self.config, slot=slot)
 
     def __repr__(self) -> str:
         if self.closed:
@@ -546,7 +550,7 @@ class Llama(LlamaCppApi):
             self._chat_template = t
         return t
 
-    # -- what a Generation needs (pydflash.engine.generation.GenerationHost) ---
+    # -- what a Generation and the completions need (GenerationHost, CompletionHost) ---
 
     def submit_request(
         self, request: Request, quiet: bool = False, cancel_check: Callable[[], bool] | None = None

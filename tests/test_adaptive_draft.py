@@ -164,7 +164,7 @@ def test_bad_values_raise_typed_errors(target_path, model_dir):
 
 
 def test_calibrate(dflash_b8):
-    core = dflash_b8._pair_core
+    core = dflash_b8._engine._core
     cal = core.calibrate(0, 8, 2)
     assert cal.verify_rows == list(range(1, 9)) and len(cal.verify_ms) == 8
     assert cal.draft_rows == list(range(1, 9)) and len(cal.draft_ms) == 8
@@ -186,7 +186,7 @@ def test_calibrating_one_sequence_leaves_another_as_it_was(target_path, model_di
         p1 = llm.pair.sequence(1)
         p1.prefill([5, 6, 7, 8])
         first = p1.step(draft_max=3)
-        cal = llm._pair_core.calibrate(0, 16, 1)
+        cal = llm._engine._core.calibrate(0, 16, 1)
         assert cal.verify_rows[-1] == 16 and cal.draft_rows[-1] == 16  # two blocks of 8
         after = p1.step(draft_max=3)
         p1.prefill([5, 6, 7, 8])
@@ -205,7 +205,7 @@ def test_the_step_api_keeps_its_draft_max(dflash_b8):
 
 def test_a_calibration_that_fails_falls_back(target_path, model_dir):
     with Llama(target_path, draft=model_dir / "drafter-b8.gguf", n_ctx=512) as llm:
-        llm._pair_core._inject_fault("target_decode", 0)  # the calibration's first pass fails
+        llm._engine._core._inject_fault("target_decode", 0)  # the calibration's first pass fails
         res = llm.generate(TEXT_PROMPTS[0], max_tokens=30, ignore_eos=True)
         assert len(res.tokens) == 30
 
@@ -256,5 +256,5 @@ def test_a_generation_that_starts_off_defers_its_prompts_features(
     res = embedded_dflash.generate(prompt, max_tokens=24, ignore_eos=True, cache_prompt=False)
     assert res.tokens == embedded_target.generate(prompt, max_tokens=24, ignore_eos=True).tokens
     assert all(s.n_drafted == 0 for s in res.stats.steps)
-    core, n_past = embedded_dflash._pair_core, embedded_dflash.pair.n_past
+    core, n_past = embedded_dflash._engine._core, embedded_dflash.pair.n_past
     assert core.n_deferred(0) == (n_past if settled else n_past - (len(prompt) - 1))

@@ -22,6 +22,10 @@
   the layer contract in pyproject.toml (``lint-imports``, TYPE_CHECKING
   imports included) ignores imports of the root, since ``from . import _core``
   (a compiled module it cannot see) reads as one.
+- The engine is the core pair's only owner: outside ``pydflash.engine`` (and
+  ``pydflash.pair``, the step API the engine makes over it) no module names
+  ``_core.ContextPair`` (to build one, type one or import it) nor a
+  ``_pair_core`` attribute; callers reach the pair through the engine's methods.
 - No function over 80 lines: Python by its ast; C++ by a brace-matching
   scanner over namespace-/class-level function bodies (comments and literals
   blanked first). The pybind11 ``register_*`` functions are exempt by name:
@@ -193,6 +197,61 @@ def private_reads(sources: Mapping[str, tuple[str, bool]]) -> list[str]:
             elif isinstance(node, ast.Attribute) and node.attr in others:
                 found.append(f"{mod}:{node.lineno}: .{node.attr}")
     return sorted(found)
+
+
+# -- the core pair's owner --------------------------------------------------------
+
+CORE_PAIR_OWNERS = ("pydflash.engine", "pydflash.pair")  # a package, or a module, and what is in it
+_STRING_ANNOTATION = re.compile(r"[\w.\[\], |]*\b_core\.ContextPair\b[\w.\[\], |]*")  # not prose
+
+
+def core_pair_reaches(sources: Mapping[str, tuple[str, bool]], owners: Iterable[str] = CORE_PAIR_OWNERS) -> list[str]:
+    """'module:line: what' for each reach to the core pair outside its owners: ``_core.ContextPair``
+    (any use: a call, an annotation, ``from ._core import ContextPair``) or a ``_pair_core``
+    attribute (TYPE_CHECKING code and string annotations included)."""
+    owned = tuple(owners)
+    found: list[str] = []
+    for mod, (text, is_pkg) in sources.items():
+        if any(mod == o or mod.startswith(o + ".") for o in owned):
+            continue
+        for node in ast.walk(ast.parse(text)):
+            if (isinstance(node, ast.Attribute) and node.attr == "_pair_core") or (
+                    isinstance(node, ast.Name) and node.id == "_pair_core"):
+                found.append(f"{mod}:{node.lineno}: ._pair_core")
+            elif (isinstance(node, ast.Attribute) and node.attr == "ContextPair"
+                  and isinstance(node.value, ast.Name) and node.value.id == "_core"):
+                found.append(f"{mod}:{node.lineno}: _core.ContextPair")
+            elif isinstance(node, ast.ImportFrom) and _resolve(mod, is_pkg, node.level, node.module).endswith("._core"):
+                found += [f"{mod}:{node.lineno}: from _core import ContextPair" for a in node.names
+                          if a.name == "ContextPair"]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                if _STRING_ANNOTATION.fullmatch(node.value):
+                    found.append(f"{mod}:{node.lineno}: '_core.ContextPair'")
+    return sorted(found)
+
+
+def test_core_pair_check_finds_synthetic_reaches():
+    fake = {
+        "pkg.engine": ("", True),
+        "pkg.engine.engine": ("from .. import _core\nclass E:\n    def __init__(self, t):\n"
+                              "        self._core = _core.ContextPair(t, None, None)\n", False),
+        "pkg.pair": ("from . import _core\ndef f(core: _core.ContextPair) -> None: ...\n", False),
+        "pkg.llama": ("from . import _core\nclass L:\n    def f(self, t):\n"
+                      "        self._pair_core = _core.ContextPair(t, None, None)\n"
+                      "        self._pair_core.interrupt()\n", False),
+        "pkg.cache": ("from ._core import ContextPair\ndef g(core: '_core.ContextPair') -> None: ...\n", False),
+        "pkg.api": ("class A:\n    _pair_core: object = None\n", False),
+        "pkg.ok": ("from .engine.engine import E\ndef h(e: E) -> None:\n    e.interrupt()  # not _core.ContextPair\n",
+                   False),
+    }
+    got = core_pair_reaches(fake, ("pkg.engine", "pkg.pair"))
+    assert got == ["pkg.api:2: ._pair_core", "pkg.cache:1: from _core import ContextPair",
+                   "pkg.cache:2: '_core.ContextPair'", "pkg.llama:4: ._pair_core", "pkg.llama:4: _core.ContextPair",
+                   "pkg.llama:5: ._pair_core"], got
+
+
+def test_only_the_engine_reaches_the_core_pair():
+    assert core_pair_reaches(package_sources()) == []
 
 
 # -- sizes ------------------------------------------------------------------------

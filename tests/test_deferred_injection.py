@@ -109,7 +109,7 @@ def test_greedy_output_with_plain_and_drafting_steps_mixed_is_the_targets(embedd
 def prefill_deferred(llm: Llama, tokens: list[int], reuse: bool = False) -> int:
     """The engine's prefill of a generation that starts settled: the prompt's features
     wait in the sequence like a plain step's (returns the cached prefix's length)."""
-    core = llm._pair_core
+    core = llm._engine._core
     cached = core.prefill_begin(0, tokens, reuse, True)
     while core.prefill_remaining(0) > 0:
         core.prefill_some([0], 64)  # in parts: one prompt's deferred rows stay contiguous
@@ -149,7 +149,7 @@ def test_one_prefill_pass_defers_one_prompt_and_injects_another():
     # injected at once: each drafter sequence ends up as a fresh prefill of its own tokens
     target, drafter = embedded_pair()
     with Llama(target, draft=drafter, n_ctx=1024, n_parallel=2, draft_adaptive=False) as llm:
-        core = llm._pair_core
+        core = llm._engine._core
         prompts = [code_tokens(llm, 50), code_tokens(llm, 45, skip=200)]
         for seq, defer in ((0, True), (1, False)):
             core.prefill_begin(seq, prompts[seq], False, defer)

@@ -44,13 +44,13 @@ def test_the_sources_are_held_in_llama_cpps_priority_order(models, given, order)
     target, drafter = models
     model = drafter if K.DRAFT_DFLASH in order else None
     with Llama(target, draft=model, speculative=given, ngram=SMALL, n_ctx=256) as llm:
-        assert llm._pair_core.draft_sources == order
+        assert llm._engine._core.draft_sources == order
 
 
 def test_a_target_alone_has_only_the_callers_drafts(models):
     target, _ = models
     with Llama(target, n_ctx=256) as llm:
-        core = llm._pair_core
+        core = llm._engine._core
         assert core.draft_sources == [K.EXTERNAL]
         assert (core.drafter_kind, core.max_draft, core.default_draft_max, core.block_size) == ("", 0, 0, 0)
         llm.pair.prefill(PROMPT)
@@ -62,7 +62,7 @@ def test_each_step_names_its_source_by_kind(models):
     target, drafter = models
     with Llama(target, draft=drafter, speculative=["ngram-mod", "draft-dflash"], ngram=SMALL, n_ctx=512) as llm:
         pair = llm.pair
-        assert llm._pair_core.drafter_kind == "dflash" and pair.max_draft == llm._pair_core.block_size - 1
+        assert llm._engine._core.drafter_kind == "dflash" and pair.max_draft == llm._engine._core.block_size - 1
         pair.prefill(PROMPT)
         seen = set()
         for _ in range(30):

@@ -13,7 +13,7 @@ PROMPT = "def main(argv=None):\n    return argv"
 
 
 def test_reset_of_sequence_minus_one_leaves_the_caches(dflash_b8, tmp_path):
-    core = dflash_b8._pair_core
+    core = dflash_b8._engine._core
     dflash_b8.pair.prefill(dflash_b8.tokenize(PROMPT))
     core.save_sequence(0, str(tmp_path / "before"))
     with pytest.raises(ValueError, match="out of range"):
@@ -28,7 +28,7 @@ from pydflash import Llama
 with Llama(sys.argv[1], draft=sys.argv[2], n_ctx=256) as llm:
     for seq in (-2, 300):
         try:
-            llm._pair_core.reset(seq)
+            llm._engine._core.reset(seq)
         except ValueError:
             print("ValueError", seq)
 """

@@ -19,6 +19,7 @@ import pytest
 from pydflash import Llama, gguf_writers
 from pydflash.config import SamplingConfig
 from pydflash.engine.generation import Generation
+from pydflash.engine.request import make_request
 from pydflash.server import Server
 from support.models import TARGET
 
@@ -59,10 +60,14 @@ def call(srv: Server, path: str, data: dict) -> tuple[int, dict]:
         return e.code, json.loads(e.read())
 
 
+def _generation(llm: Llama, cfg: SamplingConfig) -> Generation:
+    return Generation(llm, make_request(llm.prompt_tokens(PROMPT), cfg, llm.pair, llm.config))
+
+
 def test_none_is_what_the_context_has_left(small):
-    gen = Generation(small, PROMPT, SamplingConfig(max_tokens=None))
+    gen = _generation(small, SamplingConfig(max_tokens=None))
     assert gen.tokens_left == N_CTX - len(PROMPT)
-    assert Generation(small, PROMPT, SamplingConfig(max_tokens=5)).tokens_left == 5
+    assert _generation(small, SamplingConfig(max_tokens=5)).tokens_left == 5
     res = small.generate(PROMPT, max_tokens=None, ignore_eos=True)
     assert res.finish_reason == "length" and len(res.tokens) == N_CTX - len(PROMPT)
     with pytest.raises(ValueError, match="max_tokens"):

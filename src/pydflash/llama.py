@@ -15,15 +15,15 @@ from .config import GenerateOptions, ModelConfig, NgramConfig, SamplingConfig, U
 from .engine.channel import RequestHandle
 from .engine.engine import Engine
 from .engine.generation import Generation, Prompt
-from .engine.request import Request
+from .engine.request import Request, make_request
 from .engine.submission import Submission
 from .errors import PyDFlashError
-from .fit import check_context_fits, explain_context_failure, model_context
+from .fit import model_context
 from .llama_cache import BaseLlamaCache, load_longest_prefix
 from .llama_cpp_api import LlamaCppApi, LlamaCppKeywords, llama_cpp_options, token_list
 from .openai.chat import ChatTemplate
 from .pair import ContextPair
-from .results import GenerationResult, MemoryReport, MemoryRow, StreamStep
+from .results import GenerationResult, MemoryReport, StreamStep
 
 if TYPE_CHECKING:
     from .openai.chat import ChatPrompt
@@ -103,7 +103,6 @@ class Llama(LlamaCppApi):
         """Options: see ``ModelConfig`` (``n_ctx=0``: the model's own context; ``n_gpu_layers`` -1: all layers;
         the KV caches, the draft length (``draft_max`` None: chosen each step), ``speculative``: llama.cpp's
         ``--spec-type`` list); ``seed`` -1: random; llama-cpp-python's keywords too (``LlamaCppKeywords``)."""
-        self._pair_core: _core.ContextPair | None = None
         self._cache: BaseLlamaCache | None = None  # set_cache()
         self._target: _core.Model | None = None
         self._draft: _core.Model | None = None
@@ -145,18 +144,16 @@ class Llama(LlamaCppApi):
         self._start(model_path, draft)
 
     def _start(self, model_path: str | os.PathLike[str], draft: str | os.PathLike[str] | None) -> None:
-        """Load both models and their contexts and start the engine, the pair's owner
+        """Load both models, and the engine that makes their contexts and owns them
         (``__init__`` and ``wake()``)."""
-        self._pair_core = self._load(model_path, draft)
-        assert self._target is not None
-        self._engine = Engine(self._pair_core, self._target)
+        self._engine = self._load(model_path, draft)
         self._pair = self._engine.pair
         # an object dropped without close(), or alive at exit: its engine thread ends (the
         # pair is freed with the last reference to it: a ContextPair from .pair may outlive it)
         weakref.finalize(self, self._engine.close, False)
 
-    def _load(self, model_path: str | os.PathLike[str], draft: str | os.PathLike[str] | None) -> _core.ContextPair:
-        """Both models and their contexts (llama.cpp's log flushed either way)."""
+    def _load(self, model_path: str | os.PathLike[str], draft: str | os.PathLike[str] | None) -> Engine:
+        """Both models and the engine over their contexts (llama.cpp's log flushed either way)."""
         cfg = self.config
         try:
             self._target = _core.Model.load(os.fspath(model_path), cfg.model_params("target"), "target")
@@ -164,14 +161,10 @@ class Llama(LlamaCppApi):
                 self.config = cfg = dataclasses.replace(cfg, n_ctx=model_context(self._target))
             if draft is not None:
                 self._draft = _core.Model.load_drafter(os.fspath(draft), cfg.model_params("drafter"))
-            check_context_fits(self._target, cfg)
-            try:
-                pair = _core.ContextPair(self._target, self._draft, cfg.pair_params())
-            except PyDFlashError as e:
-                raise explain_context_failure(e, self._target, cfg) from e
+            engine = Engine(self._target, self._draft, cfg)
             if cfg.embedding:
                 self._embedder = _core.Embedder(self._target, min(cfg.n_ctx, cfg.n_batch), cfg.n_threads or 0)
-            return pair
+            return engine
         finally:
             _logging.flush()
 
@@ -181,7 +174,7 @@ class Llama(LlamaCppApi):
         """Free both models and their contexts, as ``close()`` does, but keep what
         reloads them: ``wake()`` loads them again with the same options (llama-server's
         ``--sleep-idle-seconds``). Until then the object reads as closed. Idempotent."""
-        if self._pair_core is None:
+        if self.closed:
             return
         files = (self.model_path, self.draft_path)
         self.close()
@@ -207,7 +200,6 @@ class Llama(LlamaCppApi):
         self._asleep = None  # closed for good: nothing to wake
         if self._engine is not None:
             self._engine.close()  # and the pair: the engine owns it
-        self._pair_core = None
         self._target = None
         self._draft = None
         self._embedder = None
@@ -217,8 +209,8 @@ class Llama(LlamaCppApi):
         raises GenerationInterrupted within one graph node, and the caches are
         reset. The object stays usable. To stop one generation, cancel it
         (``Submission.cancel()``, or leave its stream)."""
-        if self._pair_core is not None:
-            self._pair_core.interrupt()
+        if self._engine is not None:
+            self._engine.interrupt()
 
     def __enter__(self) -> Llama:
         return self
@@ -229,7 +221,7 @@ class Llama(LlamaCppApi):
     @property
     def closed(self) -> bool:
         """Whether ``close()`` has freed the models and contexts."""
-        return self._pair_core is None
+        return self._engine is None or self._engine.closed
 
     def _model(self) -> _core.Model:
         if self._target is None:
@@ -307,8 +299,8 @@ class Llama(LlamaCppApi):
         """llama.cpp's memory breakdown of both contexts: model, context (KV
         cache) and compute bytes per device, for the target and the drafter."""
         self._model()
-        assert self._pair_core is not None
-        return MemoryReport(tuple(MemoryRow(*row) for row in self._pair_core.memory()), self.n_parallel)
+        assert self._engine is not None
+        return self._engine.memory()
 
     # -- slots -------------------------------------------------------------------
 
@@ -318,9 +310,8 @@ class Llama(LlamaCppApi):
         to ``path``, as llama-server's slot save. SlotBusyError while a generation
         uses the slot (load_slot and erase_slot too)."""
         seq = self._slot_index(slot)
-        assert self._engine is not None and self._pair_core is not None
-        with self._engine.reserve(seq):
-            self._pair_core.save_sequence(seq, os.fspath(path))
+        assert self._engine is not None
+        self._engine.save_slot(seq, os.fspath(path))
 
     def load_slot(self, slot: int, path: str | os.PathLike[str]) -> None:
         """Replace slot ``slot`` with a state ``save_slot`` wrote, from this or another
@@ -328,27 +319,24 @@ class Llama(LlamaCppApi):
         the slot is touched). A generation whose prompt extends the saved tokens continues
         from them (``cache_prompt``): its time to first token is that of the new tokens."""
         seq = self._slot_index(slot)
-        assert self._engine is not None and self._pair_core is not None
-        with self._engine.reserve(seq):
-            self._pair_core.load_sequence(seq, os.fspath(path))
+        assert self._engine is not None
+        self._engine.load_slot(seq, os.fspath(path))
 
     def erase_slot(self, slot: int) -> int:
         """Forget slot ``slot``'s cached tokens (both contexts); returns how many it held."""
         seq = self._slot_index(slot)
-        assert self._engine is not None and self._pair_core is not None
-        with self._engine.reserve(seq):
-            n = len(self._pair_core.tokens(seq))
-            self._pair_core.reset(seq)
-        return n
+        assert self._engine is not None
+        return self._engine.erase_slot(seq)
 
     def slots(self) -> list[dict[str, int | bool]]:
         """Each sequence slot: ``id``, ``n_ctx`` (its context), ``is_processing`` (a
         generation holds it) and ``n_tokens`` (tokens it holds: the prompt cache)."""
         self._model()
-        assert self._engine is not None and self._pair_core is not None
-        busy = self._engine.busy_slots()
+        engine = self._engine
+        assert engine is not None
+        busy = engine.busy_slots()
         return [
-            {"id": i, "n_ctx": self.n_ctx_slot, "is_processing": i in busy, "n_tokens": len(self._pair_core.tokens(i))}
+            {"id": i, "n_ctx": self.n_ctx_slot, "is_processing": i in busy, "n_tokens": len(engine.slot_tokens(i))}
             for i in range(self.n_parallel)
         ]
 
@@ -413,7 +401,7 @@ class Llama(LlamaCppApi):
         previous prompt and its output) is not evaluated again; the output is
         the same either way. ``stats.cached_tokens`` says how many were kept."""
         cfg = _sampling("generate", max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos, options)
-        gen = Generation(self, prompt, cfg)
+        gen = Generation(self, self._request(prompt, cfg))
         gen.wait()
         return gen.result()
 
@@ -433,7 +421,7 @@ class Llama(LlamaCppApi):
         step (where nothing is drafted for a while, one per run of plain steps, up
         to ~16 ms of them). The last step carries the finish_reason."""
         cfg = _sampling("stream", max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos, options)
-        return iter(Generation(self, prompt, cfg))
+        return iter(Generation(self, self._request(prompt, cfg)))
 
     def submit(
         self,
@@ -457,7 +445,7 @@ class Llama(LlamaCppApi):
         >>> subs = [llm.submit(p, max_tokens=64) for p in prompts]
         >>> texts = [s.result().text for s in subs]"""
         cfg = _sampling("submit", max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos, options)
-        return Submission(Generation(self, prompt, cfg, slot=slot))
+        return Submission(Generation(self, self._request(prompt, cfg, slot)))
 
     def generate_batch(
         self,
@@ -477,7 +465,7 @@ class Llama(LlamaCppApi):
         if isinstance(prompts, (str, bytes)):
             raise TypeError("prompts must be a sequence of prompts (for one prompt, use generate())")
         cfg = _sampling("generate_batch", max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos, options)
-        gens = [Generation(self, p, cfg) for p in prompts]
+        gens = [Generation(self, self._request(p, cfg)) for p in prompts]
         subs = [Submission(g) for g in gens]
         try:
             Generation.run_all(gens)  # each one's stop strings searched as its steps come
@@ -485,6 +473,10 @@ class Llama(LlamaCppApi):
         finally:
             for s in subs:
                 s.cancel()
+
+    def _request(self, prompt: Prompt, cfg: SamplingConfig, slot: int | None = None) -> Request:
+        """The checked request of ``prompt`` (text or ids) with ``cfg``, built in the caller's thread."""
+        return make_request(self.prompt_tokens(prompt), cfg, self.pair, self.config, slot=slot)
 
     def __repr__(self) -> str:
         if self.closed:
@@ -558,7 +550,7 @@ class Llama(LlamaCppApi):
             self._chat_template = t
         return t
 
-    # -- what a Generation needs (pydflash.engine.generation.GenerationHost) ---
+    # -- what a Generation and the completions need (GenerationHost, CompletionHost) ---
 
     def submit_request(
         self, request: Request, quiet: bool = False, cancel_check: Callable[[], bool] | None = None
@@ -566,8 +558,8 @@ class Llama(LlamaCppApi):
         """Queue ``request`` for the engine (a free slot, else its turn); its handle."""
         self._model()
         assert self._engine is not None
-        if self._cache is not None and request.config.cache_prompt and self._pair_core is not None:
-            load_longest_prefix(self._cache, self._pair_core, self._engine, list(request.prompt))
+        if self._cache is not None and request.config.cache_prompt and not self._engine.closed:
+            load_longest_prefix(self._cache, self._engine, list(request.prompt))
         return self._engine.submit(request, quiet, cancel_check)
 
     def run_generation(self, gen: Generation) -> None:

@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from . import _core
 from .engine.engine import Engine
 from .errors import PyDFlashError
 
@@ -204,35 +203,35 @@ class LlamaDiskCache(BaseLlamaCache):
 # A cache is a shortcut, never a wait: where a generation holds the sequence, nothing happens.
 
 
-def sequence_state(core: _core.ContextPair, engine: Engine, seed: int) -> LlamaState | None:
+def sequence_state(engine: Engine, seed: int) -> LlamaState | None:
     """Sequence 0's state, keyed by the tokens it holds (None: it holds none, or is in use)."""
     if engine.busy_slots():
         return None
     try:
-        with engine.reserve(0), tempfile.TemporaryDirectory() as tmp:
-            tokens = list(core.tokens(0))
+        with engine.hold(0) as slot, tempfile.TemporaryDirectory() as tmp:
+            tokens = slot.tokens()  # under the same hold as the save: the key matches the state
             if not tokens:
                 return None
             path = os.path.join(tmp, "state")
-            core.save_sequence(0, path)
+            slot.save(path)
             data = Path(path).read_bytes()
     except PyDFlashError:  # a generation took it meanwhile
         return None
     return LlamaState(np.array(tokens, dtype=np.intc), len(tokens), data, len(data), seed)
 
 
-def load_longest_prefix(cache: BaseLlamaCache, core: _core.ContextPair, engine: Engine, prompt: Sequence[int]) -> bool:
+def load_longest_prefix(cache: BaseLlamaCache, engine: Engine, prompt: Sequence[int]) -> bool:
     """Sequence 0 from the cached state that shares the longest prefix with ``prompt``, where
     that is longer than what the sequence holds; whether it was loaded."""
     key = cache.longest_prefix(prompt)
-    if key is None or engine.busy_slots() or common_prefix(key, prompt) <= common_prefix(core.tokens(0), prompt):
+    if key is None or engine.busy_slots() or common_prefix(key, prompt) <= common_prefix(engine.slot_tokens(0), prompt):
         return False
     state = cache[key]
     try:
-        with engine.reserve(0), tempfile.TemporaryDirectory() as tmp:
+        with engine.hold(0) as slot, tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "state")
             Path(path).write_bytes(state.llama_state)
-            core.load_sequence(0, path)
+            slot.load(path)
     except PyDFlashError:  # a generation took it meanwhile
         return False
     return True

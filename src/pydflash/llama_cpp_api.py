@@ -32,7 +32,7 @@ from .openai.embeddings import CreateEmbeddingResponse, Vector, embed_texts, emb
 from .options import LLAMA_CPP_DEFAULTS
 
 if TYPE_CHECKING:
-    from .engine.engine import Engine
+    from .engine.engine import Engine, HeldSlot
     from .engine.generation import Prompt
     from .openai.types import ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk
     from .pair import ContextPair
@@ -64,7 +64,6 @@ class LlamaCppApi:
     """llama-cpp-python's names on ``Llama`` (see the module's docstring)."""
 
     config: ModelConfig
-    _pair_core: _core.ContextPair | None
     _engine: Engine | None
     _embedder: _core.Embedder | None = None
     _input_ids: tuple[int, ...] = ()  # what eval() took
@@ -137,17 +136,16 @@ class LlamaCppApi:
     # -- low level: eval / sample ------------------------------------------------
 
     @contextmanager
-    def _sequence0(self) -> Iterator[ContextPair]:
-        """Sequence 0's view, held against generations, at ``input_ids``."""
+    def _sequence0(self) -> Iterator[HeldSlot]:
+        """Sequence 0, held against generations, at ``input_ids``."""
         self._require_open()
         assert self._engine is not None
-        with self._engine.reserve(0):
-            pair = self.pair
+        with self._engine.hold(0) as slot:
             if self._input_ids:
-                pair.prefill(self._input_ids, reuse=True)
+                slot.pair.prefill(self._input_ids, reuse=True)
             else:
-                pair.reset()
-            yield pair
+                slot.pair.reset()
+            yield slot
 
     @property
     def input_ids(self) -> npt.NDArray[np.intc]:
@@ -224,7 +222,8 @@ class LlamaCppApi:
             presence_penalty=presence_penalty,
             grammar=make_grammar(grammar, None),
         )
-        with self._sequence0() as pair:
+        with self._sequence0() as slot:
+            pair = slot.pair
             pair.set_sampling_config(cfg, self._next_seed())
             try:
                 step = pair.step(draft_max=0)
@@ -241,7 +240,7 @@ class LlamaCppApi:
         if not self._input_ids:
             return np.zeros((0, n_vocab), dtype=np.float32)
         assert self._engine is not None
-        with self._engine.reserve(0):
+        with self._engine.hold(0):
             if self._engine.busy_slots() - {0}:
                 raise PyDFlashError("scores needs every sequence idle (a generation is running)")
             return self.pair.score(self._input_ids)
@@ -250,10 +249,9 @@ class LlamaCppApi:
 
     def save_state(self) -> LlamaState:
         """The evaluated tokens and both contexts' memory of them."""
-        with self._sequence0() as pair, tempfile.TemporaryDirectory() as tmp:
+        with self._sequence0() as slot, tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "state")
-            assert self._pair_core is not None
-            self._pair_core.save_sequence(pair.seq, path)
+            slot.save(path)
             data = Path(path).read_bytes()
         return LlamaState(
             input_ids=self.input_ids,
@@ -269,11 +267,11 @@ class LlamaCppApi:
         if not isinstance(state, LlamaState):
             raise TypeError(f"state must be a LlamaState from save_state(), not {type(state).__name__}")
         self._require_open()
-        assert self._engine is not None and self._pair_core is not None
-        with self._engine.reserve(0), tempfile.TemporaryDirectory() as tmp:
+        assert self._engine is not None
+        with self._engine.hold(0) as slot, tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "state")
             Path(path).write_bytes(state.llama_state)
-            self._pair_core.load_sequence(0, path)
+            slot.load(path)
         self._input_ids = tuple(int(t) for t in state.input_ids)
         self.set_seed(state.seed)
 
@@ -291,9 +289,9 @@ class LlamaCppApi:
 
     def _save_cached(self) -> None:
         """Sequence 0's state into the cache, under the tokens it holds."""
-        cache, core, engine = self._cache, self._pair_core, self._engine
-        if cache is not None and core is not None and engine is not None:
-            state = sequence_state(core, engine, self.config.seed)
+        cache, engine = self._cache, self._engine
+        if cache is not None and engine is not None and not engine.closed:
+            state = sequence_state(engine, self.config.seed)
             if state is not None:
                 cache[state.input_ids.tolist()] = state
 

@@ -17,8 +17,10 @@ strings and aborts the request (``RequestHandle.abort``) where one appears. A re
 (``request.Request``) is immutable; what the engine keeps of it while it runs (its slot,
 tokens counted, draft-length state, clock) is ``_Running``, its own.
 
-The engine owns the core pair: it makes its ``ContextPair`` (``Engine.pair``), and
-closing it ends the thread.
+The engine is the core pair's only owner: it makes it from the loaded models, and
+everything above reaches it through the engine's named methods (a slot's save, load and
+erase under ``hold``, the memory report, interrupt) or ``Engine.pair``, the public step
+API over it. Closing the engine ends the thread and frees the pair.
 
 The thread starts with the first submission and ends after a second with
 nothing to do, so an idle ``Llama`` holds no thread."""
@@ -34,14 +36,16 @@ import time
 from collections.abc import Callable, Iterator
 
 from .. import _core
+from ..config import ModelConfig
 from ..draft_length.policy import CONFIDENCE_CUT, CostModel, DraftPolicy, Outcome, SequenceDraft
 from ..errors import GenerationInterrupted, GrammarError, PyDFlashError, SlotBusyError
+from ..fit import check_context_fits, explain_context_failure
 from ..pair import ContextPair
-from ..results import FinishReason
+from ..results import FinishReason, MemoryReport, MemoryRow
 from .channel import Channel, Clock, EngineOutput, RequestHandle
 from .request import Request
 
-__all__ = ["Engine"]
+__all__ = ["Engine", "HeldSlot"]
 
 IDLE_EXIT_S = 1.0  # an idle thread ends after this long; the next submission starts another
 CALIBRATION_REPS = 3  # timed passes per size when the draft policy calibrates
@@ -116,7 +120,7 @@ class _Slot:
     run: _Running | None = None
     prefilling: bool = False
     last_used: int = 0
-    reserved: bool = False  # held by save/load: no generation is admitted to it
+    reserved: bool = False  # under Engine.hold: no generation is admitted to it
 
     @property
     def draft(self) -> SequenceDraft | None:
@@ -124,16 +128,59 @@ class _Slot:
         return None if self.run is None else self.run.draft
 
 
+class HeldSlot:
+    """One sequence slot while ``Engine.hold`` keeps generations off it: its tokens, its
+    state to and from a slot file, its erasure, and the step API at it (``pair``). Usable
+    inside its ``with`` block only."""
+
+    def __init__(self, core: _core.ContextPair, pair: ContextPair):
+        self._core = core
+        self.pair = pair  # the step API at this sequence
+        self.seq = pair.seq
+        self.held = True  # cleared when the hold ends
+
+    def _open(self) -> _core.ContextPair:
+        if not self.held:
+            raise PyDFlashError(f"slot {self.seq} is no longer held")
+        return self._core
+
+    def tokens(self) -> list[int]:
+        """The tokens the slot holds (its prompt cache)."""
+        return list(self._open().tokens(self.seq))
+
+    def save(self, path: str) -> None:
+        """Its tokens and both contexts' memory of them into the slot file ``path``."""
+        self._open().save_sequence(self.seq, path)
+
+    def load(self, path: str) -> None:
+        """Replace it with the slot file ``path`` (ValueError for another model or settings)."""
+        self._open().load_sequence(self.seq, path)
+
+    def erase(self) -> int:
+        """Forget its tokens (both contexts); how many it held."""
+        core = self._open()
+        n = len(core.tokens(self.seq))
+        core.reset(self.seq)
+        return n
+
+
 class Engine:
     """Runs every generation of one core pair (see the module docstring).
-    ``submit``/``cancel``/``close`` may be called from any thread."""
+    ``submit``/``cancel``/``close`` and the slot methods may be called from any thread."""
 
-    def __init__(self, core: _core.ContextPair, model: _core.Model):
+    def __init__(self, target: _core.Model, draft: _core.Model | None, config: ModelConfig):
+        """The core pair of ``target`` and ``draft`` (None: none) with ``config``'s contexts;
+        ContextLimitError and the like, explained, where they do not fit."""
+        check_context_fits(target, config)
+        try:
+            core = _core.ContextPair(target, draft, config.pair_params())
+        except PyDFlashError as e:
+            raise explain_context_failure(e, target, config) from e
         self._core = core
         # the end-of-generation ids, not the model: a model an engine held would outlive
         # close() (the finalizer holds the engine), and a model on an RPC server must be
         # freed while that server is still there
-        self._eog = frozenset(model.eog_tokens())
+        self._eog = frozenset(target.eog_tokens())
         self.pair = ContextPair(core)  # the step API over it, for direct calls
         self._chunk = core.n_batch  # prompt tokens evaluated per iteration
         self._slots = [_Slot(i) for i in range(core.n_seq)]
@@ -206,10 +253,26 @@ class Engine:
         if free and not on_thread:  # (from its own thread: it ends after this iteration)
             self._core.close()
 
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` was called (the pair is freed, or being freed)."""
+        return self._closed
+
+    def interrupt(self) -> None:
+        """Abort the running decode: every generation in it raises GenerationInterrupted
+        and the caches are reset (``Llama.interrupt``). Nothing once closed."""
+        if not self._closed:
+            self._core.interrupt()
+
+    def memory(self) -> MemoryReport:
+        """llama.cpp's memory breakdown of both contexts."""
+        return MemoryReport(tuple(MemoryRow(*row) for row in self._core.memory()), self._core.n_seq)
+
     @contextlib.contextmanager
-    def reserve(self, seq: int) -> Iterator[None]:
-        """Hold slot ``seq`` while it is saved or loaded; SlotBusyError when a
-        generation is using it."""
+    def hold(self, seq: int) -> Iterator[HeldSlot]:
+        """Keep generations off slot ``seq`` while the block works on it (its tokens, a
+        save, a load, sequence 0's eval/sample); SlotBusyError when a generation is
+        using it or another hold has it."""
         with self._cv:
             if self._closed:
                 raise PyDFlashError("this Llama object is closed")
@@ -217,15 +280,37 @@ class Engine:
             if slot.run is not None or slot.reserved:
                 raise SlotBusyError(f"slot {seq} is busy")
             slot.reserved = True
+        held = HeldSlot(self._core, self.pair.sequence(seq))
         try:
-            yield
+            yield held
         finally:
+            held.held = False
             _core.release_compute_threads()  # a slot save may have run the drafter here
             with self._cv:
                 slot.reserved = False
                 self._cv.notify()
 
+    def save_slot(self, seq: int, path: str) -> None:
+        """Slot ``seq``'s state into the slot file ``path`` (SlotBusyError while in use)."""
+        with self.hold(seq) as slot:
+            slot.save(path)
+
+    def load_slot(self, seq: int, path: str) -> None:
+        """Slot ``seq`` from the slot file ``path`` (SlotBusyError while in use)."""
+        with self.hold(seq) as slot:
+            slot.load(path)
+
+    def erase_slot(self, seq: int) -> int:
+        """Forget slot ``seq``'s tokens; how many it held (SlotBusyError while in use)."""
+        with self.hold(seq) as slot:
+            return slot.erase()
+
+    def slot_tokens(self, seq: int) -> list[int]:
+        """The tokens slot ``seq`` holds now, held or not (a listing's snapshot)."""
+        return list(self._core.tokens(seq))
+
     def busy_slots(self) -> set[int]:
+        """The slots a generation or a hold is using."""
         with self._cv:
             return {s.seq for s in self._slots if s.run is not None or s.reserved}
 

@@ -1,14 +1,15 @@
 """One generation as its reader sees it: the request, and the output processor that
 turns the engine's raw step results into what comes of it.
 
-``Generation(host, prompt, config)`` builds and checks the immutable ``Request`` in the
-caller's thread; iterating it (or ``wait()``, ``async for``, ``await_end()``) submits it
-to the host's engine (``Engine.submit`` returns a ``RequestHandle``). The engine thread
-only sends raw ``EngineOutput``s (token ids, logprobs, per-step draft counts, its
-clock); here, on the reader's side, they become text (``TextAssembler``), stop-string
-hits (which abort the request in the engine: the tokens past the stop are cut),
-logprobs, ``StreamStep``s and the ``GenerationResult``. ``Llama.generate``/``stream``/
-``submit`` and the OpenAI-style completions (and through them the server) all use it.
+The caller builds and checks the immutable ``Request`` in its own thread
+(``request.make_request``) and hands it over: ``Generation(host, request)``. Iterating
+it (or ``wait()``, ``async for``, ``await_end()``) submits it to the host's engine
+(``Engine.submit`` returns a ``RequestHandle``). The engine thread only sends raw
+``EngineOutput``s (token ids, logprobs, per-step draft counts, its clock); here, on the
+reader's side, they become text (``TextAssembler``), stop-string hits (which abort the
+request in the engine: the tokens past the stop are cut), logprobs, ``StreamStep``s and
+the ``GenerationResult``. ``Llama.generate``/``stream``/``submit`` and the OpenAI-style
+completions (and through them the server) all use it.
 
 It needs only what ``GenerationHost`` names (``Llama`` provides it), so this
 module imports nothing that imports it back."""
@@ -21,9 +22,7 @@ from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequen
 from typing import Protocol
 
 from .. import _core
-from ..config import ModelConfig, SamplingConfig
 from ..errors import GenerationInterrupted
-from ..pair import ContextPair
 from ..results import (
     CompletionUsage,
     FinishReason,
@@ -37,7 +36,7 @@ from ..results import (
     by_source,
 )
 from .channel import Channel, Clock, EngineOutput, Item, RequestHandle, output_or_raise
-from .request import Request, make_request
+from .request import Request
 from .text import TextAssembler
 from .watcher import WATCHER
 
@@ -52,15 +51,7 @@ class GenerationHost(Protocol):
     """What a generation needs from the object that owns the model (``Llama``)."""
 
     @property
-    def config(self) -> ModelConfig: ...
-
-    @property
-    def pair(self) -> ContextPair: ...
-
-    @property
     def core_model(self) -> _core.Model: ...
-
-    def prompt_tokens(self, prompt: Prompt) -> list[int]: ...
 
     def submit_request(
         self, request: Request, quiet: bool = False, cancel_check: Callable[[], bool] | None = None
@@ -68,39 +59,21 @@ class GenerationHost(Protocol):
 
 
 class Generation:
-    """One generation of ``config`` after ``prompt``; iterate it (or ``async
-    for``) for one ``StreamStep`` per speculative step, or per run of plain
-    steps that the engine took in one call (the last carries the finish reason).
-    Iterating submits it to the host's engine; leaving the iteration early
-    cancels it.
+    """One generation of ``request``; iterate it (or ``async for``) for one
+    ``StreamStep`` per speculative step, or per run of plain steps that the engine
+    took in one call (the last carries the finish reason). Iterating submits it to
+    the host's engine; leaving the iteration early cancels it.
 
-    The prompt is tokenized and checked (``request.make_request``) here, in the
-    caller's thread, before anything runs. After it: ``tokens``, ``steps`` (the core's
-    step results), ``prefill_s``/``decode_s``, ``n_cached``, ``finish`` and
-    ``result()``, ``usage()``, ``timings()``."""
+    The request comes checked (``request.make_request``, in the caller's thread,
+    before anything runs). After it: ``tokens``, ``steps`` (the core's step results),
+    ``prefill_s``/``decode_s``, ``n_cached``, ``finish`` and ``result()``, ``usage()``,
+    ``timings()``."""
 
-    def __init__(
-        self,
-        host: GenerationHost,
-        prompt: Prompt,
-        config: SamplingConfig,
-        *,
-        slot: int | None = None,
-        progress: bool = False,
-        timings_per_token: bool = False,
-        per_token: bool = False,
-    ):
+    def __init__(self, host: GenerationHost, request: Request):
+        if not isinstance(request, Request):
+            raise TypeError(f"a Generation runs a Request (engine.request.make_request), not {type(request).__name__}")
         self.host = host
-        self.request = req = make_request(
-            host.prompt_tokens(prompt),
-            config,
-            host.pair,
-            host.config,
-            slot=slot,
-            progress=progress,
-            timings_per_token=timings_per_token,
-            per_token=per_token,
-        )
+        self.request = req = request
         self.prompt: list[int] = list(req.prompt)
         self.config = req.config
         self.model = model = host.core_model

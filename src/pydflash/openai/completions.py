@@ -13,10 +13,12 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, Protocol, TypedDict, TypeVar
 
-from ..config import Grammar, SamplingConfig
-from ..engine.generation import Generation, GenerationHost
+from ..config import Grammar, ModelConfig, SamplingConfig
+from ..engine.generation import Generation, GenerationHost, Prompt
+from ..engine.request import make_request
 from ..errors import ChatTemplateError
 from ..options import LLAMA_CPP_DEFAULTS, OPTIONS
+from ..pair import ContextPair
 from ..results import FinishReason, PromptProgress, TokenLogprob
 from .chat import ChatPrompt, ChatReply, ChatTemplate, ToolChoice
 from .logprobs import chat_logprobs, completion_logprobs
@@ -40,6 +42,20 @@ __all__ = ["MAX_CHOICES", "CompletionHost", "chat_prompt", "create_chat_completi
 
 class CompletionHost(GenerationHost, Protocol):
     """What completions need from the object that owns the model (``Llama``)."""
+
+    @property
+    def config(self) -> ModelConfig:
+        """The model's options (the seed of a request that names none)."""
+        ...
+
+    @property
+    def pair(self) -> ContextPair:
+        """The step API a request is checked against (one sequence's context, the block)."""
+        ...
+
+    def prompt_tokens(self, prompt: Prompt) -> list[int]:
+        """A prompt's token ids (text tokenized, ids checked)."""
+        ...
 
     @property
     def model_name(self) -> str:
@@ -215,20 +231,15 @@ def _generations(
     its own draw; greedy choices are alike), all started before any is read."""
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CHOICES:
         raise ValueError(f"n must be an int in [1, {MAX_CHOICES}], got {n!r}")
+
+    def generation(c: SamplingConfig) -> Generation:
+        request = make_request(tokens, c, llm.pair, llm.config, slot=slot, progress=progress, timings_per_token=timed)
+        return Generation(llm, request)
+
     if n == 1:
-        return [Generation(llm, tokens, cfg, slot=slot, progress=progress, timings_per_token=timed)]
+        return [generation(cfg)]
     base = cfg.seed if cfg.seed is not None else llm.config.seed
-    gens = [
-        Generation(
-            llm,
-            tokens,
-            cfg if base < 0 else dataclasses.replace(cfg, seed=base + i),
-            slot=slot,
-            progress=progress,
-            timings_per_token=timed,
-        )
-        for i in range(n)
-    ]
+    gens = [generation(cfg if base < 0 else dataclasses.replace(cfg, seed=base + i)) for i in range(n)]
     for g in gens:
         g.submit()
     return gens

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from ..config import SamplingConfig
 from ..engine.generation import Generation
+from ..engine.request import make_request
 from ..llama import Llama
 from ..openai.structured import constraint
 from ..options import LLAMA_CPP_DEFAULTS, OPTIONS
@@ -282,15 +283,17 @@ class NativeRequest(_Options):
     def run(self, llm: Llama, model: str, cancel: Callable[[], bool], tokens: list[int]) -> Any:
         cfg = self.config(llm)
         slot = None if self.id_slot < 0 else self.id_slot
-        gen = Generation(
-            llm,
-            tokens,
+        request = make_request(
+            llm.prompt_tokens(tokens),  # the ids a mixed prompt gave, checked against the vocabulary
             cfg,
+            llm.pair,
+            llm.config,
             slot=slot,
             progress=self.stream and self.return_progress,
             timings_per_token=self.stream and self.timings_per_token,
             per_token=self.stream,
         )
+        gen = Generation(llm, request)
         settings = self.settings(llm, cfg)
         if self.stream:
             return self._chunks(llm, gen, cancel, model, settings)

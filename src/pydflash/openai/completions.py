@@ -118,9 +118,18 @@ _PLAIN = tuple(
 )
 
 
-def _passed(args: Mapping[str, Any]) -> dict[str, Any]:
-    """The plain options among a completion function's arguments, under SamplingConfig's names."""
-    return {name: args[wire] for name, wire in _PLAIN}
+def _passed(args: Mapping[str, Any], function: str) -> dict[str, Any]:
+    """The plain options among a completion function's arguments, under SamplingConfig's names:
+    its parameters (llama-cpp-python's, written out) and, in ``options`` (its ``**options``), the
+    declared ones it does not write out, by their names in the "llama_cpp" column; another name
+    there is a TypeError, as an unknown keyword of a written-out signature would be."""
+    extra = dict(args["options"])
+    out = {
+        name: args[wire] if wire in args else extra.pop(wire) for name, wire in _PLAIN if wire in args or wire in extra
+    }
+    if extra:
+        raise TypeError(f"{function}() got an unexpected keyword argument '{next(iter(extra))}'")
+    return out
 
 
 def _unsupported(**kw: Any) -> None:
@@ -170,19 +179,22 @@ def create_completion(
     verify: str | None = None,
     return_progress: bool = False,
     timings_per_token: bool = False,
+    **options: Any,
 ) -> Completion | Iterator[CompletionChunk]:
     """An OpenAI-style text completion of ``prompt`` (text or ids); defaults as llama-cpp-python's (``max_tokens=None``
     fills the context). ``draft_*``, ``verify``: as ``Llama.generate``'s. ``logprobs=N``: each token's logprob and the N
     likeliest (raw, or post_sampling_probs's). ``response_format``, ``json_schema``, ``grammar`` (GBNF): the text obeys
     it. ``id_slot``: that slot (-1/None: any). ``n`` choices, seeds ``seed``, ``seed + 1``... ``cancel``: asked after
     each step of a stream (else every 0.1 s); True raises ``GenerationInterrupted``. ``return_progress``,
-    ``timings_per_token``: llama-server's, with ``stream``."""
+    ``timings_per_token``: llama-server's, with ``stream``. ``options``: the other per-request options that
+    ``pydflash.options`` declares (generate()'s keywords not written out here), by name."""
     args = locals()  # the keywords by name, before any other local: _passed reads the options
+    passed = _passed(args, "create_completion")  # an unknown keyword fails first
     _unsupported(suffix=suffix, **{"logprobs with echo": logprobs is not None and echo})
     schema, gbnf = constraint(response_format, json_schema, grammar)
     tokens = llm.prompt_tokens(prompt)
     cfg = SamplingConfig.build(
-        **_passed(args),
+        **passed,
         max_tokens=_budget(max_tokens),
         stop=_stops(stop),
         logit_bias=_logit_bias(logit_bias),
@@ -369,16 +381,18 @@ def create_chat_completion(
     timings_per_token: bool = False,
     template_format: bool = True,
     tool_choice: ToolChoice | None = None,
+    **options: Any,
 ) -> ChatCompletion | Iterator[ChatCompletionChunk]:
     """An OpenAI-style chat completion of ``messages`` through the chat template (the reply format, tools and
     ``tool_choice``: ``ChatTemplate.apply``; ``template_format=False``: --no-jinja). Others: create_completion's."""
     args = locals()  # the keywords by name, before any other local: _passed reads the options
+    passed = _passed(args, "create_chat_completion")
     _check_top_logprobs(logprobs, top_logprobs)
     schema, gbnf = constraint(response_format, json_schema, grammar)
     tmpl = _TemplateArgs(enable_thinking, chat_template_kwargs, template_format, tool_choice)
     cp = _chat_prompt(llm, messages, tools, tmpl, schema, gbnf)
     cfg = SamplingConfig.build(
-        **_passed(args),
+        **passed,
         max_tokens=_budget(max_tokens),
         stop=_stops(stop, cp.stop),
         logit_bias=_logit_bias(logit_bias),

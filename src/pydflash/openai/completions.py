@@ -35,7 +35,14 @@ from .types import (
     PromptProgressJSON,
 )
 
-__all__ = ["MAX_CHOICES", "CompletionHost", "chat_prompt", "create_chat_completion", "create_completion"]
+__all__ = [
+    "MAX_CHOICES",
+    "CompletionHost",
+    "chat_prompt",
+    "chat_prompt_tokens",
+    "create_chat_completion",
+    "create_completion",
+]
 
 
 class CompletionHost(GenerationHost, Protocol):
@@ -401,7 +408,7 @@ def create_chat_completion(
         grammar=chat_grammar(cp, (schema, gbnf), lambda text: _generation_prompt_tokens(llm, text)),
     )
     gens = _generations(
-        llm, llm.prompt_tokens(cp.prompt), cfg, id_slot, n, stream and return_progress, stream and timings_per_token
+        llm, chat_prompt_tokens(llm, cp), cfg, id_slot, n, stream and return_progress, stream and timings_per_token
     )
     meta: _Meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or llm.model_name}
     if stream:
@@ -508,6 +515,12 @@ def chat_prompt(llm: CompletionHost, messages: Sequence[Mapping[str, Any]], **kw
     thinking = bool(kw.get("enable_thinking", True))
     tmpl = _TemplateArgs(thinking, kw.get("chat_template_kwargs"), True, kw.get("tool_choice"))
     return _chat_prompt(llm, messages, kw.get("tools"), tmpl, schema, gbnf).prompt
+
+
+def chat_prompt_tokens(llm: CompletionHost, cp: ChatPrompt) -> list[int]:
+    """The token ids a chat generation starts from: those the template made with the text
+    (``ChatPrompt.tokens``), else (a template without a model, an empty prompt) ``prompt_tokens``'s."""
+    return list(cp.tokens) if cp.tokens else llm.prompt_tokens(cp.prompt)
 
 
 def _generation_prompt_tokens(llm: CompletionHost, text: str) -> list[int]:

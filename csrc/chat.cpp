@@ -157,6 +157,7 @@ ChatPrompt ChatTemplate::apply(const std::string& messages_json, bool add_genera
     out.grammar = std::move(p.grammar);
     out.grammar_lazy = p.grammar_lazy;
     set_triggers(p.grammar_triggers, out);
+    if (model_) out.tokens = model_->tokenize(out.prompt, true, true);
     return out;
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,10 @@ struct ChatPrompt {
     bool grammar_lazy = false;
     std::vector<std::string> grammar_trigger_patterns;
     std::vector<llama_token> grammar_trigger_tokens;
+    // The prompt's token ids as a generation reads it (BOS where the vocabulary asks for
+    // it, special tokens parsed), made in the same call so the text need not come back to
+    // be tokenized; none when the template has no model.
+    std::optional<std::vector<llama_token>> tokens;
 };
 
 struct ChatToolCall {
@@ -63,6 +68,7 @@ public:
     // Bad messages throw InvalidArgument; a template that fails throws ChatTemplateError.
     // `json_schema` ("" or JSON text) and `grammar` ("" or GBNF) constrain the reply;
     // `tool_choice`: OpenAI's "auto", "none" or "required" (a call is forced from the start).
+    // With a model, the result carries the prompt's tokens too (ChatPrompt::tokens).
     ChatPrompt apply(const std::string& messages_json, bool add_generation_prompt, bool enable_thinking,
                      const std::string& tools_json, const std::string& kwargs_json, const std::string& json_schema = "",
                      const std::string& grammar = "", const std::string& tool_choice = "auto") const;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "fields.h"
 #include "llama.h"
 
 namespace pydflash {
@@ -73,12 +74,15 @@ struct PairParams {
 // in one unified KV cache, no state planes: the caller sets n_rs_seq).
 llama_context_params context_params(const PairParams& p, bool drafter);
 
-// Draft-length controls of one step.
+// Draft-length controls of one step: DraftControl's plain fields (fields.h).
+#define PYDFLASH_DRAFT_CONTROL_FIELDS(X)                                                                       \
+    X(int32_t, draft_max, -1, "the drafter's block: < 0 the pair's default; 0 none (n-gram drafts still run)") \
+    X(int32_t, draft_min, 0, "a shorter draft is dropped (plain decoding this step)")                          \
+    X(float, draft_p_min, 0.0f, "cut the block where the drafter's confidence falls below this")               \
+    X(int32_t, budget, -1, "at most this many draft tokens from any source (tokens left); -1: no limit")
+
 struct DraftControl {
-    int32_t draft_max = -1;    // the drafter's block: < 0 the pair's default; 0 none (n-gram drafts still run)
-    int32_t draft_min = 0;     // a shorter draft is dropped (plain decoding this step)
-    float draft_p_min = 0.0f;  // cut the block where the drafter's confidence falls below this
-    int32_t budget = -1;       // at most this many draft tokens from any source (tokens left); -1: no limit
+    PYDFLASH_DRAFT_CONTROL_FIELDS(PYDFLASH_DECLARE_FIELD)
 
     void validate() const;
 };

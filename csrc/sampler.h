@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "fields.h"
 #include "llama.h"
 
 namespace pydflash {
@@ -21,26 +22,29 @@ enum class VerifyMode { Match, Rejection, Coupled };
 VerifyMode parse_verify(const std::string& name);  // "rejection", "match" or "coupled"
 const char* verify_name(VerifyMode mode);
 
+// SamplingParams' plain fields (fields.h). Logprobs come from the verify pass's rows:
+// of the raw logits (the model's), or with post_sampling_probs of the sampler chain's
+// distribution (llama-server's post_sampling_probs).
+#define PYDFLASH_SAMPLING_FIELDS(X)                                                                 \
+    X(float, temperature, 0.0f, "0: greedy")                                                        \
+    X(int32_t, top_k, 0, "0: the whole vocabulary")                                                 \
+    X(float, top_p, 1.0f, "1: no nucleus cut")                                                      \
+    X(float, min_p, 0.0f, "drop tokens below min_p * p(best)")                                      \
+    X(float, typical_p, 1.0f, "locally typical sampling; 1: off")                                   \
+    X(float, top_n_sigma, -1.0f, "keep logits within n standard deviations of the best; <= 0: off") \
+    X(float, repeat_penalty, 1.0f, "a recent token's logit: positive / it, negative * it; 1: off")  \
+    X(float, frequency_penalty, 0.0f, "subtracted from a recent token's logit per occurrence")      \
+    X(float, presence_penalty, 0.0f, "subtracted once from each recent token's logit")              \
+    X(int32_t, penalty_last_n, 64, "window of recent tokens the penalties look at")                 \
+    X(uint64_t, seed, 0, "the sampler's random seed")                                               \
+    X(bool, logprobs, false, "log-probabilities of the new tokens (StepResult.logprobs)")           \
+    X(int32_t, top_logprobs, 0, "and the N most likely tokens at each position")                    \
+    X(bool, post_sampling_probs, false, "logprobs of the sampler chain's distribution, not the raw logits")
+
 struct SamplingParams {
-    float temperature = 0.0f;
-    int32_t top_k = 0;          // 0 = whole vocabulary
-    float top_p = 1.0f;         // 1 = no nucleus cut
-    float min_p = 0.0f;         // drop tokens below min_p * p(best)
-    float typical_p = 1.0f;     // locally typical sampling; 1 = off
-    float top_n_sigma = -1.0f;  // keep logits within n standard deviations of the best; <= 0 = off
-    float repeat_penalty = 1.0f;
-    float frequency_penalty = 0.0f;
-    float presence_penalty = 0.0f;
-    int32_t penalty_last_n = 64;  // window of recent tokens the penalties look at
+    PYDFLASH_SAMPLING_FIELDS(PYDFLASH_DECLARE_FIELD)
     std::vector<std::pair<llama_token, float>> logit_bias;
-    uint64_t seed = 0;
     VerifyMode verify = VerifyMode::Rejection;  // used at temperature > 0
-    // Log-probabilities of the new tokens (StepResult::logprobs), from the verify
-    // pass's rows: of the raw logits (the model's), or with post_sampling_probs of
-    // the sampler chain's distribution (llama-server's post_sampling_probs).
-    bool logprobs = false;
-    int32_t top_logprobs = 0;  // and the N most likely tokens at each position
-    bool post_sampling_probs = false;
 
     bool greedy() const { return temperature <= 0.0f || top_k == 1; }
     bool has_penalties() const {

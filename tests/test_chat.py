@@ -12,6 +12,7 @@ import pytest
 from pydflash import ChatTemplateError, Llama, gguf_writers
 from pydflash.engine.channel import EngineOutput
 from pydflash.openai.chat import ChatReply, ChatTemplate, builtin_templates
+from pydflash.openai.completions import chat_prompt_tokens
 from pydflash.openai.types import ChatCompletion, ChatCompletionChunk, Completion, Timings
 from support.models import TARGET
 
@@ -296,3 +297,44 @@ def test_text_content_parts_and_template_kwargs(chat_llm):
     res = chat_llm.create_chat_completion(parts, chat_template_kwargs={"enable_thinking": False}, **GREEDY)
     prompt_off = chat_llm.apply_chat_template(parts, enable_thinking=False).prompt
     assert res["usage"]["prompt_tokens"] == len(chat_llm.tokenize(prompt_off))
+
+
+JINJA_BOS = "{{ bos_token }}{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}>>"
+
+
+@pytest.mark.parametrize("source", [None, "llama3", "chatml", JINJA_BOS, gguf_writers.THINKING_TEMPLATE],
+                         ids=["chatml-fallback", "llama3", "chatml", "jinja-bos", "thinking"])
+def test_template_tokens_are_the_ids_of_its_text(target_path, source):
+    # the core tokenizes the rendered prompt in the call that renders it: the ids the two-step
+    # path (the text back to Python, then tokenized) gives, special tokens and BOS alike
+    convs = [(MSGS, {}), ([{"role": "user", "content": "<|im_start|> x <|im_end|>"}], {}),
+             (MSGS, {"add_generation_prompt": False}), ([], {})]
+    with Llama(target_path, chat_template=source, n_ctx=256) as llm:
+        for messages, kw in convs:
+            cp = llm.apply_chat_template(messages, **kw)
+            assert cp.tokens is not None
+            assert list(cp.tokens) == llm.tokenize(cp.prompt, special=True)
+            assert chat_prompt_tokens(llm, cp) == llm.prompt_tokens(cp.prompt)
+
+
+def test_chat_completion_reads_the_templates_tokens(chat_llm, monkeypatch):
+    cp = chat_llm.apply_chat_template(MSGS)
+    want = chat_llm.create_chat_completion(MSGS, **GREEDY)
+    assert want["usage"]["prompt_tokens"] == len(chat_llm.prompt_tokens(cp.prompt))
+
+    checked = chat_llm.prompt_tokens
+
+    def ids_only(prompt):  # ids are checked against the vocabulary; text would be tokenized again
+        assert not isinstance(prompt, (str, bytes)), f"the chat prompt went back to be tokenized: {prompt!r}"
+        return checked(prompt)
+
+    monkeypatch.setattr(chat_llm, "prompt_tokens", ids_only)
+    got = chat_llm.create_chat_completion(MSGS, **GREEDY)
+    assert got["choices"][0]["message"] == want["choices"][0]["message"]
+    assert got["usage"] == want["usage"]
+
+
+def test_a_template_without_a_model_gives_text_and_no_tokens():
+    cp = ChatTemplate(None, gguf_writers.THINKING_TEMPLATE).apply([{"role": "user", "content": "hi"}])
+    assert cp.prompt == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert cp.tokens is None

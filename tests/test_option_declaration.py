@@ -418,3 +418,21 @@ def test_a_refused_option_left_off_is_no_error(api, server):
     path, body = _body(api, _with_defaults({}))
     out = post(server, path, {**body, "logprobs": False, "top_logprobs": 0, "post_sampling_probs": False})
     assert _reply(api, out)[0]
+
+
+@pytest.mark.parametrize("function", ["create_completion", "create_chat_completion"])
+def test_the_completions_take_declared_options_by_name_and_refuse_others(function, embedded_dflash, monkeypatch):
+    """The llama-cpp-python completions take a declared option their written-out signature
+    lacks by its "llama_cpp" name (``**options``), so a new option needs no keyword there;
+    any other name is the TypeError a written-out signature would raise."""
+    from pydflash.openai import completions
+
+    arg: Any = PROMPT if function == "create_completion" else [{"role": "user", "content": PROMPT}]
+    call = getattr(embedded_dflash, function)
+    with pytest.raises(TypeError, match=f"{function}\\(\\) got an unexpected keyword argument 'draft_mni'"):
+        call(arg, max_tokens=N, draft_mni=1)
+    # draft_min as if the signature did not write it out: passed from **options, by name
+    monkeypatch.setattr(completions, "_PLAIN", (*completions._PLAIN, ("draft_min", "spec_draft_min")))
+    drafted = [call(arg, max_tokens=N, temperature=0.0, draft_max=4, spec_draft_min=m)["timings"]["draft_n"]
+               for m in (0, 8)]
+    assert drafted[0] > 0 and drafted[1] == 0

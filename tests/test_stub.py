@@ -12,8 +12,10 @@ its own way). Properties and classes are compared by name."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import inspect
 import re
+import types
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,11 @@ import pydflash
 from pydflash import _core
 
 STUB = Path(pydflash.__file__).with_name("_core.pyi")
+TOOL = Path(__file__).resolve().parent.parent / "tools" / "write_stub.py"
+_spec = importlib.util.spec_from_file_location("write_stub", TOOL)
+assert _spec is not None and _spec.loader is not None
+write_stub = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(write_stub)
 NOT_PRINTABLE = "<object>"
 
 Signature = list[tuple[str, str | None]]  # (name with * or ** for var args, default or None)
@@ -153,3 +160,34 @@ def test_every_bound_constructor_is_in_the_stub():
 
 def test_package_is_typed():
     assert STUB.with_name("py.typed").is_file()
+
+
+def test_stub_fields_of_the_x_macro_classes_are_written_by_the_tool():
+    # SamplingParams' and DraftControl's plain fields come from X-macro lists (csrc/fields.h):
+    # their stub lines are derived from the compiled module, not edited by hand
+    assert {"SamplingParams", "DraftControl"} <= {
+        n for n in dir(_core) if hasattr(getattr(_core, n), "_plain_fields")}
+    text = STUB.read_text()
+    if write_stub.render(text, _core) != text:
+        pytest.fail("_core.pyi's option fields differ from the compiled module's: run python tools/write_stub.py")
+
+
+class _Opts:
+    """A bound option class as write_stub sees it: properties in binding order."""
+
+    _plain_fields = ("temperature", "top_k", "added")
+    temperature = property(lambda self: 0.0)
+    top_k = property(lambda self: 0)
+    added = property(lambda self: False)
+    verify = property(lambda self: "rejection")
+
+
+def test_write_stub_rewrites_plain_fields_and_keeps_hand_written_ones():
+    stub = ("class _Opts:\n    top_k: float\n    verify: Literal['x']\n    temperature: float\n"
+            "    @staticmethod\n    def make() -> _Opts: ...\n\nclass Other:\n    a: int\n")
+    core = types.SimpleNamespace(_Opts=_Opts, Other=type("Other", (), {}))
+    assert write_stub.render(stub, core) == (
+        "class _Opts:\n    temperature: float\n    top_k: int\n    added: bool\n    verify: Literal['x']\n"
+        "    @staticmethod\n    def make() -> _Opts: ...\n\nclass Other:\n    a: int\n")
+    with pytest.raises(ValueError, match="verify is bound by hand"):
+        write_stub.render("class _Opts:\n    def f(self) -> None: ...\n", core)

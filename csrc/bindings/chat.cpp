@@ -26,6 +26,7 @@ py::dict prompt_to_dict(const ChatPrompt& p) {
     d["grammar_lazy"] = p.grammar_lazy;
     d["grammar_trigger_patterns"] = p.grammar_trigger_patterns;
     d["grammar_trigger_tokens"] = p.grammar_trigger_tokens;
+    d["tokens"] = p.tokens;  // None without a model
     return d;
 }
 

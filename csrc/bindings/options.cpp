@@ -52,6 +52,27 @@ void def_fields_api(py::class_<T>& cls, const char* name) {
     });
 }
 
+// A def_readwrite, with its doc, for each field of an X-macro list (fields.h) on `cls`, a
+// py::class_<S>; `plain` collects their names, the class's _plain_fields, from which
+// tools/write_stub.py writes their lines in _core.pyi.
+#define PYDFLASH_BIND_FIELD(type, name, init, doc) \
+    cls.def_readwrite(#name, &S::name, doc);       \
+    plain.append(#name);
+
+void def_sampling_fields(py::class_<SamplingParams>& cls) {
+    using S = SamplingParams;
+    py::list plain;
+    PYDFLASH_SAMPLING_FIELDS(PYDFLASH_BIND_FIELD)
+    cls.attr("_plain_fields") = py::tuple(plain);
+}
+
+void def_draft_control_fields(py::class_<DraftControl>& cls) {
+    using S = DraftControl;
+    py::list plain;
+    PYDFLASH_DRAFT_CONTROL_FIELDS(PYDFLASH_BIND_FIELD)
+    cls.attr("_plain_fields") = py::tuple(plain);
+}
+
 }  // namespace
 
 void register_options(py::module_& m) {
@@ -100,21 +121,8 @@ void register_options(py::module_& m) {
     def_fields_api(pair, "PairParams");
 
     py::class_<SamplingParams> sampling(m, "SamplingParams", "How tokens are chosen and drafts verified.");
-    sampling.def_readwrite("temperature", &SamplingParams::temperature)
-        .def_readwrite("top_k", &SamplingParams::top_k)
-        .def_readwrite("top_p", &SamplingParams::top_p)
-        .def_readwrite("min_p", &SamplingParams::min_p)
-        .def_readwrite("typical_p", &SamplingParams::typical_p)
-        .def_readwrite("top_n_sigma", &SamplingParams::top_n_sigma)
-        .def_readwrite("repeat_penalty", &SamplingParams::repeat_penalty)
-        .def_readwrite("frequency_penalty", &SamplingParams::frequency_penalty)
-        .def_readwrite("presence_penalty", &SamplingParams::presence_penalty)
-        .def_readwrite("penalty_last_n", &SamplingParams::penalty_last_n)
-        .def_readwrite("logit_bias", &SamplingParams::logit_bias)
-        .def_readwrite("seed", &SamplingParams::seed)
-        .def_readwrite("logprobs", &SamplingParams::logprobs)
-        .def_readwrite("top_logprobs", &SamplingParams::top_logprobs)
-        .def_readwrite("post_sampling_probs", &SamplingParams::post_sampling_probs)
+    def_sampling_fields(sampling);
+    sampling.def_readwrite("logit_bias", &SamplingParams::logit_bias)
         .def_property(
             "verify", [](const SamplingParams& p) { return std::string(verify_name(p.verify)); },
             [](SamplingParams& p, const std::string& name) { p.verify = parse_verify(name); })
@@ -123,11 +131,8 @@ void register_options(py::module_& m) {
     def_fields_api(sampling, "SamplingParams");
 
     py::class_<DraftControl> control(m, "DraftControl", "Draft-length controls of one step.");
-    control.def_readwrite("draft_max", &DraftControl::draft_max)
-        .def_readwrite("draft_min", &DraftControl::draft_min)
-        .def_readwrite("draft_p_min", &DraftControl::draft_p_min)
-        .def_readwrite("budget", &DraftControl::budget)
-        .def("validate", &DraftControl::validate);
+    def_draft_control_fields(control);
+    control.def("validate", &DraftControl::validate);
     def_fields_api(control, "DraftControl");
 
     py::class_<ModelParams> model(m, "ModelParams", "How a model is loaded and where its layers go.");

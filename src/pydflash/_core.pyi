@@ -97,12 +97,12 @@ class SamplingParams:
     frequency_penalty: float
     presence_penalty: float
     penalty_last_n: int
-    logit_bias: list[tuple[int, float]]
     seed: int
-    verify: str
     logprobs: bool
     top_logprobs: int
     post_sampling_probs: bool
+    logit_bias: list[tuple[int, float]]
+    verify: str
     def __init__(self, **kwargs: object) -> None: ...
     def validate(self, n_vocab: int = 0) -> None: ...
 

@@ -23,8 +23,9 @@ _CHATML_END = "<|im_end|>"
 
 @dataclasses.dataclass(frozen=True)
 class ChatPrompt:
-    """What a template made of a conversation: the prompt text, the stop strings
-    the template asks for, and how to read the reply (``format``, reasoning tags)."""
+    """What a template made of a conversation: the prompt text (and, for a template with a
+    model, its token ids: ``tokens``), the stop strings the template asks for, and how to
+    read the reply (``format``, reasoning tags)."""
 
     prompt: str
     stop: tuple[str, ...]
@@ -41,6 +42,10 @@ class ChatPrompt:
     grammar_lazy: bool = dataclasses.field(repr=False, default=False)
     grammar_trigger_patterns: tuple[str, ...] = dataclasses.field(repr=False, default=())
     grammar_trigger_tokens: tuple[int, ...] = dataclasses.field(repr=False, default=())
+    # the prompt's token ids as a generation reads them (BOS where the vocabulary asks for it,
+    # special tokens parsed), made by the core in the call that rendered the text; None: the
+    # template has no model
+    tokens: tuple[int, ...] | None = dataclasses.field(repr=False, default=None)
 
     @property
     def needs_parse(self) -> bool:
@@ -135,6 +140,7 @@ class ChatTemplate:
             grammar_lazy=bool(d["grammar_lazy"]),
             grammar_trigger_patterns=tuple(_strs(d["grammar_trigger_patterns"])),
             grammar_trigger_tokens=tuple(_int(t) for t in _seq(d["grammar_trigger_tokens"])),
+            tokens=None if d["tokens"] is None else tuple(_int(t) for t in _seq(d["tokens"])),
         )
 
     @staticmethod

@@ -37,7 +37,14 @@ from .types import (
     PromptProgressJSON,
 )
 
-__all__ = ["MAX_CHOICES", "CompletionHost", "chat_prompt", "create_chat_completion", "create_completion"]
+__all__ = [
+    "MAX_CHOICES",
+    "CompletionHost",
+    "chat_prompt",
+    "chat_prompt_tokens",
+    "create_chat_completion",
+    "create_completion",
+]
 
 
 class CompletionHost(GenerationHost, Protocol):
@@ -134,9 +141,18 @@ _PLAIN = tuple(
 )
 
 
-def _passed(args: Mapping[str, Any]) -> dict[str, Any]:
-    """The plain options among a completion function's arguments, under SamplingConfig's names."""
-    return {name: args[wire] for name, wire in _PLAIN}
+def _passed(args: Mapping[str, Any], function: str) -> dict[str, Any]:
+    """The plain options among a completion function's arguments, under SamplingConfig's names:
+    its parameters (llama-cpp-python's, written out) and, in ``options`` (its ``**options``), the
+    declared ones it does not write out, by their names in the "llama_cpp" column; another name
+    there is a TypeError, as an unknown keyword of a written-out signature would be."""
+    extra = dict(args["options"])
+    out = {
+        name: args[wire] if wire in args else extra.pop(wire) for name, wire in _PLAIN if wire in args or wire in extra
+    }
+    if extra:
+        raise TypeError(f"{function}() got an unexpected keyword argument '{next(iter(extra))}'")
+    return out
 
 
 def _unsupported(**kw: Any) -> None:
@@ -186,19 +202,22 @@ def create_completion(
     verify: str | None = None,
     return_progress: bool = False,
     timings_per_token: bool = False,
+    **options: Any,
 ) -> Completion | Iterator[CompletionChunk]:
     """An OpenAI-style text completion of ``prompt`` (text or ids); defaults as llama-cpp-python's (``max_tokens=None``
     fills the context). ``draft_*``, ``verify``: as ``Llama.generate``'s. ``logprobs=N``: each token's logprob and the N
     likeliest (raw, or post_sampling_probs's). ``response_format``, ``json_schema``, ``grammar`` (GBNF): the text obeys
     it. ``id_slot``: that slot (-1/None: any). ``n`` choices, seeds ``seed``, ``seed + 1``... ``cancel``: asked after
     each step of a stream (else every 0.1 s); True raises ``GenerationInterrupted``. ``return_progress``,
-    ``timings_per_token``: llama-server's, with ``stream``."""
+    ``timings_per_token``: llama-server's, with ``stream``. ``options``: the other per-request options that
+    ``pydflash.options`` declares (generate()'s keywords not written out here), by name."""
     args = locals()  # the keywords by name, before any other local: _passed reads the options
+    passed = _passed(args, "create_completion")  # an unknown keyword fails first
     _unsupported(suffix=suffix, **{"logprobs with echo": logprobs is not None and echo})
     schema, gbnf = constraint(response_format, json_schema, grammar)
     tokens = llm.prompt_tokens(prompt)
     cfg = SamplingConfig.build(
-        **_passed(args),
+        **passed,
         max_tokens=_budget(max_tokens),
         stop=_stops(stop),
         logit_bias=_logit_bias(logit_bias),
@@ -380,16 +399,18 @@ def create_chat_completion(
     timings_per_token: bool = False,
     template_format: bool = True,
     tool_choice: ToolChoice | None = None,
+    **options: Any,
 ) -> ChatCompletion | Iterator[ChatCompletionChunk]:
     """An OpenAI-style chat completion of ``messages`` through the chat template (the reply format, tools and
     ``tool_choice``: ``ChatTemplate.apply``; ``template_format=False``: --no-jinja). Others: create_completion's."""
     args = locals()  # the keywords by name, before any other local: _passed reads the options
+    passed = _passed(args, "create_chat_completion")
     _check_top_logprobs(logprobs, top_logprobs)
     schema, gbnf = constraint(response_format, json_schema, grammar)
     tmpl = _TemplateArgs(enable_thinking, chat_template_kwargs, template_format, tool_choice)
     cp = _chat_prompt(llm, messages, tools, tmpl, schema, gbnf)
     cfg = SamplingConfig.build(
-        **_passed(args),
+        **passed,
         max_tokens=_budget(max_tokens),
         stop=_stops(stop, cp.stop),
         logit_bias=_logit_bias(logit_bias),
@@ -398,7 +419,7 @@ def create_chat_completion(
         grammar=chat_grammar(cp, (schema, gbnf), lambda text: _generation_prompt_tokens(llm, text)),
     )
     gens = _generations(
-        llm, llm.prompt_tokens(cp.prompt), cfg, id_slot, n, stream and return_progress, stream and timings_per_token
+        llm, chat_prompt_tokens(llm, cp), cfg, id_slot, n, stream and return_progress, stream and timings_per_token
     )
     meta: _Meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or llm.model_name}
     if stream:
@@ -505,6 +526,12 @@ def chat_prompt(llm: CompletionHost, messages: Sequence[Mapping[str, Any]], **kw
     thinking = bool(kw.get("enable_thinking", True))
     tmpl = _TemplateArgs(thinking, kw.get("chat_template_kwargs"), True, kw.get("tool_choice"))
     return _chat_prompt(llm, messages, kw.get("tools"), tmpl, schema, gbnf).prompt
+
+
+def chat_prompt_tokens(llm: CompletionHost, cp: ChatPrompt) -> list[int]:
+    """The token ids a chat generation starts from: those the template made with the text
+    (``ChatPrompt.tokens``), else (a template without a model, an empty prompt) ``prompt_tokens``'s."""
+    return list(cp.tokens) if cp.tokens else llm.prompt_tokens(cp.prompt)
 
 
 def _generation_prompt_tokens(llm: CompletionHost, text: str) -> list[int]:

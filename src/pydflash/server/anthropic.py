@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
+from ..openai.completions import chat_prompt_tokens
 from .base import BadRequest, NoVision, ServerRequest, Unsupported
 from .requests import ChatRequest, check_conversation, tools_bytes
 
@@ -324,4 +325,4 @@ class CountTokensRequest(_Messages):
         limit(self.bounded_bytes())
         tools = self.openai_tools()
         prompt = llm.apply_chat_template(self.openai_messages(), tools=tools)
-        return {"input_tokens": len(llm.prompt_tokens(prompt.prompt))}
+        return {"input_tokens": len(chat_prompt_tokens(llm, prompt))}

@@ -17,6 +17,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..errors import PyDFlashError
+from ..openai.completions import chat_prompt_tokens
 from .anthropic import CountTokensRequest
 from .base import Unsupported
 from .http import error_response, json_response, read_json_object
@@ -83,7 +84,7 @@ def native_routes(srv: ServerState) -> list[Route]:
         req = ResponsesRequest.model_validate(body)
         srv.limit.check(req.prompt_bytes())
         prompt = llm.apply_chat_template(req.messages(), tools=req.chat().tools)
-        return {"object": "response.input_tokens", "input_tokens": len(llm.prompt_tokens(prompt.prompt))}
+        return {"object": "response.input_tokens", "input_tokens": len(chat_prompt_tokens(llm, prompt))}
 
     def input_tokens(body: dict[str, Any]) -> dict[str, Any]:
         return {"input_tokens": len(tokenize_mixed(llm, template(body), True, True))}

@@ -86,7 +86,8 @@ def native_check(target: Path, drafter: Path, draft_max: int, max_tokens: int) -
                    "--spec-draft-n-max", str(draft_max), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0",
                    "-f", str(f), "-n", str(max_tokens), "-c", "2048", "--temp", "0", "--top-k", "1", "-t", "2",
                    "-ngl", "0", "-ngld", "0", "-v"]  # fmt: skip
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            # -v prints token pieces, and a piece may be part of a character
+            out = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=600)
             if out.returncode != 0:
                 return {"error": out.stderr[-2000:]}
             for a, n in re.findall(r"accepted (\d+)/(\d+) draft tokens", out.stdout + out.stderr):

@@ -13,6 +13,7 @@
 #include "drafter.h"
 #include "errors.h"
 #include "llama-ext.h"
+#include "sampler.h"  // argmax: the pair's greedy pick
 
 namespace pydflash {
 
@@ -131,16 +132,6 @@ CapturedSequence FeatureCapture::capture(const std::vector<llama_token>& tokens,
 }
 
 namespace {
-
-// The greedy token of a logits row: the highest logit, the lowest id among equal ones
-// (what the pair's greedy sampler picks).
-llama_token argmax(const float* logits, int32_t n_vocab) {
-    int32_t best = 0;
-    for (int32_t t = 1; t < n_vocab; ++t) {
-        if (logits[t] > logits[best]) best = t;
-    }
-    return best;
-}
 
 // One sequence of generate(): a prompt decoded first (as many tokens per pass as the
 // batch has room for), then its reply one token per pass.

@@ -2,11 +2,12 @@
 """What a training chunk's data costs: the target's greedy replies and their features made
 in one pass per token (``FeatureCapture.generate``, what ``pydflash train-drafter`` does)
 against two passes (``Llama.generate_batch``, then ``FeatureCapture.capture`` over each
-prompt + reply), the two ways alternating round by round on the same prompts. Each way is
+prompt + reply), or (``--against-parallel N``) one pass with ``--parallel`` sequences at once
+against one pass with N; the two ways alternate round by round on the same prompts. Each way is
 also split into halves of its rounds (odd against even) for the noise band.
 
     python benchmarks/train_data_bench.py -m TARGET.gguf [--prompts 16] [--max-new 256] \
-        [--parallel 8] [--rounds 3] [--json out.json]
+        [--parallel 8] [--against-parallel 16] [--rounds 3] [--json out.json]
 
 Prompts: chat questions rendered with the target's own template."""
 
@@ -39,11 +40,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--max-new", type=int, default=256)
     ap.add_argument("--parallel", type=int, default=8)
+    ap.add_argument("--against-parallel", type=int, help="compare one pass at --parallel with one pass at N")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--layers", default="", help="target layer ids, comma-separated (default: 3 spread out)")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
     per_seq = 128 + a.max_new
+    other = a.against_parallel
     with Llama(a.model, n_ctx=a.parallel * per_seq, n_parallel=a.parallel) as llm:
         n_layer = llm.core_model.n_layer
         layers = [int(x) for x in a.layers.split(",")] if a.layers else [1, n_layer // 2, n_layer - 2]
@@ -52,16 +55,27 @@ def main(argv: list[str] | None = None) -> int:
             for q in (QUESTIONS * (1 + a.prompts // len(QUESTIONS)))[: a.prompts]
         ]
         cap = _core.FeatureCapture(llm.core_model, layers, per_seq, 512, 0, a.parallel)
+        cap_other = _core.FeatureCapture(llm.core_model, layers, per_seq, 512, 0, other) if other else None
+
+        def one_pass(c: _core.FeatureCapture) -> list[list[int]]:
+            return [r.tolist() for r, _ in c.generate(prompts, a.max_new)]
+
+        def two_pass() -> list[list[int]]:
+            replies = [list(r.tokens) for r in llm.generate_batch(prompts, max_tokens=a.max_new, temperature=0)]
+            for p, r in zip(prompts, replies, strict=True):
+                cap.capture(p + r, 0)
+            return replies
+
+        if cap_other is None:
+            ways = {"two-pass": two_pass, "one-pass": lambda: one_pass(cap)}
+        else:
+            ways = {f"one-pass x{a.parallel}": lambda: one_pass(cap), f"one-pass x{other}": lambda: one_pass(cap_other)}
+        base, new = list(ways)
         rows: list[dict[str, float | int | str]] = []
         for rnd in range(a.rounds):
-            for way in ("two-pass", "one-pass") if rnd % 2 == 0 else ("one-pass", "two-pass"):
+            for way in (base, new) if rnd % 2 == 0 else (new, base):
                 t0 = time.perf_counter()
-                if way == "two-pass":
-                    replies = [list(r.tokens) for r in llm.generate_batch(prompts, max_tokens=a.max_new, temperature=0)]
-                    for p, r in zip(prompts, replies, strict=True):
-                        cap.capture(p + r, 0)
-                else:
-                    replies = [r.tolist() for r, _ in cap.generate(prompts, a.max_new)]
+                replies = ways[way]()
                 dt = time.perf_counter() - t0
                 n = sum(len(p) + len(r) for p, r in zip(prompts, replies, strict=True))
                 rows.append({"round": rnd, "way": way, "seconds": dt, "tokens": n, "tok_s": n / dt})
@@ -72,15 +86,15 @@ def main(argv: list[str] | None = None) -> int:
             float(r["tok_s"]) for r in rows if r["way"] == way and (half is None or int(r["round"]) % 2 == half)
         )
 
-    ratio = med("one-pass") / med("two-pass")
-    noise = {w: med(w, 0) / med(w, 1) for w in ("one-pass", "two-pass")} if a.rounds >= 2 else {}
-    print(f"one pass / two passes, data tok/s: {ratio:.2f}x (medians over {a.rounds} rounds)")
+    ratio = med(new) / med(base)
+    noise = {w: med(w, 0) / med(w, 1) for w in (new, base)} if a.rounds >= 2 else {}
+    print(f"{new} / {base}, data tok/s: {ratio:.2f}x (medians over {a.rounds} rounds)")
     for w, v in noise.items():
         print(f"noise band, {w} against itself (even rounds / odd rounds): {v:.3f}x")
     if a.json:
         out = {"command": "python benchmarks/train_data_bench.py " + " ".join(sys.argv[1:] if argv is None else argv),
                "prompts": a.prompts, "max_new": a.max_new, "parallel": a.parallel, "layers": layers,
-               "rows": rows, "one_pass_over_two_pass": ratio, "noise_band": noise}  # fmt: skip
+               "rows": rows, "compared": f"{new} over {base}", "ratio": ratio, "noise_band": noise}  # fmt: skip
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)
     return 0

@@ -275,6 +275,15 @@ def test_generated_replies_and_features_are_the_targets_own(tmp_path):
             _core.FeatureCapture(llm.core_model, [1], 64, 8, 1, 0)
 
 
+def test_a_small_target_writes_16_replies_at_once_a_large_one_8(target):
+    from pydflash.train.data import default_parallel
+    from pydflash.train.target import read_target
+
+    info = read_target(target)
+    assert default_parallel(info) == 16
+    assert default_parallel(dataclasses.replace(info, n_params=7_000_000_000)) == 8
+
+
 def test_the_core_install_does_not_need_torch():
     import tomllib
 

@@ -100,7 +100,14 @@ class TrainConfig:
         default=True,
         metadata=flag("--no-thinking", "render chats with thinking off (as you serve them)", action="store_false"),
     )
-    n_parallel: int = dataclasses.field(default=8, metadata=flag("--parallel", "replies the target generates at once"))
+    n_parallel: int | None = dataclasses.field(
+        default=None,
+        metadata=flag(
+            "--parallel",
+            "replies the target generates at once (default: 16, or 8 for a target of 2B parameters or more, "
+            "whose KV cache per sequence is larger)",
+        ),
+    )
     threads: int | None = dataclasses.field(
         default=None, metadata=flag("--threads", "CPU threads (torch and llama.cpp; default: all cores)")
     )
@@ -118,12 +125,12 @@ class TrainConfig:
     )
 
     def __post_init__(self) -> None:
-        for name in ("steps", "layers", "taps", "eval_every", "threads"):
+        for name in ("steps", "layers", "taps", "eval_every", "threads", "n_parallel"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise TrainingInputError(f"{name} must be a positive int or None, not {v!r}")
         positive = ("max_prompts", "max_prompt_tokens", "max_response", "eval_prompts", "eval_tokens", "draft_max",
-                    "anchors", "batch_tokens", "n_parallel")  # fmt: skip
+                    "anchors", "batch_tokens")  # fmt: skip
         for name in positive:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:

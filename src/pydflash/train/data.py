@@ -26,10 +26,18 @@ from .prompts import TrainPrompt, render, self_prompts
 
 if TYPE_CHECKING:
     from ..llama import Llama
+    from .target import TargetInfo
 
-__all__ = ["Chunk", "DataPlan", "Dataset", "feature_bytes"]
+__all__ = ["Chunk", "DataPlan", "Dataset", "default_parallel", "feature_bytes"]
 
 CHUNK = 16  # prompts per chunk: one batch of replies, one shard of features (a deadline waits for one at most)
+
+
+def default_parallel(t: TargetInfo) -> int:
+    """Replies generated at once: 16 (more data tokens per second than 8 on a CPU:
+    ``benchmarks/results/capture-parallel-cpu-2core.json``), 8 for a target of 2B parameters or
+    more, whose KV cache per sequence is larger."""
+    return 16 if t.n_params < 2e9 else 8
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,7 +23,7 @@ import numpy as np
 from .. import _core
 from ..llama import Llama
 from .config import TrainConfig
-from .data import CHUNK, DataPlan, Dataset, build, check_disk, feature_bytes
+from .data import CHUNK, DataPlan, Dataset, build, check_disk, default_parallel, feature_bytes
 from .errors import TrainingInputError
 from .evaluate import Measured, measure_tau, reference_outputs
 from .loop import Checkpoint, Loop, Point, Schedule
@@ -109,10 +109,11 @@ def _data(
 ) -> tuple[DataPlan, Dataset, Any]:
     """The plan (prompts checked), then the data: cached chunks and, until ``deadline``, new ones."""
     gpu_layers = _gpu_layers(cfg)
+    n_par = cfg.n_parallel or default_parallel(info)
     per_seq = min(cfg.max_prompt_tokens + cfg.max_response + 8, info.n_ctx_train)
     # the replies come from the capture's context; this one renders prompts and writes its own
     with Llama(
-        str(cfg.target), n_ctx=cfg.n_parallel * min(per_seq, SELF_PROMPT_CTX), n_parallel=cfg.n_parallel,
+        str(cfg.target), n_ctx=n_par * min(per_seq, SELF_PROMPT_CTX), n_parallel=n_par,
         n_threads=cfg.threads, n_gpu_layers=gpu_layers,
     ) as llm:  # fmt: skip
         plan = _plan(cfg, llm)
@@ -121,7 +122,7 @@ def _data(
         expected = cfg.max_response + min(cfg.max_prompt_tokens, 256)  # a prompt's tokens, guessed
         check_disk(ds.root, feature_bytes((cfg.max_prompts + cfg.eval_prompts) * expected, width), "the feature cache")
         capture = _core.FeatureCapture(
-            llm.core_model, list(shape0.target_layers), per_seq, 512, cfg.threads or 0, cfg.n_parallel
+            llm.core_model, list(shape0.target_layers), per_seq, 512, cfg.threads or 0, n_par
         )
         prog.data(0, 0)  # the bar shows from the start: the held-out chunk comes first
         try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from pydflash import Llama
+from support.costs import pin_costs
 from support.lossless import N_TOKENS, TEXT_PROMPTS
 
 TIE_BOUND = 1.0  # see test_parallel.py: batching moves a tiny model's logits by up to ~0.35
@@ -39,8 +40,7 @@ def memory_bound_guess(monkeypatch) -> None:
     rows as for one, as on a GPU) and no online correction of it."""
     from pydflash.draft_length import CostModel
 
-    monkeypatch.setattr(CostModel, "from_calibration", classmethod(lambda cls, cal, rows: cls.uncalibrated(rows)))
-    monkeypatch.setattr(CostModel, "observe", lambda self, *args: None)
+    pin_costs(monkeypatch, CostModel.uncalibrated)
 
 
 @pytest.mark.parametrize("prompt", TEXT_PROMPTS[:4])

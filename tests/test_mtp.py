@@ -13,6 +13,7 @@ import pytest
 
 from pydflash import DraftCompatibilityError, Grammar, Llama, ModelLoadError, NgramConfig, _core, gguf_writers
 from pydflash.gguf_writers.mtp import write_mtp_target
+from support.costs import compute_bound, pin_costs
 from support.mtp import HEAD, SPEC
 
 PROMPTS = ["def main(argv=None):\n    parser", "The target model verifies every", "import os, sys; print("]
@@ -251,13 +252,7 @@ def test_the_adaptive_length_chooses_mtp_drafts_losslessly(models, references, m
     # drafts 0 (plain decoding) to 3 of it, chosen as for a drafter. The costs are pinned
     # (a target pass costs its rows, as where compute-bound; no online correction): a
     # measured calibration on a busy machine may make rows look free and drafting always pay
-    from pydflash.draft_length import CostModel
-
-    def compute_bound(cls, cal, rows):
-        return cls([1, rows], [1.0, float(rows)], [1, rows], [0.2, 0.3], rows)
-
-    monkeypatch.setattr(CostModel, "from_calibration", classmethod(compute_bound))
-    monkeypatch.setattr(CostModel, "observe", lambda self, *args: None)
+    pin_costs(monkeypatch, compute_bound)
     with Llama(models / "qwen35.gguf", speculative=["draft-mtp"], n_ctx=512, n_threads=T1) as llm:
         assert llm.pair.max_draft == 3 and llm.pair.draft_pass_rows == 0  # the head's cost follows k
         lengths = []

@@ -62,7 +62,8 @@ def stage_drafter(out: Path, args) -> None:
         block_size=BLOCK, steps=args.drafter_steps, time_budget=args.drafter_minutes if args.drafter_steps is None
         else None, resume=args.drafter_resume, max_prompts=args.prompts, max_prompt_tokens=4096 - CONT_LEN - 8,
         max_response=CONT_LEN, eval_prompts=16, eval_tokens=96, seed=args.seed, threads=args.threads,
-        cache_dir=out / "train-cache", anchors=16, batch_tokens=16384, lr=args.drafter_lr,
+        cache_dir=out / "train-cache", anchors=16, batch_tokens=16384,
+        **({} if args.drafter_lr is None else {"lr": args.drafter_lr}),
     )  # fmt: skip
     (out / "drafter-report.json").write_text(json.dumps(report.to_json(), indent=1))
     log(f"drafter: online tau {report.best_tau:.2f} after {report.steps} steps ({report.train_minutes:.0f} min)")

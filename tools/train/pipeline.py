@@ -195,8 +195,8 @@ def main(argv=None) -> int:
     ap.add_argument("--target-minutes", type=float, default=30.0)
     ap.add_argument("--drafter-minutes", type=float, default=20.0)
     ap.add_argument("--drafter-layers", type=int, default=1)
-    ap.add_argument("--drafter-lr", type=float, default=2e-3,
-                    help="peak learning rate of the drafter (lower to fine-tune --drafter-init)")
+    ap.add_argument("--drafter-lr", type=float,
+                    help="the drafter's peak learning rate (default: train_drafter's; lower for --drafter-init)")
     ap.add_argument("--prompts", type=int, default=3000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)

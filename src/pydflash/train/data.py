@@ -23,6 +23,7 @@ import numpy.typing as npt
 from .. import _core
 from .errors import TrainingInputError
 from .prompts import TrainPrompt, render, self_prompts
+from .target import LARGE_TARGET
 
 if TYPE_CHECKING:
     from ..llama import Llama
@@ -37,7 +38,7 @@ def default_parallel(t: TargetInfo) -> int:
     """Replies generated at once: 16 (more data tokens per second than 8 on a CPU:
     ``benchmarks/results/capture-parallel-cpu-2core.json``), 8 for a target of 2B parameters or
     more, whose KV cache per sequence is larger."""
-    return 16 if t.n_params < 2e9 else 8
+    return 16 if t.n_params < LARGE_TARGET else 8
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .. import _core
 from ..errors import DraftCompatibilityError
-from .target import TargetInfo, read_tensors
+from .target import LARGE_TARGET, TargetInfo, read_tensors
 
 __all__ = ["DrafterShape", "default_shape", "draft_vocab", "shape_of_drafter", "tap_ids"]
 
@@ -51,7 +51,7 @@ def default_layers(t: TargetInfo) -> int:
     """Drafter depth: 1 for a target under 2B parameters (its replies are cheap to match and a CPU
     budget buys more steps of one layer than of two), else one per ~10 target layers, up to 5 (the
     paper's 5 for 8B-class targets)."""
-    return 1 if t.n_params < 2e9 else max(1, min(5, round(t.n_layer / 10)))
+    return 1 if t.n_params < LARGE_TARGET else max(1, min(5, round(t.n_layer / 10)))
 
 
 def default_shape(

@@ -17,8 +17,9 @@ import numpy.typing as npt
 from .. import _core
 from ..errors import DraftCompatibilityError, ModelLoadError
 
-__all__ = ["TargetInfo", "frozen_tensors", "read_target", "read_tensors", "tokenizer_fields"]
+__all__ = ["LARGE_TARGET", "TargetInfo", "frozen_tensors", "read_target", "read_tensors", "tokenizer_fields"]
 
+LARGE_TARGET = 2e9  # parameters from which a target's defaults change (a deeper drafter, fewer replies at once)
 # llama.cpp's token types
 _CONTROL, _UNUSED = 3, 5
 # targets whose graph scales the input embeddings by sqrt(n_embd) (the drafter's block then too)
